@@ -1,0 +1,101 @@
+"""The interface between a session actor and the agent that produces a turn.
+
+An :class:`Agent` is created once per session (on the worker's IO thread, when
+the session opens) and then only used on that session's actor thread, one
+turn at a time. During a turn it talks to the world through a
+:class:`TurnContext`: it emits events, runs tools (approval and path rules are
+applied for it) and watches the cancel flag.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
+
+from ipc.events import Event, TextItem, ToolItem, TurnItem
+
+__all__ = [
+    "Agent",
+    "AgentFailure",
+    "ToolCallOutcome",
+    "TurnContext",
+    "estimate_tokens",
+    "history_tokens",
+]
+
+
+class AgentFailure(Exception):
+    """The turn cannot go on; the message is shown to the client. The session stays usable."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallOutcome:
+    """How a tool call ended: ``outcome`` is ``completed``, ``failed`` or ``denied``."""
+
+    tool_call_id: str
+    outcome: str
+    text: str
+    raw_output: Any = None
+
+
+class TurnContext(Protocol):
+    """What an agent may use during one turn (implemented by the session actor)."""
+
+    @property
+    def cancelled(self) -> threading.Event:
+        """Set when the client cancels the turn; check it often and return soon after."""
+        ...
+
+    @property
+    def history(self) -> Sequence[TurnItem]:
+        """The session's earlier turns, oldest first (not the current one)."""
+        ...
+
+    def emit(self, event: Event) -> None:
+        """Stream one event to the client (and into the turn's record)."""
+        ...
+
+    def ask_permission(
+        self, tool_call_id: str, tool_name: str, title: str, kind: str, raw_input: Any
+    ) -> str | None:
+        """Ask the client; the chosen option id, or None if cancelled, timed out or gone."""
+        ...
+
+    def run_tool(self, name: str, raw_input: Any) -> ToolCallOutcome:
+        """Announce, authorise (session mode), run and report one tool call."""
+        ...
+
+
+class Agent(ABC):
+    """A conversational agent. ``config`` is the agent's config section plus ``alias``."""
+
+    provider: ClassVar[str]
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+
+    @abstractmethod
+    def run_turn(self, prompt: str, ctx: TurnContext) -> None:
+        """Produce one turn for ``prompt``; return early when ``ctx.cancelled`` is set.
+
+        Raise :class:`AgentFailure` for a failure the client should see.
+        """
+
+
+def estimate_tokens(text: str) -> int:
+    """A rough token count (about four characters per token)."""
+    return (len(text) + 3) // 4
+
+
+def history_tokens(items: Sequence[TurnItem]) -> int:
+    """:func:`estimate_tokens` over the text of ``items``."""
+    total = 0
+    for item in items:
+        if isinstance(item, TextItem):
+            total += estimate_tokens(item.text)
+        elif isinstance(item, ToolItem):
+            total += estimate_tokens(item.result)
+    return total

@@ -1,0 +1,239 @@
+"""SessionActor: one live session inside a worker process, running its turns.
+
+Threads:
+- the session's actor thread (pykka) runs turns: the agent, its tools, and the
+  waits for permission replies;
+- the worker's IO thread creates the actor, and touches only the thread-safe
+  parts: :class:`SessionState` (mode, the running turn's cancel flag) and the
+  :class:`PermissionBoard` (it completes or withdraws permission waits).
+
+Outgoing messages go through ``send``, a thread-safe callable that hands them
+to the IO thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import pykka
+
+from actors.agents.base import Agent, AgentFailure
+from actors.tools import PathPolicy, Tool, default_tools
+from actors.turn import ActorTurnContext, TurnRecorder
+from ipc.events import TurnItem, item_from_wire
+from ipc.worker_wire import (
+    OpenSession,
+    SessionClosed,
+    TurnEnded,
+    TurnFailed,
+    WorkerMessage,
+)
+
+__all__ = [
+    "MODES",
+    "CloseActor",
+    "PermissionBoard",
+    "RunTurn",
+    "SessionActor",
+    "SessionConfig",
+    "SessionState",
+]
+
+logger = logging.getLogger("zeroclaw.session")
+
+MODES = ("read_only", "supervised", "full")
+
+SendFn = Callable[[WorkerMessage], None]
+
+
+def check_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r} (known: {', '.join(MODES)})")
+    return mode
+
+
+class SessionState:
+    """The part of a session the IO thread may touch while a turn runs. Thread-safe."""
+
+    def __init__(self, sid: str, mode: str) -> None:
+        self.sid = sid
+        self._mode = check_mode(mode)
+        self._lock = threading.Lock()
+        self._turn_cancel: threading.Event | None = None
+
+    @property
+    def mode(self) -> str:
+        return self._mode
+
+    def set_mode(self, mode: str) -> None:
+        """Takes effect at the next tool call; raises ValueError for an unknown mode."""
+        self._mode = check_mode(mode)
+
+    @property
+    def busy(self) -> bool:
+        return self._turn_cancel is not None
+
+    def begin_turn(self) -> threading.Event | None:
+        """The new turn's cancel flag, or None if a turn is already running (IO thread)."""
+        with self._lock:
+            if self._turn_cancel is not None:
+                return None
+            self._turn_cancel = threading.Event()
+            return self._turn_cancel
+
+    def end_turn(self, cancel: threading.Event) -> None:
+        """Forget the running turn (actor thread), before its result is sent."""
+        with self._lock:
+            if self._turn_cancel is cancel:
+                self._turn_cancel = None
+
+    def cancel(self) -> bool:
+        """Set the running turn's cancel flag; False when no turn runs."""
+        with self._lock:
+            if self._turn_cancel is None:
+                return False
+            self._turn_cancel.set()
+            return True
+
+
+class PermissionBoard:
+    """Pending permission waits of one worker, by request id. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waits: dict[str, tuple[str, Future[str | None]]] = {}
+
+    def open(self, sid: str, request_id: str) -> Future[str | None]:
+        future: Future[str | None] = Future()
+        with self._lock:
+            self._waits[request_id] = (sid, future)
+        return future
+
+    def resolve(self, request_id: str, option_id: str | None) -> bool:
+        """Complete one wait with the client's choice; False if it is not pending."""
+        with self._lock:
+            entry = self._waits.pop(request_id, None)
+        if entry is None:
+            return False
+        entry[1].set_result(option_id)
+        return True
+
+    def withdraw_session(self, sid: str) -> int:
+        """Deny every pending wait of ``sid`` (its turn was cancelled); how many there were."""
+        with self._lock:
+            ids = [rid for rid, (owner, _) in self._waits.items() if owner == sid]
+            futures = [self._waits.pop(rid)[1] for rid in ids]
+        for future in futures:
+            future.set_result(None)
+        return len(futures)
+
+    def discard(self, request_id: str) -> None:
+        with self._lock:
+            self._waits.pop(request_id, None)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionConfig:
+    """What a session is, fixed when it opens (built on the IO thread)."""
+
+    sid: str
+    agent: dict[str, Any]
+    paths: PathPolicy
+    permission_timeout: float
+    history: tuple[TurnItem, ...]
+
+    @classmethod
+    def from_open(cls, message: OpenSession) -> SessionConfig:
+        """Raises ValueError (bad history, paths) for the worker to answer OpenFailed."""
+        try:
+            history = tuple(item_from_wire(item) for item in message.history)
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"bad history item: {exc.__class__.__name__}") from None
+        paths = PathPolicy.build(message.cwd, message.workspace_dir, message.forbidden_paths)
+        return cls(
+            sid=message.sid,
+            agent=message.agent,
+            paths=paths,
+            permission_timeout=float(message.permission_timeout),
+            history=history,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RunTurn:
+    """Actor message: run one turn; ``cancelled`` came from :meth:`SessionState.begin_turn`."""
+
+    turn_id: str
+    prompt: str
+    cancelled: threading.Event
+
+
+@dataclass(frozen=True, slots=True)
+class CloseActor:
+    """Actor message: answer SessionClosed and stop (queued behind any running turn)."""
+
+
+class SessionActor(pykka.ThreadingActor):
+    """One session: runs turns one at a time on its own (daemon) thread."""
+
+    use_daemon_thread = True
+
+    def __init__(
+        self,
+        *,
+        config: SessionConfig,
+        state: SessionState,
+        agent: Agent,
+        send: SendFn,
+        permissions: PermissionBoard,
+        tools: dict[str, Tool] | None = None,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.state = state
+        self.agent = agent
+        self.send = send
+        self.permissions = permissions
+        self.tools = tools if tools is not None else default_tools()
+        self.history: list[TurnItem] = list(config.history)
+        self.always_allowed: set[str] = set()
+
+    def on_receive(self, message: Any) -> Any:
+        if isinstance(message, RunTurn):
+            self._run_turn(message)
+        elif isinstance(message, CloseActor):
+            self.send(SessionClosed(sid=self.config.sid))
+            self.stop()
+        else:
+            logger.warning("session %s: unexpected actor message %r", self.config.sid, message)
+        return None
+
+    def _run_turn(self, turn: RunTurn) -> None:
+        sid = self.config.sid
+        started = time.time()
+        recorder = TurnRecorder(turn.prompt)
+        ctx = ActorTurnContext(self, turn.turn_id, turn.cancelled, recorder)
+        failure: str | None = None
+        try:
+            self.agent.run_turn(turn.prompt, ctx)
+        except AgentFailure as exc:
+            failure = str(exc) or "agent failed"
+        except Exception as exc:
+            logger.exception("session %s: agent raised", sid)
+            failure = f"agent error: {type(exc).__name__}: {exc}"
+        finally:
+            self.permissions.withdraw_session(sid)
+            self.state.end_turn(turn.cancelled)
+        cancelled = turn.cancelled.is_set()
+        if failure is not None and not cancelled:
+            self.send(TurnFailed(sid=sid, turn_id=turn.turn_id, message=failure))
+            return
+        record = recorder.build(sid, cancelled=cancelled, started_at=started)
+        self.history.extend(record.items)
+        self.send(TurnEnded(sid=sid, turn_id=turn.turn_id, record=record.to_wire()))

@@ -1,0 +1,144 @@
+"""The ``shell`` tool: ``/bin/sh -c COMMAND`` in the session cwd.
+
+Runs on the session actor's thread. The command gets its own process group so
+that a timeout, a cancelled turn, or the end of the call kills it and anything
+it started in the background; output (stdout and stderr merged) is capped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import selectors
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from actors.tools.base import Tool, ToolEnv, ToolError, ToolResult, require_str
+from actors.tools.paths import PathDenied
+
+__all__ = ["ShellTool"]
+
+_POLL_SECS = 0.05
+_READ_SIZE = 65536
+
+
+@dataclass(slots=True)
+class _Collected:
+    output: bytearray
+    total: int = 0
+    stopped_by: str = ""  # "", "cancelled" or "timeout"
+
+
+class ShellTool(Tool):
+    """Run a shell command; arguments ``command`` and optional ``timeout`` (seconds)."""
+
+    name: ClassVar[str] = "shell"
+    kind: ClassVar[str] = "execute"
+    mutating: ClassVar[bool] = True
+
+    def __init__(self, *, default_timeout: float = 60.0, max_timeout: float = 600.0,
+                 max_output: int = 64 * 1024) -> None:
+        self.default_timeout = default_timeout
+        self.max_timeout = max_timeout
+        self.max_output = max_output
+
+    def title(self, args: dict[str, Any]) -> str:
+        command = args.get("command")
+        return f"shell: {command}" if isinstance(command, str) else "shell"
+
+    def run(self, args: dict[str, Any], env: ToolEnv) -> ToolResult:
+        command = require_str(args, "command")
+        timeout = self._timeout(args)
+        try:
+            env.paths.check_command(command)
+        except PathDenied as exc:
+            raise ToolError(str(exc)) from None
+        if env.cancelled.is_set():
+            raise ToolError("cancelled before the command started")
+        proc = subprocess.Popen(
+            ["/bin/sh", "-c", command],
+            cwd=env.paths.cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            collected = self._collect(proc, env, time.monotonic() + timeout)
+        finally:
+            _kill_group(proc)
+            assert proc.stdout is not None
+            proc.stdout.close()
+            exit_code = proc.wait()
+        return self._result(collected, exit_code, timeout)
+
+    def _timeout(self, args: dict[str, Any]) -> float:
+        value = args.get("timeout", self.default_timeout)
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise ToolError("argument 'timeout' must be a positive number of seconds")
+        return min(float(value), self.max_timeout)
+
+    def _collect(self, proc: subprocess.Popen[bytes], env: ToolEnv, deadline: float) -> _Collected:
+        """Read output until the shell exits and its pipe is drained, or cancel/timeout."""
+        assert proc.stdout is not None
+        fd = proc.stdout.fileno()
+        collected = _Collected(bytearray())
+        with selectors.DefaultSelector() as selector:
+            selector.register(fd, selectors.EVENT_READ)
+            eof = False
+            while not eof:
+                if env.cancelled.is_set():
+                    collected.stopped_by = "cancelled"
+                    break
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    collected.stopped_by = "timeout"
+                    break
+                exited = _has_exited(proc)
+                if selector.select(0 if exited else min(_POLL_SECS, remaining)):
+                    eof = not self._read_into(fd, collected)
+                elif exited:
+                    break  # the shell is gone; background children keep the pipe open
+        return collected
+
+    def _read_into(self, fd: int, collected: _Collected) -> bool:
+        chunk = os.read(fd, _READ_SIZE)
+        if not chunk:
+            return False
+        collected.total += len(chunk)
+        room = self.max_output - len(collected.output)
+        if room > 0:
+            collected.output += chunk[:room]
+        return True
+
+    def _result(self, collected: _Collected, exit_code: int, timeout: float) -> ToolResult:
+        output = collected.output.decode("utf-8", errors="replace")
+        truncated = collected.total > len(collected.output)
+        if truncated:
+            output += f"\n[output truncated: {collected.total} bytes, showing {self.max_output}]"
+        if collected.stopped_by == "cancelled":
+            raise ToolError(f"cancelled: the command was killed\n{output}".rstrip())
+        if collected.stopped_by == "timeout":
+            message = f"timed out after {timeout:g}s: the command was killed\n{output}"
+            raise ToolError(message.rstrip())
+        raw = {"exit_code": exit_code, "output": output, "truncated": truncated}
+        text = output if exit_code == 0 else f"{output}\n[exit code {exit_code}]".lstrip("\n")
+        return ToolResult(text=text, raw_output=raw, ok=exit_code == 0)
+
+
+def _has_exited(proc: subprocess.Popen[bytes]) -> bool:
+    """True once the shell has exited, without reaping it (its pid still names the group)."""
+    try:
+        info = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return True
+    return info is not None
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the command's process group (the shell may already be a zombie)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)

@@ -1,0 +1,249 @@
+"""One turn of a session: what the agent sees (:class:`ActorTurnContext`) and what is kept.
+
+Everything here runs on the session actor's thread. The context streams each
+event to the host and into a :class:`TurnRecorder`, applies the session's
+autonomy mode to tool calls (asking the client when ``supervised``), and runs
+the tools; the recorder turns the stream into the ordered items of a
+:class:`ipc.events.TurnRecord`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from actors.agents.base import ToolCallOutcome, estimate_tokens
+from actors.tools import Tool, ToolEnv, ToolError
+from ipc.events import (
+    Event,
+    MessageChunk,
+    TextItem,
+    ThoughtChunk,
+    ToolCallFinished,
+    ToolCallStarted,
+    ToolItem,
+    TurnItem,
+    TurnRecord,
+    event_to_wire,
+)
+from ipc.worker_wire import PermissionAsk, TurnEvent
+
+if TYPE_CHECKING:
+    from actors.session import SessionActor
+
+__all__ = ["CANCEL_MARKER", "ActorTurnContext", "TurnRecorder"]
+
+logger = logging.getLogger("zeroclaw.turn")
+
+CANCEL_MARKER = "[turn cancelled via client]"
+
+
+@dataclass(slots=True)
+class _Text:
+    role: str
+    parts: list[str]
+
+
+@dataclass(slots=True)
+class _Tool:
+    started: ToolCallStarted
+    result: str = ""
+    outcome: str = ""
+
+
+@dataclass(slots=True)
+class TurnRecorder:
+    """Accumulates a turn's items in order: the prompt, then merged text and tool calls."""
+
+    prompt: str
+    _items: list[_Text | _Tool] = field(default_factory=list)
+    _tools: dict[str, _Tool] = field(default_factory=dict)
+    _denied: set[str] = field(default_factory=set)
+    _answer: list[str] = field(default_factory=list)
+
+    def add(self, event: Event) -> None:
+        if isinstance(event, MessageChunk):
+            self._answer.append(event.text)
+            self._add_text("assistant", event.text)
+        elif isinstance(event, ThoughtChunk):
+            self._add_text("thought", event.text)
+        elif isinstance(event, ToolCallStarted):
+            self._tools[event.tool_call_id] = _Tool(event)
+            self._items.append(self._tools[event.tool_call_id])
+        elif isinstance(event, ToolCallFinished) and event.status in ("completed", "failed"):
+            self._finish_tool(event)
+
+    def mark_denied(self, tool_call_id: str) -> None:
+        """The next failure of this call is recorded as ``denied``."""
+        self._denied.add(tool_call_id)
+
+    def _add_text(self, role: str, text: str) -> None:
+        last = self._items[-1] if self._items else None
+        if isinstance(last, _Text) and last.role == role:
+            last.parts.append(text)
+        else:
+            self._items.append(_Text(role, [text]))
+
+    def _finish_tool(self, event: ToolCallFinished) -> None:
+        tool = self._tools.get(event.tool_call_id)
+        if tool is None:
+            return
+        tool.result = event.text
+        if event.status == "completed":
+            tool.outcome = "completed"
+        else:
+            tool.outcome = "denied" if event.tool_call_id in self._denied else "failed"
+
+    def build(self, session_id: str, *, cancelled: bool, started_at: float) -> TurnRecord:
+        """The finished turn; a cancelled one gets :data:`CANCEL_MARKER` after its text."""
+        content = "".join(self._answer)
+        if cancelled:
+            separator = "\n" if content and not content.endswith("\n") else ""
+            self._add_text("assistant", separator + CANCEL_MARKER)
+            content += separator + CANCEL_MARKER
+        items: list[TurnItem] = [TextItem(role="user", text=self.prompt)]
+        items.extend(self._item(part, cancelled) for part in self._items)
+        tokens = sum(estimate_tokens(i.text if isinstance(i, TextItem) else i.result)
+                     for i in items)
+        return TurnRecord(
+            session_id=session_id,
+            items=tuple(items),
+            stop_reason="cancelled" if cancelled else "end_turn",
+            content=content,
+            started_at=started_at,
+            finished_at=time.time(),
+            tokens=tokens,
+        )
+
+    @staticmethod
+    def _item(part: _Text | _Tool, cancelled: bool) -> TurnItem:
+        if isinstance(part, _Text):
+            role: Any = part.role
+            return TextItem(role=role, text="".join(part.parts))
+        started = part.started
+        unfinished = "cancelled" if cancelled else "no result"
+        return ToolItem(
+            tool_call_id=started.tool_call_id,
+            name=started.name,
+            arguments=started.raw_input,
+            result=part.result if part.outcome else unfinished,
+            outcome=part.outcome or "failed",
+            title=started.title,
+            kind=started.kind,
+        )
+
+
+class ActorTurnContext:
+    """The :class:`actors.agents.base.TurnContext` of one turn (actor thread)."""
+
+    def __init__(
+        self, session: SessionActor, turn_id: str, cancelled: threading.Event,
+        recorder: TurnRecorder,
+    ) -> None:
+        self._session = session
+        self._sid = session.config.sid
+        self._turn_id = turn_id
+        self._cancelled = cancelled
+        self._recorder = recorder
+
+    @property
+    def cancelled(self) -> threading.Event:
+        return self._cancelled
+
+    @property
+    def history(self) -> Sequence[TurnItem]:
+        return self._session.history
+
+    def emit(self, event: Event) -> None:
+        self._recorder.add(event)
+        wire = event_to_wire(event)
+        self._session.send(TurnEvent(sid=self._sid, turn_id=self._turn_id, event=wire))
+
+    def ask_permission(
+        self, tool_call_id: str, tool_name: str, title: str, kind: str, raw_input: Any
+    ) -> str | None:
+        board = self._session.permissions
+        request_id = f"perm-{uuid.uuid4().hex[:16]}"
+        future = board.open(self._sid, request_id)
+        if self._cancelled.is_set():
+            board.discard(request_id)
+            return None
+        self._session.send(PermissionAsk(
+            sid=self._sid, turn_id=self._turn_id, request_id=request_id,
+            tool_call_id=tool_call_id, tool_name=tool_name, title=title, kind=kind,
+            raw_input=raw_input,
+        ))
+        try:
+            return future.result(timeout=self._session.config.permission_timeout)
+        except TimeoutError:
+            board.discard(request_id)
+            logger.info("session %s: permission %s timed out", self._sid, request_id)
+            return None
+
+    def run_tool(self, name: str, raw_input: Any) -> ToolCallOutcome:
+        call_id = f"call_{uuid.uuid4().hex[:16]}"
+        tool = self._session.tools.get(name)
+        args = raw_input if isinstance(raw_input, dict) else {}
+        title = tool.title(args) if tool else name
+        kind = tool.kind if tool else "other"
+        self.emit(ToolCallStarted(call_id, name, title, kind, raw_input))
+        if tool is None:
+            known = ", ".join(sorted(self._session.tools))
+            return self._finish(call_id, name, "failed", f"unknown tool {name!r} (known: {known})")
+        if not isinstance(raw_input, dict):
+            return self._finish(call_id, name, "failed", "tool arguments must be a JSON object")
+        refusal = self._authorise(tool, call_id, title, raw_input)
+        if refusal is not None:
+            return self._finish(call_id, name, "denied", refusal)
+        return self._execute(tool, call_id, args)
+
+    def _authorise(self, tool: Tool, call_id: str, title: str, args: Any) -> str | None:
+        """None when the call may run, else why not (the session mode is read now)."""
+        if self._cancelled.is_set():
+            return "denied: the turn was cancelled"
+        if not tool.mutating:
+            return None
+        mode = self._session.state.mode
+        if mode == "full" or (mode == "supervised" and tool.name in self._session.always_allowed):
+            return None
+        if mode != "supervised":
+            return f"denied: autonomy is {mode}"
+        choice = self.ask_permission(call_id, tool.name, title, tool.kind, args)
+        normalized = choice.replace("-", "_") if choice else None
+        if normalized == "allow_always":
+            self._session.always_allowed.add(tool.name)
+            return None
+        if normalized == "allow_once":
+            return None
+        if choice is None:
+            return "denied: the permission request was cancelled or timed out"
+        return f"denied: the user chose {choice!r}"
+
+    def _execute(self, tool: Tool, call_id: str, args: dict[str, Any]) -> ToolCallOutcome:
+        env = ToolEnv(paths=self._session.config.paths, cancelled=self._cancelled)
+        try:
+            result = tool.run(args, env)
+        except ToolError as exc:
+            return self._finish(call_id, tool.name, "failed", str(exc))
+        except Exception as exc:
+            logger.exception("session %s: tool %s raised", self._sid, tool.name)
+            return self._finish(call_id, tool.name, "failed",
+                                f"tool error: {type(exc).__name__}: {exc}")
+        outcome = "completed" if result.ok else "failed"
+        return self._finish(call_id, tool.name, outcome, result.text, result.raw_output)
+
+    def _finish(
+        self, call_id: str, name: str, outcome: str, text: str, raw_output: Any = None
+    ) -> ToolCallOutcome:
+        if outcome == "denied":
+            self._recorder.mark_denied(call_id)
+        if raw_output is None and outcome != "completed":
+            raw_output = {"error": text}
+        status = "completed" if outcome == "completed" else "failed"
+        self.emit(ToolCallFinished(call_id, name, status, raw_output, text))
+        return ToolCallOutcome(call_id, outcome, text, raw_output)

@@ -1,0 +1,392 @@
+"""ACP v1 dialect: decode request params, encode results and events (SPEC §3).
+
+Nothing here knows about actors, workers or SQL: the host's handlers call these
+functions to turn wire params into typed requests and internal events into
+``session/update`` params. Pure functions: safe from any thread (the host calls
+them on the asyncio loop thread).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import mimetypes
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from ipc.errors import InvalidParams
+from ipc.events import (
+    CurrentMode,
+    Event,
+    MessageChunk,
+    PlanUpdate,
+    SessionInfo,
+    TextItem,
+    ThoughtChunk,
+    ToolCallFinished,
+    ToolCallStarted,
+    ToolItem,
+    TurnItem,
+    UsageUpdate,
+    UserChunk,
+)
+
+__all__ = [
+    "MAX_BLOB_BYTES",
+    "MODES",
+    "Blob",
+    "NewSessionRequest",
+    "PromptRequest",
+    "encode_event",
+    "initialize_result",
+    "modes_state",
+    "new_session_request",
+    "optional_str",
+    "permission_params",
+    "prompt_request",
+    "replay_events",
+    "selected_option",
+    "session_id",
+]
+
+PROTOCOL_VERSION = 1
+MAX_BLOB_BYTES = 10 * 1024 * 1024
+MODES = (
+    ("read_only", "Read only", "The agent reads and answers; it runs no mutating tool."),
+    ("supervised", "Supervised", "The agent asks before running or changing anything."),
+    ("full", "Full", "The agent runs tools without asking; forbidden paths still apply."),
+)
+PERMISSION_OPTIONS = (
+    {"optionId": "allow-once", "name": "Allow once", "kind": "allow_once"},
+    {"optionId": "allow-always", "name": "Always allow", "kind": "allow_always"},
+    {"optionId": "reject-once", "name": "Reject", "kind": "reject_once"},
+)
+
+
+def initialize_result(
+    *, version: str, persistent: bool, default_model: str, max_sessions: int, timeout: float
+) -> dict[str, Any]:
+    """The ``initialize`` answer; without a store, no load/list/resume/close/delete."""
+    session_caps: dict[str, Any] = (
+        {"list": {}, "resume": {}, "close": {}, "delete": {}} if persistent else {}
+    )
+    return {
+        "protocolVersion": PROTOCOL_VERSION,
+        "agentCapabilities": {
+            "loadSession": persistent,
+            "promptCapabilities": {"image": False, "audio": False, "embeddedContext": True},
+            "mcpCapabilities": {"http": False, "sse": False},
+            "sessionCapabilities": session_caps,
+        },
+        "agentInfo": {"name": "zeroclaw-acp", "title": "ZeroClaw ACP", "version": version},
+        "authMethods": [],
+        "_meta": {
+            "zeroclaw": {
+                "defaultModel": default_model,
+                "maxSessions": max_sessions,
+                "sessionTimeoutSecs": timeout,
+            }
+        },
+    }
+
+
+def modes_state(current: str) -> dict[str, Any]:
+    return {
+        "currentModeId": current,
+        "availableModes": [
+            {"id": mode_id, "name": name, "description": text} for mode_id, name, text in MODES
+        ],
+    }
+
+
+# --- params -------------------------------------------------------------------
+
+
+def _params(params: Any) -> Mapping[str, Any]:
+    if not isinstance(params, Mapping):
+        raise InvalidParams("params must be an object")
+    return params
+
+
+def optional_str(params: Mapping[str, Any], *names: str) -> str | None:
+    """The first of ``names`` present; it must be a string (``None`` when absent)."""
+    for name in names:
+        if name in params and params[name] is not None:
+            value = params[name]
+            if not isinstance(value, str):
+                raise InvalidParams(f"{name} must be a string")
+            return value
+    return None
+
+
+def session_id(params: Any) -> str:
+    """``sessionId`` (alias ``session_id``), required."""
+    value = optional_str(_params(params), "sessionId", "session_id")
+    if not value:
+        raise InvalidParams("missing sessionId")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class NewSessionRequest:
+    cwd: str | None
+    agent_alias: str | None
+    mcp_servers: list[Any]
+    session_id: str | None = None
+
+
+def new_session_request(params: Any) -> NewSessionRequest:
+    p = _params(params)
+    mcp = p.get("mcpServers", p.get("mcp_servers")) or []
+    if not isinstance(mcp, list):
+        raise InvalidParams("mcpServers must be an array")
+    return NewSessionRequest(
+        cwd=optional_str(p, "cwd", "workspaceDir", "workspace_dir"),
+        agent_alias=optional_str(p, "agentAlias", "agent_alias", "agent"),
+        mcp_servers=mcp,
+        session_id=optional_str(p, "sessionId", "session_id"),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Blob:
+    """A decoded blob resource: ``marker`` is filled in once it is written."""
+
+    index: int
+    uri: str
+    mime_type: str
+    data: bytes
+
+    @property
+    def file_name(self) -> str:
+        ext = _extension(self.mime_type, self.uri)
+        return f"{hashlib.sha256(self.data).hexdigest()}{ext}"
+
+    @property
+    def display_name(self) -> str:
+        path = unquote(urlparse(self.uri).path) if self.uri else ""
+        return path.rsplit("/", 1)[-1] or self.file_name
+
+
+@dataclass(frozen=True, slots=True)
+class PromptRequest:
+    """Prompt parts in order; blobs leave ``None`` placeholders in ``texts``."""
+
+    session_id: str
+    texts: tuple[str | None, ...]
+    blobs: tuple[Blob, ...]
+
+    def assemble(self, blob_markers: Mapping[int, str]) -> str:
+        parts = [t if t is not None else blob_markers[i] for i, t in enumerate(self.texts)]
+        return "\n\n".join(parts)
+
+
+def _extension(mime_type: str, uri: str) -> str:
+    path = unquote(urlparse(uri).path) if uri else ""
+    name = path.rsplit("/", 1)[-1]
+    if "." in name:
+        ext = "." + name.rsplit(".", 1)[-1].lower()
+        if ext[1:].isalnum() and len(ext) <= 10:
+            return ext
+    return mimetypes.guess_extension(mime_type or "") or ".bin"
+
+
+def _decode_blob(index: int, resource: Mapping[str, Any]) -> Blob:
+    blob = resource.get("blob")
+    if not isinstance(blob, str):
+        raise InvalidParams(f"prompt[{index}].resource.blob must be a base64 string")
+    if len(blob) > (MAX_BLOB_BYTES * 4) // 3 + 8:
+        raise InvalidParams(f"prompt[{index}]: blob larger than 10 MiB")
+    try:
+        data = base64.b64decode(blob, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidParams(f"prompt[{index}].resource.blob is not valid base64") from None
+    if len(data) > MAX_BLOB_BYTES:
+        raise InvalidParams(f"prompt[{index}]: blob larger than 10 MiB")
+    uri = resource.get("uri")
+    mime = resource.get("mimeType")
+    return Blob(
+        index=index,
+        uri=uri if isinstance(uri, str) else "",
+        mime_type=mime if isinstance(mime, str) else "application/octet-stream",
+        data=data,
+    )
+
+
+def _part(index: int, part: Any) -> str | Blob:
+    if isinstance(part, str):
+        return part
+    if not isinstance(part, Mapping):
+        raise InvalidParams(f"prompt[{index}] must be an object")
+    kind = part.get("type", "text")
+    if kind == "text":
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise InvalidParams(f"prompt[{index}].text must be a string")
+        return text
+    if kind == "resource":
+        resource = part.get("resource")
+        if not isinstance(resource, Mapping):
+            raise InvalidParams(f"prompt[{index}].resource must be an object")
+        if "blob" in resource:
+            return _decode_blob(index, resource)
+        text = resource.get("text")
+        if not isinstance(text, str):
+            raise InvalidParams(f"prompt[{index}].resource needs text or blob")
+        uri = resource.get("uri")
+        return f"{text}" if not isinstance(uri, str) else f"[Resource: {uri}]\n{text}"
+    if kind == "resource_link":
+        uri = part.get("uri")
+        if not isinstance(uri, str):
+            raise InvalidParams(f"prompt[{index}].uri must be a string")
+        return f"[Resource: {uri}]"
+    raise InvalidParams(f"prompt[{index}]: unsupported content type {str(kind)[:40]!r}")
+
+
+def prompt_request(params: Any) -> PromptRequest:
+    """Decode ``session/prompt``; every blob is decoded (and checked) before anything is written."""
+    p = _params(params)
+    sid = session_id(p)
+    raw = p.get("prompt")
+    if isinstance(raw, str):
+        return PromptRequest(sid, (raw,), ())
+    if not isinstance(raw, list) or not raw:
+        raise InvalidParams("prompt must be a string or a non-empty array of content parts")
+    texts: list[str | None] = []
+    blobs: list[Blob] = []
+    for index, part in enumerate(raw):
+        decoded = _part(index, part)
+        if isinstance(decoded, Blob):
+            blobs.append(Blob(len(texts), decoded.uri, decoded.mime_type, decoded.data))
+            texts.append(None)
+        else:
+            texts.append(decoded)
+    return PromptRequest(sid, tuple(texts), tuple(blobs))
+
+
+def blob_marker(blob: Blob, path: str) -> str:
+    if blob.mime_type.startswith("image/"):
+        return f"[IMAGE:{path}]"
+    return f"[Document: {blob.display_name}] {path}"
+
+
+# --- permissions --------------------------------------------------------------
+
+
+def permission_params(
+    sid: str, tool_call_id: str, title: str, kind: str, raw_input: Any
+) -> dict[str, Any]:
+    return {
+        "sessionId": sid,
+        "toolCall": {
+            "toolCallId": tool_call_id,
+            "title": title,
+            "kind": kind,
+            "status": "pending",
+            "rawInput": raw_input,
+        },
+        "options": list(PERMISSION_OPTIONS),
+    }
+
+
+_OPTION_IDS = {
+    "allow-once": "allow_once",
+    "allow_once": "allow_once",
+    "allow-always": "allow_always",
+    "allow_always": "allow_always",
+    "reject-once": "reject_once",
+    "reject_once": "reject_once",
+}
+
+
+def selected_option(result: Any) -> str | None:
+    """The chosen option as ``allow_once``/``allow_always``/``reject_once``; None = cancelled."""
+    if not isinstance(result, Mapping):
+        return None
+    outcome = result.get("outcome")
+    if not isinstance(outcome, Mapping) or outcome.get("outcome") != "selected":
+        return None
+    option = outcome.get("optionId")
+    return _OPTION_IDS.get(option) if isinstance(option, str) else None
+
+
+# --- events -------------------------------------------------------------------
+
+
+def _text(kind: str, text: str) -> dict[str, Any]:
+    return {"sessionUpdate": kind, "content": {"type": "text", "text": text}}
+
+
+def _update(event: Event) -> dict[str, Any]:
+    match event:
+        case MessageChunk(text=text):
+            return _text("agent_message_chunk", text)
+        case ThoughtChunk(text=text):
+            return _text("agent_thought_chunk", text)
+        case UserChunk(text=text):
+            return _text("user_message_chunk", text)
+        case ToolCallStarted():
+            return {
+                "sessionUpdate": "tool_call",
+                "toolCallId": event.tool_call_id,
+                "title": event.title,
+                "kind": event.kind,
+                "status": "pending",
+                "rawInput": event.raw_input,
+            }
+        case ToolCallFinished():
+            return {
+                "sessionUpdate": "tool_call_update",
+                "toolCallId": event.tool_call_id,
+                "status": event.status,
+                "rawOutput": event.raw_output,
+                "content": [{"type": "content", "content": {"type": "text", "text": event.text}}],
+                "name": event.name,
+            }
+        case PlanUpdate(entries=entries):
+            plan = [{"content": e.content, "priority": e.priority, "status": e.status}
+                    for e in entries]
+            return {"sessionUpdate": "plan", "entries": plan}
+        case CurrentMode(mode_id=mode_id):
+            return {"sessionUpdate": "current_mode_update", "currentModeId": mode_id}
+        case SessionInfo():
+            info: dict[str, Any] = {"sessionUpdate": "session_info_update"}
+            if event.title is not None:
+                info["title"] = event.title
+            if event.updated_at is not None:
+                info["updatedAt"] = event.updated_at
+            return info
+        case UsageUpdate():
+            usage: dict[str, Any] = {"sessionUpdate": "usage_update", "used": event.used,
+                                     "size": event.size}
+            if event.cost is not None:
+                usage["cost"] = {"amount": event.cost, "currency": "USD"}
+            return usage
+    raise TypeError(f"not an event: {event!r}")
+
+
+def encode_event(sid: str, event: Event) -> dict[str, Any]:
+    """``session/update`` notification params for ``event``."""
+    return {"sessionId": sid, "update": _update(event)}
+
+
+def replay_events(items: list[TurnItem]) -> list[Event]:
+    """Stored turns as the events ``session/load`` replays (tool calls as completed)."""
+    events: list[Event] = []
+    for item in items:
+        if isinstance(item, TextItem):
+            cls = {"user": UserChunk, "assistant": MessageChunk, "thought": ThoughtChunk}[item.role]
+            events.append(cls(item.text))
+        elif isinstance(item, ToolItem):
+            events.append(
+                ToolCallStarted(item.tool_call_id, item.name, item.title or item.name,
+                                item.kind, item.arguments)
+            )
+            status = "completed" if item.outcome == "completed" else "failed"
+            events.append(
+                ToolCallFinished(item.tool_call_id, item.name, status, item.result, item.result)
+            )
+    return events

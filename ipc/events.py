@@ -1,0 +1,271 @@
+"""The internal event model: what a turn produces, independent of any dialect.
+
+A session actor (in a worker process) produces these events once; the host
+renders them for each connection in its dialect (ACP v1 in :mod:`ipc.acp`, the
+daemon RPC dialect later). Between processes they travel as plain dicts made by
+:func:`event_to_wire` and read back by :func:`event_from_wire`.
+
+The same module defines the items of a finished turn (:class:`TurnRecord`),
+which is what the persistence actor writes and what ``session/load`` replays.
+
+Pure data: safe to use from any thread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, Literal, TypeAlias
+
+__all__ = [
+    "CurrentMode",
+    "Event",
+    "MessageChunk",
+    "PlanEntry",
+    "PlanUpdate",
+    "SessionInfo",
+    "TextItem",
+    "ThoughtChunk",
+    "ToolCallFinished",
+    "ToolCallStarted",
+    "ToolItem",
+    "TurnItem",
+    "TurnRecord",
+    "UsageUpdate",
+    "UserChunk",
+    "event_from_wire",
+    "event_to_wire",
+    "item_from_wire",
+    "item_to_wire",
+]
+
+ToolKind = Literal["read", "edit", "delete", "move", "search", "execute", "think", "fetch", "other"]
+StopReason = Literal["end_turn", "cancelled", "max_tokens", "refusal"]
+
+
+@dataclass(frozen=True, slots=True)
+class MessageChunk:
+    """A piece of the assistant's answer text."""
+
+    KIND: ClassVar[str] = "message"
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ThoughtChunk:
+    """A piece of the assistant's reasoning."""
+
+    KIND: ClassVar[str] = "thought"
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class UserChunk:
+    """A piece of a user turn; only produced when replaying a stored session."""
+
+    KIND: ClassVar[str] = "user"
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallStarted:
+    """The agent asked for a tool; status is ``pending`` until it finishes."""
+
+    KIND: ClassVar[str] = "tool_call"
+    tool_call_id: str
+    name: str
+    title: str
+    kind: str
+    raw_input: Any
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallFinished:
+    """A tool call ended. ``status`` is ``in_progress``, ``completed`` or ``failed``."""
+
+    KIND: ClassVar[str] = "tool_call_update"
+    tool_call_id: str
+    name: str
+    status: str
+    raw_output: Any
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class PlanEntry:
+    content: str
+    priority: str = "medium"
+    status: str = "pending"
+
+
+@dataclass(frozen=True, slots=True)
+class PlanUpdate:
+    """The agent's current plan, replacing any earlier one."""
+
+    KIND: ClassVar[str] = "plan"
+    entries: tuple[PlanEntry, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CurrentMode:
+    """The session's mode (autonomy level) changed."""
+
+    KIND: ClassVar[str] = "mode"
+    mode_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    """Session metadata changed (title, last update as ISO 8601)."""
+
+    KIND: ClassVar[str] = "info"
+    title: str | None = None
+    updated_at: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class UsageUpdate:
+    """Context window use in tokens, and cost when known."""
+
+    KIND: ClassVar[str] = "usage"
+    used: int
+    size: int
+    cost: float | None = None
+
+
+Event: TypeAlias = (
+    MessageChunk
+    | ThoughtChunk
+    | UserChunk
+    | ToolCallStarted
+    | ToolCallFinished
+    | PlanUpdate
+    | CurrentMode
+    | SessionInfo
+    | UsageUpdate
+)
+
+_EVENT_TYPES: dict[str, type[Any]] = {
+    cls.KIND: cls
+    for cls in (
+        MessageChunk,
+        ThoughtChunk,
+        UserChunk,
+        ToolCallStarted,
+        ToolCallFinished,
+        PlanUpdate,
+        CurrentMode,
+        SessionInfo,
+        UsageUpdate,
+    )
+}
+
+
+def event_to_wire(event: Event) -> dict[str, Any]:
+    """A plain dict (orjson-ready) with the kind under ``k``."""
+    wire: dict[str, Any] = {"k": event.KIND}
+    for f in fields(event):
+        value = getattr(event, f.name)
+        if isinstance(event, PlanUpdate) and f.name == "entries":
+            value = [
+                {"content": e.content, "priority": e.priority, "status": e.status}
+                for e in event.entries
+            ]
+        wire[f.name] = value
+    return wire
+
+
+def event_from_wire(wire: dict[str, Any]) -> Event:
+    """Inverse of :func:`event_to_wire`; raises ``KeyError``/``TypeError`` on bad input."""
+    data = dict(wire)
+    cls = _EVENT_TYPES[data.pop("k")]
+    if cls is PlanUpdate:
+        data["entries"] = tuple(PlanEntry(**e) for e in data["entries"])
+    event: Event = cls(**data)
+    return event
+
+
+# --- finished turns ---------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TextItem:
+    """Text of one role within a turn: ``user``, ``assistant`` or ``thought``."""
+
+    role: Literal["user", "assistant", "thought"]
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolItem:
+    """A tool call of a turn with its outcome: ``completed``, ``failed`` or ``denied``."""
+
+    tool_call_id: str
+    name: str
+    arguments: Any
+    result: str
+    outcome: str
+    title: str = ""
+    kind: str = "other"
+
+
+TurnItem: TypeAlias = TextItem | ToolItem
+
+
+def item_to_wire(item: TurnItem) -> dict[str, Any]:
+    if isinstance(item, TextItem):
+        return {"role": item.role, "text": item.text}
+    return {
+        "role": "tool",
+        "tool_call_id": item.tool_call_id,
+        "name": item.name,
+        "arguments": item.arguments,
+        "result": item.result,
+        "outcome": item.outcome,
+        "title": item.title,
+        "kind": item.kind,
+    }
+
+
+def item_from_wire(wire: dict[str, Any]) -> TurnItem:
+    data = dict(wire)
+    role = data.pop("role")
+    if role == "tool":
+        return ToolItem(**data)
+    return TextItem(role=role, text=data["text"])
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRecord:
+    """One finished turn, in order: the user prompt first, then what the agent did.
+
+    ``stop_reason`` is an ACP stop reason; ``content`` is the final answer text
+    (for a cancelled turn it ends with ``[turn cancelled via client]``).
+    Times are UNIX seconds.
+    """
+
+    session_id: str
+    items: tuple[TurnItem, ...]
+    stop_reason: str
+    content: str
+    started_at: float
+    finished_at: float
+    tokens: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "session_id": self.session_id,
+            "items": [item_to_wire(i) for i in self.items],
+            "stop_reason": self.stop_reason,
+            "content": self.content,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "tokens": self.tokens,
+            "extra": self.extra,
+        }
+
+    @classmethod
+    def from_wire(cls, wire: dict[str, Any]) -> TurnRecord:
+        data = dict(wire)
+        data["items"] = tuple(item_from_wire(i) for i in data["items"])
+        return cls(**data)

@@ -1,0 +1,345 @@
+"""Byte-stream transports feeding :class:`ipc.jsonrpc.Endpoint`: stdio and Unix sockets.
+
+:func:`serve_stream` runs one connection: it reads NDJSON frames, feeds the
+endpoint, and at EOF lets in-flight handlers finish (``drain``) before closing.
+It closes early when the peer is gone (our writes fail) or stops reading (the
+write buffer passes a high-water mark), so a stuck client cannot grow our memory.
+
+:func:`open_stdio` moves the protocol onto private duplicates of fds 0 and 1,
+then points fd 1 at stderr and fd 0 at ``/dev/null``: a stray ``print`` or a
+child process can no longer corrupt the frame stream or steal its input.
+Regular files work as stdin/stdout too (``zeroclaw acp < requests.ndjson``).
+
+Threading: everything here runs on the asyncio loop thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import stat
+import sys
+from collections.abc import Callable
+from typing import Any, Final, TypeAlias
+
+from ipc.framing import DEFAULT_FRAME_LIMIT, OVERSIZED, FrameReader, new_stream_reader
+from ipc.jsonrpc import Endpoint
+
+__all__ = [
+    "DEFAULT_WRITE_HIGH_WATER",
+    "EndpointFactory",
+    "open_stdio",
+    "serve_stream",
+    "serve_unix",
+]
+
+log = logging.getLogger("zeroclaw.ipc.transports")
+
+DEFAULT_WRITE_HIGH_WATER: Final = 64 * 1024 * 1024
+"""Unsent bytes after which a peer counts as not reading and is disconnected."""
+
+_FLUSH_TIMEOUT: Final = 5.0
+_FRAMES_PER_YIELD: Final = 64
+_FILE_CHUNK: Final = 256 * 1024
+
+EndpointFactory: TypeAlias = Callable[[Callable[[bytes], None]], Endpoint]
+
+
+# --- one connection ----------------------------------------------------------
+
+
+async def serve_stream(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    make_endpoint: EndpointFactory,
+    *,
+    frame_limit: int = DEFAULT_FRAME_LIMIT,
+    write_high_water: int = DEFAULT_WRITE_HIGH_WATER,
+) -> None:
+    """Serve one connection until EOF (after draining handlers) or until it breaks.
+
+    ``reader`` must have been created with ``limit=frame_limit + 1`` (see
+    :func:`ipc.framing.new_stream_reader`). The endpoint
+    is always closed and the writer flushed (bounded) and closed on return.
+    """
+    connection = _Connection(writer, write_high_water)
+    endpoint = make_endpoint(connection.send)
+    connection.endpoint = endpoint
+    try:
+        await connection.run(FrameReader(reader, frame_limit))
+    finally:
+        endpoint.close()
+        await connection.close_writer()
+
+
+class _Connection:
+    """Glue between one stream pair and its endpoint (loop thread)."""
+
+    def __init__(self, writer: asyncio.StreamWriter, high_water: int) -> None:
+        self.endpoint: Endpoint | None = None
+        self._writer = writer
+        self._transport = writer.transport
+        self._high_water = high_water
+        self._broken: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    def send(self, frame: bytes) -> None:
+        """The endpoint's ``send``: write now, give up on a peer that does not read."""
+        transport = self._transport
+        if transport.is_closing():
+            self._break("peer went away")
+            return
+        try:
+            self._writer.write(frame)
+        except Exception as error:  # a broken pipe surfaces here on some transports
+            self._break(f"write failed: {type(error).__name__}")
+            return
+        if transport.get_write_buffer_size() > self._high_water:
+            self._break("peer is not reading (write buffer over the high-water mark)")
+
+    def _break(self, reason: str) -> None:
+        if not self._broken.done():
+            log.warning("closing connection: %s", reason)
+            self._broken.set_result(reason)
+            self._transport.abort()
+        if self.endpoint is not None:
+            self.endpoint.close()
+
+    async def run(self, frames: FrameReader) -> None:
+        endpoint = self.endpoint
+        assert endpoint is not None
+        reading = asyncio.ensure_future(self._read_all(frames, endpoint))
+        closed = asyncio.ensure_future(self._writer.wait_closed())
+        try:
+            await asyncio.wait((reading, closed, self._broken), return_when=asyncio.FIRST_COMPLETED)
+            if not reading.done() or reading.exception() is not None:
+                return
+            endpoint.receive_eof()
+            draining = asyncio.ensure_future(endpoint.drain())
+            await asyncio.wait(
+                (draining, closed, self._broken), return_when=asyncio.FIRST_COMPLETED
+            )
+            draining.cancel()
+        finally:
+            reading.cancel()
+            closed.cancel()
+            if closed.done() and not closed.cancelled():
+                closed.exception()  # the peer's reset is expected: mark it retrieved
+
+    async def _read_all(self, frames: FrameReader, endpoint: Endpoint) -> None:
+        count = 0
+        while not endpoint.closed:
+            try:
+                frame = await frames.read()
+            except (OSError, asyncio.IncompleteReadError) as error:
+                log.info("connection read ended: %s", type(error).__name__)
+                raise
+            if frame is None:
+                return
+            if frame is OVERSIZED:
+                endpoint.receive_oversized()
+            else:
+                endpoint.receive(frame)
+            count += 1
+            if count % _FRAMES_PER_YIELD == 0:
+                await asyncio.sleep(0)  # let handler tasks and other connections run
+
+    async def close_writer(self) -> None:
+        """Flush what is buffered (bounded by a timeout), then close."""
+        writer = self._writer
+        if not self._transport.is_closing():
+            writer.close()
+        try:
+            async with asyncio.timeout(_FLUSH_TIMEOUT):
+                await writer.wait_closed()
+        except TimeoutError:
+            log.warning(
+                "peer did not take the last %d bytes", self._transport.get_write_buffer_size()
+            )
+            self._transport.abort()
+        except Exception:
+            pass  # a reset peer: nothing left to flush
+
+
+# --- Unix socket listener ----------------------------------------------------
+
+
+async def serve_unix(
+    path: str,
+    make_endpoint: EndpointFactory,
+    *,
+    frame_limit: int = DEFAULT_FRAME_LIMIT,
+    write_high_water: int = DEFAULT_WRITE_HIGH_WATER,
+) -> asyncio.Server:
+    """Listen on a Unix socket (mode 0600); each connection gets its own endpoint."""
+
+    async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await serve_stream(
+                reader,
+                writer,
+                make_endpoint,
+                frame_limit=frame_limit,
+                write_high_water=write_high_water,
+            )
+        except Exception:
+            log.exception("connection on %s failed", path)
+
+    server = await asyncio.start_unix_server(on_connect, path, limit=frame_limit + 1)
+    os.chmod(path, 0o600)
+    return server
+
+
+# --- stdio ---------------------------------------------------------------------
+
+
+async def open_stdio(
+    frame_limit: int = DEFAULT_FRAME_LIMIT,
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """Take over stdin/stdout for the protocol and connect them to the loop.
+
+    Call once per process, before anything else may write to stdout.
+    """
+    in_fd, out_fd = _claim_stdio()
+    reader = await _connect_input(in_fd, frame_limit)
+    writer = await _connect_output(out_fd)
+    return reader, writer
+
+
+def _claim_stdio() -> tuple[int, int]:
+    """Private copies of fds 0/1 for the protocol; fd 1 → stderr, fd 0 → /dev/null."""
+    sys.stdout.flush()
+    in_fd = os.dup(0)
+    out_fd = os.dup(1)
+    os.dup2(2, 1)
+    null_fd = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null_fd, 0)
+    os.close(null_fd)
+    sys.stdout = sys.stderr
+    return in_fd, out_fd
+
+
+def _is_regular_file(fd: int) -> bool:
+    return stat.S_ISREG(os.fstat(fd).st_mode)
+
+
+async def _connect_input(fd: int, frame_limit: int) -> asyncio.StreamReader:
+    reader = new_stream_reader(frame_limit)
+    if _is_regular_file(fd):
+        _FileReadPump(fd, reader).start()
+        return reader
+    loop = asyncio.get_running_loop()
+    pipe = os.fdopen(fd, "rb", buffering=0)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)
+    return reader
+
+
+async def _connect_output(fd: int) -> asyncio.StreamWriter:
+    loop = asyncio.get_running_loop()
+    protocol = _OutputProtocol(loop)
+    transport: asyncio.WriteTransport
+    if _is_regular_file(fd):
+        transport = _FileWriteTransport(fd, protocol, loop)
+    else:
+        pipe = os.fdopen(fd, "wb", buffering=0)
+        transport, _ = await loop.connect_write_pipe(lambda: protocol, pipe)
+    return asyncio.StreamWriter(transport, protocol, None, loop)
+
+
+class _OutputProtocol(asyncio.Protocol):
+    """Write side of stdout: records when the pipe is gone, as StreamWriter expects."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._closed = loop.create_future()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if exc is not None:
+            log.info("stdout closed: %s", type(exc).__name__)
+        if not self._closed.done():
+            self._closed.set_result(None)
+
+    def _get_close_waiter(self, stream: Any) -> asyncio.Future[None]:
+        return self._closed
+
+    async def _drain_helper(self) -> None:
+        return None
+
+
+class _FileWriteTransport(asyncio.WriteTransport):
+    """stdout redirected to a regular file: writes are synchronous and never buffer."""
+
+    def __init__(self, fd: int, protocol: asyncio.BaseProtocol, loop: asyncio.AbstractEventLoop):
+        super().__init__()
+        self._fd = fd
+        self._protocol = protocol
+        self._loop = loop
+        self._closing = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self._closing:
+            return
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._fd, view) :]
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def is_closing(self) -> bool:
+        return self._closing
+
+    def close(self) -> None:
+        if not self._closing:
+            self._closing = True
+            os.close(self._fd)
+            self._loop.call_soon(self._protocol.connection_lost, None)
+
+    def abort(self) -> None:
+        self.close()
+
+
+class _FileReadPump(asyncio.ReadTransport):
+    """stdin redirected from a regular file: fed to the reader with its flow control."""
+
+    def __init__(self, fd: int, reader: asyncio.StreamReader) -> None:
+        super().__init__()
+        self._fd = fd
+        self._reader = reader
+        self._may_read = asyncio.Event()
+        self._may_read.set()
+        self._task: asyncio.Task[None] | None = None
+        reader.set_transport(self)
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._pump())
+
+    async def _pump(self) -> None:
+        try:
+            while True:
+                await self._may_read.wait()
+                chunk = os.read(self._fd, _FILE_CHUNK)
+                if not chunk:
+                    self._reader.feed_eof()
+                    return
+                self._reader.feed_data(chunk)
+                await asyncio.sleep(0)
+        except OSError as error:
+            self._reader.set_exception(error)
+        finally:
+            os.close(self._fd)
+
+    def pause_reading(self) -> None:
+        self._may_read.clear()
+
+    def resume_reading(self) -> None:
+        self._may_read.set()
+
+    def is_reading(self) -> bool:
+        return self._may_read.is_set()
+
+    def is_closing(self) -> bool:
+        return self._task is not None and self._task.done()
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()

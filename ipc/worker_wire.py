@@ -1,0 +1,273 @@
+"""Envelopes between the host and its worker processes, over ZeroMQ.
+
+The host binds a ROUTER, each worker connects a DEALER whose identity names the
+worker incarnation. Every zmq message is one frame (plus the ROUTER identity on
+the host side) holding an orjson map ``{"t": <type>, ...fields}``.
+
+Each message type is a frozen dataclass below; ``T`` is its wire tag. Nested
+data (events, turn records, history) travels as plain dicts made by
+:mod:`ipc.events`. Pure data: safe from any thread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, TypeAlias
+
+import orjson
+
+__all__ = [
+    "CancelTurn",
+    "CloseSession",
+    "Heartbeat",
+    "HostMessage",
+    "OpenFailed",
+    "OpenSession",
+    "PermissionAsk",
+    "PermissionReply",
+    "Ping",
+    "SessionClosed",
+    "SessionOpened",
+    "SetMode",
+    "Shutdown",
+    "StartTurn",
+    "TurnEnded",
+    "TurnEvent",
+    "TurnFailed",
+    "WireError",
+    "WorkerMessage",
+    "WorkerReady",
+    "decode",
+    "encode",
+]
+
+
+class WireError(ValueError):
+    """A frame that is not a known envelope."""
+
+
+# --- host -> worker ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class OpenSession:
+    """Create the session actor. ``agent`` is the agent's config section plus ``alias``.
+
+    ``history`` is the stored conversation as :func:`ipc.events.item_to_wire` dicts,
+    so a model-backed agent can continue it. ``permission_timeout`` is in seconds.
+    """
+
+    T: ClassVar[str] = "open"
+    sid: str
+    agent: dict[str, Any]
+    workspace_dir: str
+    cwd: str
+    mode: str
+    forbidden_paths: list[str]
+    permission_timeout: float
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class StartTurn:
+    """Run one turn with the assembled prompt text."""
+
+    T: ClassVar[str] = "turn"
+    sid: str
+    turn_id: str
+    prompt: str
+
+
+@dataclass(frozen=True, slots=True)
+class CancelTurn:
+    """Stop the running turn promptly; handled on the worker's IO thread."""
+
+    T: ClassVar[str] = "cancel"
+    sid: str
+
+
+@dataclass(frozen=True, slots=True)
+class PermissionReply:
+    """The client's answer; ``option_id`` None means cancelled, timed out or gone."""
+
+    T: ClassVar[str] = "perm_reply"
+    sid: str
+    request_id: str
+    option_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class SetMode:
+    T: ClassVar[str] = "set_mode"
+    sid: str
+    mode: str
+
+
+@dataclass(frozen=True, slots=True)
+class CloseSession:
+    """Cancel any running turn, then drop the actor; answered by SessionClosed."""
+
+    T: ClassVar[str] = "close"
+    sid: str
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    """Host heartbeat; a worker that hears none for a while exits."""
+
+    T: ClassVar[str] = "ping"
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Shutdown:
+    T: ClassVar[str] = "shutdown"
+
+
+# --- worker -> host ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerReady:
+    T: ClassVar[str] = "ready"
+    pid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    T: ClassVar[str] = "beat"
+    pid: int
+    sessions: int
+
+
+@dataclass(frozen=True, slots=True)
+class SessionOpened:
+    T: ClassVar[str] = "opened"
+    sid: str
+
+
+@dataclass(frozen=True, slots=True)
+class OpenFailed:
+    T: ClassVar[str] = "open_failed"
+    sid: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class TurnEvent:
+    """One event of a running turn, as :func:`ipc.events.event_to_wire` made it."""
+
+    T: ClassVar[str] = "event"
+    sid: str
+    turn_id: str
+    event: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class PermissionAsk:
+    """A tool call needs the user's approval before it runs."""
+
+    T: ClassVar[str] = "perm_ask"
+    sid: str
+    turn_id: str
+    request_id: str
+    tool_call_id: str
+    tool_name: str
+    title: str
+    kind: str
+    raw_input: Any
+
+
+@dataclass(frozen=True, slots=True)
+class TurnEnded:
+    """The turn finished (completed or cancelled); ``record`` is a TurnRecord wire dict."""
+
+    T: ClassVar[str] = "turn_end"
+    sid: str
+    turn_id: str
+    record: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class TurnFailed:
+    """The turn failed; nothing of it is kept. The session stays usable."""
+
+    T: ClassVar[str] = "turn_failed"
+    sid: str
+    turn_id: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class SessionClosed:
+    T: ClassVar[str] = "closed"
+    sid: str
+
+
+HostMessage: TypeAlias = (
+    OpenSession
+    | StartTurn
+    | CancelTurn
+    | PermissionReply
+    | SetMode
+    | CloseSession
+    | Ping
+    | Shutdown
+)
+WorkerMessage: TypeAlias = (
+    WorkerReady
+    | Heartbeat
+    | SessionOpened
+    | OpenFailed
+    | TurnEvent
+    | PermissionAsk
+    | TurnEnded
+    | TurnFailed
+    | SessionClosed
+)
+
+_TYPES: dict[str, type[Any]] = {
+    cls.T: cls
+    for cls in (
+        OpenSession,
+        StartTurn,
+        CancelTurn,
+        PermissionReply,
+        SetMode,
+        CloseSession,
+        Ping,
+        Shutdown,
+        WorkerReady,
+        Heartbeat,
+        SessionOpened,
+        OpenFailed,
+        TurnEvent,
+        PermissionAsk,
+        TurnEnded,
+        TurnFailed,
+        SessionClosed,
+    )
+}
+
+
+_FIELD_NAMES: dict[type[Any], tuple[str, ...]] = {
+    cls: tuple(f.name for f in fields(cls)) for cls in _TYPES.values()
+}
+
+
+def encode(message: HostMessage | WorkerMessage) -> bytes:
+    """One zmq frame for ``message``."""
+    payload = {name: getattr(message, name) for name in _FIELD_NAMES[type(message)]}
+    payload["t"] = message.T
+    return orjson.dumps(payload)
+
+
+def decode(frame: bytes) -> HostMessage | WorkerMessage:
+    """Parse one frame; raises :class:`WireError` for anything unknown or malformed."""
+    try:
+        payload = orjson.loads(frame)
+        cls = _TYPES[payload.pop("t")]
+        message: HostMessage | WorkerMessage = cls(**payload)
+    except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+        raise WireError(f"bad worker envelope: {exc.__class__.__name__}") from None
+    return message

@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""The speed floor for benchmarks: an NDJSON JSON-RPC server that does no work.
+
+Usage: ``echo_floor.py`` (stdio) or ``echo_floor.py --unix PATH`` (Unix socket).
+
+Every request line is answered at once from the asyncio loop thread, with the
+same shapes the ACP host returns, so a benchmark client can drive both alike:
+
+- ``session/new``    -> ``{"sessionId": "floor-<n>"}``
+- ``session/prompt`` -> ``{"sessionId": ..., "stopReason": "end_turn", "content": "hello world"}``
+- anything else      -> ``{}``
+
+Notifications and responses get no reply; an unparsable line gets -32700.
+stdio mode exits on EOF; socket mode runs until SIGINT/SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+__all__ = ["answer_line", "main", "serve_stdio", "serve_unix"]
+
+FRAME_LIMIT = 32 * 1024 * 1024
+_session_numbers = itertools.count(1)
+
+
+def _result_for(method: object, params: object) -> dict[str, Any]:
+    if method == "session/new":
+        return {"sessionId": f"floor-{next(_session_numbers)}"}
+    if method == "session/prompt":
+        session_id = params.get("sessionId") if isinstance(params, dict) else None
+        return {"sessionId": session_id, "stopReason": "end_turn", "content": "hello world"}
+    return {}
+
+
+def answer_line(line: bytes) -> bytes | None:
+    """The reply frame for one input line, or None when it needs no reply."""
+    line = line.strip()
+    if not line:
+        return None
+    try:
+        message = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        error = {"code": -32700, "message": "Parse error"}
+        return orjson.dumps(
+            {"jsonrpc": "2.0", "id": None, "error": error}, option=orjson.OPT_APPEND_NEWLINE
+        )
+    if not isinstance(message, dict) or "method" not in message or "id" not in message:
+        return None
+    reply = {
+        "jsonrpc": "2.0",
+        "id": message["id"],
+        "result": _result_for(message["method"], message.get("params")),
+    }
+    return orjson.dumps(reply, option=orjson.OPT_APPEND_NEWLINE)
+
+
+async def _echo(reader: asyncio.StreamReader, write: Any, drain: Any) -> None:
+    while True:
+        try:
+            line = await reader.readline()
+        except ValueError:  # a frame over the limit: drop it, keep serving
+            continue
+        if not line:
+            return
+        reply = answer_line(line)
+        if reply is not None:
+            write(reply)
+            await drain()
+
+
+async def serve_stdio() -> None:
+    """Serve stdin/stdout until EOF."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=FRAME_LIMIT)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    try:
+        transport, protocol = await loop.connect_write_pipe(
+            asyncio.streams.FlowControlMixin, sys.stdout
+        )
+    except ValueError:  # stdout is a regular file: plain blocking writes
+        out = sys.stdout.buffer
+
+        async def flush() -> None:
+            out.flush()
+
+        await _echo(reader, out.write, flush)
+        return
+    writer = asyncio.StreamWriter(transport, protocol, reader, loop)
+    await _echo(reader, writer.write, writer.drain)
+    with contextlib.suppress(ConnectionError):
+        await writer.drain()
+
+
+async def serve_unix(path: Path) -> None:
+    """Serve a Unix socket at ``path`` (mode 0600) until SIGINT/SIGTERM."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError):
+            await _echo(reader, writer.write, writer.drain)
+        writer.close()
+
+    path.unlink(missing_ok=True)
+    server = await asyncio.start_unix_server(handle, path=str(path), limit=FRAME_LIMIT)
+    os.chmod(path, 0o600)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signal_number in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signal_number, stop.set)
+    try:
+        async with server:
+            await stop.wait()
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--unix", type=Path, metavar="PATH", help="listen on a Unix socket")
+    args = parser.parse_args(argv)
+    if args.unix is not None:
+        asyncio.run(serve_unix(args.unix))
+    else:
+        asyncio.run(serve_stdio())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+"""The session store: peewee models, opening the SQLite file, and the read API.
+
+Writes go through :class:`actors.persistence.PersistenceActor` only.
+"""
+
+from storage.models import (
+    MODELS,
+    SCHEMA_VERSION,
+    MessageRow,
+    SessionEvent,
+    SessionEventRow,
+    SessionInfo,
+    SessionRow,
+    ToolCallRow,
+    database_proxy,
+)
+from storage.store import (
+    DEFAULT_BUSY_TIMEOUT_MS,
+    MAX_PAGE_SIZE,
+    Store,
+    StoreReader,
+    open_store,
+    write_transaction,
+)
+
+__all__ = [
+    "DEFAULT_BUSY_TIMEOUT_MS",
+    "MAX_PAGE_SIZE",
+    "MODELS",
+    "SCHEMA_VERSION",
+    "MessageRow",
+    "SessionEvent",
+    "SessionEventRow",
+    "SessionInfo",
+    "SessionRow",
+    "Store",
+    "StoreReader",
+    "ToolCallRow",
+    "database_proxy",
+    "open_store",
+    "write_transaction",
+]

@@ -1,0 +1,386 @@
+"""Opening the session store, and the read API.
+
+:func:`open_store` opens (or creates) the SQLite file in WAL mode. When the
+file cannot be used (read-only disk, bad permissions, a parent that is not a
+directory, a corrupt file) it falls back to an *ephemeral* store in a private
+temporary file, so the host still works with in-memory-only sessions; callers
+check :attr:`Store.persistent` (``:memory:`` cannot be used: it is one database
+per connection, and the writer and the readers need to share one).
+
+Threads:
+
+* :attr:`Store.writer` is one peewee database over one connection; after
+  :func:`open_store` returns, only the persistence actor's thread uses it.
+* :attr:`Store.reader` (:class:`StoreReader`) is safe from any thread: each
+  calling thread gets its own read-only connection (a peewee ``SqliteDatabase``
+  per thread, opened on first use). WAL lets those reads run during writes.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import heapq
+import logging
+import os
+import shutil
+import sqlite3
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import peewee
+
+from ipc.events import TextItem, ToolItem, TurnItem
+from storage.models import (
+    MODELS,
+    SCHEMA_VERSION,
+    MessageRow,
+    SessionEvent,
+    SessionEventRow,
+    SessionInfo,
+    SessionRow,
+    ToolCallRow,
+    session_info_from_row,
+)
+
+__all__ = [
+    "DEFAULT_BUSY_TIMEOUT_MS",
+    "MAX_PAGE_SIZE",
+    "Store",
+    "StoreReader",
+    "decode_cursor",
+    "encode_cursor",
+    "open_store",
+    "write_transaction",
+]
+
+logger = logging.getLogger("zeroclaw.storage")
+
+DEFAULT_BUSY_TIMEOUT_MS = 5000
+
+_OPEN_ERRORS = (OSError, sqlite3.Error, peewee.PeeweeException)
+
+
+class Store:
+    """An open session store: where it lives, the writer, and the reader.
+
+    ``path`` is the file in use (a temporary file when ``persistent`` is
+    false); ``requested_path`` is the one :func:`open_store` was asked for.
+    Close it with :meth:`close` once the persistence actor has stopped.
+    """
+
+    def __init__(
+        self,
+        *,
+        path: Path,
+        requested_path: Path,
+        persistent: bool,
+        writer: peewee.SqliteDatabase,
+        busy_timeout_ms: int,
+        temp_dir: Path | None = None,
+    ) -> None:
+        self.path = path
+        self.requested_path = requested_path
+        self.persistent = persistent
+        self.writer = writer
+        self.reader = StoreReader(path, busy_timeout_ms)
+        self._temp_dir = temp_dir
+
+    def close(self) -> None:
+        """Close every connection; an ephemeral store's file is removed. Any thread."""
+        self.reader.close()
+        self.writer.close()
+        if self._temp_dir is not None:
+            shutil.rmtree(self._temp_dir, ignore_errors=True)
+
+    def __repr__(self) -> str:
+        return f"Store(path={str(self.path)!r}, persistent={self.persistent})"
+
+
+def open_store(path: Path, *, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> Store:
+    """Open the store at ``path``, or an ephemeral one if that file is unusable.
+
+    Runs on the caller's thread (the host's startup). Missing parent
+    directories are created with mode 0700 and a new file with mode 0600.
+    """
+    path = Path(path).expanduser()
+    try:
+        writer = _open_writer(path, busy_timeout_ms, create_parents=True)
+    except _OPEN_ERRORS as exc:
+        logger.warning(
+            "session store %s is unusable (%s); sessions will be kept only until exit",
+            path,
+            _describe(exc),
+        )
+    else:
+        return Store(
+            path=path,
+            requested_path=path,
+            persistent=True,
+            writer=writer,
+            busy_timeout_ms=busy_timeout_ms,
+        )
+    temp_dir = Path(tempfile.mkdtemp(prefix="zeroclaw-store-"))
+    temp_path = temp_dir / "sessions.db"
+    try:
+        writer = _open_writer(temp_path, busy_timeout_ms, create_parents=False)
+    except BaseException:
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        raise
+    return Store(
+        path=temp_path,
+        requested_path=path,
+        persistent=False,
+        writer=writer,
+        busy_timeout_ms=busy_timeout_ms,
+        temp_dir=temp_dir,
+    )
+
+
+@contextlib.contextmanager
+def write_transaction(db: peewee.SqliteDatabase) -> Iterator[None]:
+    """One write transaction (``BEGIN IMMEDIATE`` on the writer): all or nothing.
+
+    Unlike ``db.atomic()``, an error that SQLite already rolled back by itself
+    (``SQLITE_FULL``, ``SQLITE_IOERR``) is re-raised as is, instead of being
+    replaced by "cannot rollback - no transaction is active".
+    Runs on the writer's thread.
+    """
+    db.begin()
+    try:
+        yield
+        db.commit()
+    except BaseException:
+        if db.connection().in_transaction:
+            with contextlib.suppress(*_OPEN_ERRORS):
+                db.rollback()
+        raise
+
+
+def _open_writer(path: Path, busy_timeout_ms: int, *, create_parents: bool) -> peewee.SqliteDatabase:
+    if create_parents:
+        _make_private_dirs(path.parent)
+    _create_private_file(path)
+    writer = peewee.SqliteDatabase(
+        str(path),
+        pragmas=[
+            ("journal_mode", "wal"),
+            ("synchronous", "normal"),
+            ("foreign_keys", 1),
+            ("busy_timeout", int(busy_timeout_ms)),
+        ],
+        timeout=busy_timeout_ms / 1000,
+        lock_type="IMMEDIATE",
+        # One connection, handed from the opening thread to the actor's thread.
+        thread_safe=False,
+        check_same_thread=False,
+    )
+    try:
+        writer.connect()
+        journal_mode = writer.execute_sql("PRAGMA journal_mode").fetchone()[0]
+        if str(journal_mode).lower() != "wal":
+            logger.warning("session store %s: WAL unavailable (journal_mode=%s)", path, journal_mode)
+        _create_schema(writer)
+    except BaseException:
+        writer.close()
+        raise
+    return writer
+
+
+def _create_schema(db: peewee.SqliteDatabase) -> None:
+    """Create missing tables and stamp the schema version (also proves the file is writable)."""
+    with write_transaction(db):
+        version = int(db.execute_sql("PRAGMA user_version").fetchone()[0])
+        for model in MODELS:
+            peewee.SchemaManager(model, database=db).create_all(safe=True)
+        if version > SCHEMA_VERSION:
+            logger.warning("session store has schema %d, newer than %d", version, SCHEMA_VERSION)
+        db.execute_sql(f"PRAGMA user_version = {max(version, SCHEMA_VERSION)}")
+
+
+def _make_private_dirs(directory: Path) -> None:
+    """Create ``directory`` and its missing parents, each with mode 0700."""
+    missing: list[Path] = []
+    current = directory
+    while not current.exists():
+        missing.append(current)
+        if current.parent == current:
+            break
+        current = current.parent
+    for entry in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            entry.mkdir(mode=0o700)
+    if not directory.is_dir():
+        raise NotADirectoryError(f"not a directory: {directory}")
+
+
+def _create_private_file(path: Path) -> None:
+    """Create an empty ``path`` with mode 0600 unless it exists (SQLite's -wal/-shm copy it)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    os.close(fd)
+
+
+def _describe(exc: BaseException) -> str:
+    """A short reason for logs: the error's own message, never file content."""
+    return f"{type(exc).__name__}: {exc}"
+
+
+
+# --- reading ------------------------------------------------------------------
+
+MAX_PAGE_SIZE = 100
+
+
+class StoreReader:
+    """The read API (load, list, status). Safe from any thread; each call takes a few ms.
+
+    Each calling thread gets its own read-only (``query_only``) connection, a
+    peewee ``SqliteDatabase`` opened on first use and kept for that thread.
+    :meth:`close` closes all of them; call it only when no read is running.
+    """
+
+    def __init__(self, path: Path, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> None:
+        self._path = path
+        self._busy_timeout_ms = busy_timeout_ms
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._databases: list[peewee.SqliteDatabase] = []
+
+    def get_session(self, session_id: str) -> SessionInfo | None:
+        """The stored session, or ``None`` if there is no such record."""
+        query = SessionRow.select().where(SessionRow.id == session_id).dicts()
+        rows = list(query.execute(self._database()))
+        return session_info_from_row(rows[0]) if rows else None
+
+    def load_items(self, session_id: str) -> list[TurnItem]:
+        """Every message and tool call of the session, in the order they happened."""
+        db = self._database()
+        messages = (
+            MessageRow.select(MessageRow.seq, MessageRow.role, MessageRow.content)
+            .where(MessageRow.session == session_id)
+            .order_by(MessageRow.seq)
+            .tuples()
+        )
+        tools = (
+            ToolCallRow.select(
+                ToolCallRow.seq,
+                ToolCallRow.tool_call_id,
+                ToolCallRow.name,
+                ToolCallRow.arguments,
+                ToolCallRow.result,
+                ToolCallRow.outcome,
+                ToolCallRow.title,
+                ToolCallRow.kind,
+            )
+            .where(ToolCallRow.session == session_id)
+            .order_by(ToolCallRow.seq)
+            .tuples()
+        )
+        with db.atomic():  # one snapshot for both tables
+            text_items = [(seq, TextItem(role=role, text=text)) for seq, role, text in messages.execute(db)]
+            tool_items = [(row[0], ToolItem(*row[1:])) for row in tools.execute(db)]
+        merged = heapq.merge(text_items, tool_items, key=lambda pair: pair[0])
+        return [item for _, item in merged]
+
+    def list_sessions(
+        self, cwd: str | None = None, cursor: str | None = None, limit: int = MAX_PAGE_SIZE
+    ) -> tuple[list[SessionInfo], str | None]:
+        """A page of stored sessions, newest activity first (ties: larger id first).
+
+        Returns the page and the cursor of the next one (``None`` on the last
+        page). ``limit`` is capped at :data:`MAX_PAGE_SIZE`. Raises
+        ``ValueError`` for a relative ``cwd``, or a cursor that is malformed or
+        was made under another ``cwd`` filter.
+        """
+        if cwd is not None and not os.path.isabs(cwd):
+            raise ValueError(f"cwd must be an absolute path, got {cwd!r}")
+        page_size = max(1, min(int(limit), MAX_PAGE_SIZE))
+        query = SessionRow.select()
+        if cwd is not None:
+            query = query.where(SessionRow.cwd == cwd)
+        if cursor is not None:
+            last_activity, last_id = decode_cursor(cursor, cwd)
+            query = query.where(
+                peewee.Tuple(SessionRow.last_activity, SessionRow.id)
+                < peewee.Tuple(last_activity, last_id)
+            )
+        query = query.order_by(SessionRow.last_activity.desc(), SessionRow.id.desc())
+        rows = list(query.limit(page_size + 1).dicts().execute(self._database()))
+        page = [session_info_from_row(row) for row in rows[:page_size]]
+        if len(rows) <= page_size:
+            return page, None
+        last = page[-1]
+        return page, encode_cursor(last.last_activity, last.id, cwd)
+
+    def count_sessions(self, cwd: str | None = None) -> int:
+        """How many sessions are stored (under ``cwd`` when given)."""
+        query = SessionRow.select()
+        if cwd is not None:
+            query = query.where(SessionRow.cwd == cwd)
+        return int(query.count(self._database()))
+
+    def load_events(self, session_id: str) -> list[SessionEvent]:
+        """The custom events recorded for the session, oldest first."""
+        query = (
+            SessionEventRow.select(
+                SessionEventRow.type, SessionEventRow.payload, SessionEventRow.created_at
+            )
+            .where(SessionEventRow.session == session_id)
+            .order_by(SessionEventRow.created_at, SessionEventRow.id)
+            .tuples()
+        )
+        return [SessionEvent(*row) for row in query.execute(self._database())]
+
+    def close(self) -> None:
+        """Close the connections of every thread that read."""
+        with self._lock:
+            databases, self._databases = self._databases, []
+        for db in databases:
+            db.close()
+        self._local = threading.local()
+
+    def _database(self) -> peewee.SqliteDatabase:
+        db: peewee.SqliteDatabase | None = getattr(self._local, "db", None)
+        if db is None:
+            db = peewee.SqliteDatabase(
+                str(self._path),
+                pragmas=[("query_only", 1), ("busy_timeout", int(self._busy_timeout_ms))],
+                timeout=self._busy_timeout_ms / 1000,
+                thread_safe=False,
+                # Used by one thread only; close() may run on another one.
+                check_same_thread=False,
+            )
+            self._local.db = db
+            with self._lock:
+                self._databases.append(db)
+        return db
+
+
+def encode_cursor(last_activity: float, session_id: str, cwd: str | None) -> str:
+    """An opaque ``session/list`` cursor: where the previous page ended, under which filter."""
+    payload = orjson.dumps({"a": last_activity, "i": session_id, "c": cwd})
+    return base64.urlsafe_b64encode(payload).decode("ascii")
+
+
+def decode_cursor(cursor: str, cwd: str | None) -> tuple[float, str]:
+    """The position stored in ``cursor``; ``ValueError`` if malformed or made for another cwd."""
+    try:
+        data = orjson.loads(base64.b64decode(cursor.encode("ascii"), altchars=b"-_", validate=True))
+    except (ValueError, TypeError, AttributeError, binascii.Error) as exc:
+        raise ValueError("malformed cursor") from exc
+    if (
+        not isinstance(data, dict)
+        or set(data) != {"a", "i", "c"}
+        or isinstance(data["a"], bool)
+        or not isinstance(data["a"], int | float)
+        or not isinstance(data["i"], str)
+        or not isinstance(data["c"], str | None)
+    ):
+        raise ValueError("malformed cursor")
+    if data["c"] != cwd:
+        raise ValueError("cursor was made for another cwd filter; start again without it")
+    return float(data["a"]), data["i"]

@@ -1,0 +1,244 @@
+"""The ACP v1 server: binds the ACP dialect (:mod:`ipc.acp`) to the host's session
+operations, for stdio (``zeroclaw acp``) and later the daemon's ``acp.sock``.
+
+Everything here runs on the asyncio loop thread. ``initialize`` is answered inline
+from a handshake prepared at start, without touching the actors, so the first
+answer does not wait for the store, the actors or the worker pool; those start
+right after it, in the background, and other methods wait for them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from ipc import acp
+from ipc.errors import InvalidParams, RpcError
+from ipc.jsonrpc import ConnectionLost, Endpoint, RemoteError
+
+if TYPE_CHECKING:
+    from ipc.events import Event
+    from ipc.worker_wire import PermissionAsk
+    from supervisor.config import Settings
+    from supervisor.sessions import Sessions
+
+__all__ = ["AcpServer", "probe_store"]
+
+log = logging.getLogger("zeroclaw.acp")
+
+
+def probe_store(path: os.PathLike[str]) -> bool:
+    """Cheap check (no SQLite) that the store file can be created and written."""
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        os.close(fd)
+    except OSError:
+        return False
+    return True
+
+
+class AcpPeer:
+    """One ACP client connection, as the host sees it."""
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.endpoint = endpoint
+        self.name = endpoint.name
+
+    def send_event(self, sid: str, event: Event) -> None:
+        self.endpoint.notify("session/update", acp.encode_event(sid, event))
+
+    async def ask_permission(self, sid: str, ask: PermissionAsk, timeout: float) -> str | None:
+        params = acp.permission_params(sid, ask.tool_call_id, ask.title, ask.kind, ask.raw_input)
+        try:
+            result = await self.endpoint.request(
+                "session/request_permission", params, timeout=timeout
+            )
+        except TimeoutError:
+            log.info("permission request for %s timed out: denied", ask.tool_name)
+            return None
+        except (ConnectionLost, RemoteError) as exc:
+            log.info("permission request for %s failed (%s): denied", ask.tool_name,
+                     type(exc).__name__)
+            return None
+        return acp.selected_option(result)
+
+
+class AcpServer:
+    """Handler table and lifecycle shared by every ACP connection of one host."""
+
+    def __init__(self, settings: Settings, version: str) -> None:
+        self.settings = settings
+        self.persistent = probe_store(settings.store_path)
+        self.handshake = acp.initialize_result(
+            version=version, persistent=self.persistent, default_model=settings.default_model,
+            max_sessions=settings.max_sessions, timeout=settings.session_timeout_secs,
+        )
+        self._starting: asyncio.Task[Sessions] | None = None
+        self.methods: dict[str, Callable[[Any, Endpoint], Any]] = {
+            "initialize": self.initialize,
+            "session/new": self.new_session,
+            "session/prompt": self.prompt,
+            "session/cancel": self.cancel,
+            "session/close": self.close,
+            "session/stop": self.stop,
+            "session/set_mode": self.set_mode,
+            "session/update": self.client_event,
+            "session/event": self.client_event,
+            "status": self.status,
+        }
+        if self.persistent:
+            self.methods.update({
+                "session/load": self.load,
+                "session/resume": self.resume,
+                "session/list": self.list,
+                "session/delete": self.delete,
+            })
+
+    def make_endpoint(self, send: Callable[[bytes], None], name: str = "acp") -> Endpoint:
+        endpoint = Endpoint(send, self.methods, name=name)
+        endpoint.state["peer"] = AcpPeer(endpoint)
+        return endpoint
+
+    # --- lifecycle ----------------------------------------------------------------
+
+    def start_host(self) -> asyncio.Task[Sessions]:
+        if self._starting is None:
+            self._starting = asyncio.ensure_future(self._start())
+        return self._starting
+
+    async def _start(self) -> Sessions:
+        from supervisor.host import Host
+        from supervisor.sessions import Sessions
+
+        host = Host(self.settings)
+        await host.start()
+        return Sessions(host)
+
+    async def sessions(self) -> Sessions:
+        try:
+            return await asyncio.shield(self.start_host())
+        except Exception as exc:
+            log.exception("host failed to start")
+            raise RpcError(f"host failed to start: {type(exc).__name__}") from None
+
+    async def shutdown(self) -> None:
+        if self._starting is None:
+            return
+        try:
+            sessions = await self._starting
+        except Exception:
+            return
+        await sessions.host.stop()
+
+    # --- handlers -------------------------------------------------------------------
+
+    def initialize(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
+        if not isinstance(params, Mapping):
+            raise InvalidParams("params must be an object")
+        endpoint.state["client"] = params.get("clientCapabilities") or {}
+        asyncio.get_running_loop().call_soon(self.start_host)
+        return self.handshake
+
+    async def new_session(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
+        request = acp.new_session_request(params)
+        sessions = await self.sessions()
+        route = await sessions.new(endpoint.state["peer"], request)
+        return {
+            "sessionId": route.sid,
+            "workspaceDir": route.workspace_dir,
+            "modes": acp.modes_state(route.mode),
+        }
+
+    async def prompt(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
+        request = acp.prompt_request(params)
+        sessions = await self.sessions()
+        outcome = await sessions.prompt(endpoint.state["peer"], request)
+        return {"sessionId": outcome.sid, "stopReason": outcome.stop_reason,
+                "content": outcome.content}
+
+    async def cancel(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
+        sid = acp.session_id(params)
+        sessions = await self.sessions()
+        sessions.cancel(sid)
+        return {}
+
+    async def close(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
+        sid = acp.session_id(params)
+        await (await self.sessions()).close(sid)
+        return {}
+
+    async def stop(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
+        sid = acp.session_id(params)
+        await (await self.sessions()).close(sid, wait_for_turn=True)
+        return {"sessionId": sid, "stopped": True}
+
+    async def _restore(self, params: Any, endpoint: Endpoint, replay: bool) -> dict[str, Any]:
+        sid = acp.session_id(params)
+        if isinstance(params, Mapping):
+            acp.optional_str(params, "cwd")
+        sessions = await self.sessions()
+        route = await sessions.restore(endpoint.state["peer"], sid, replay=replay)
+        return {"modes": acp.modes_state(route.mode)}
+
+    async def load(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
+        return await self._restore(params, endpoint, replay=True)
+
+    async def resume(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
+        return await self._restore(params, endpoint, replay=False)
+
+    async def list(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
+        if not isinstance(params, Mapping):
+            raise InvalidParams("params must be an object")
+        cwd = acp.optional_str(params, "cwd")
+        cursor = acp.optional_str(params, "cursor")
+        sessions = await self.sessions()
+        rows, next_cursor = sessions.list(cwd, cursor)
+        result: dict[str, Any] = {"sessions": [_listed(row) for row in rows]}
+        if next_cursor:
+            result["nextCursor"] = next_cursor
+        return result
+
+    async def delete(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
+        sid = acp.session_id(params)
+        await (await self.sessions()).delete(sid)
+        return {}
+
+    async def set_mode(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
+        sid = acp.session_id(params)
+        mode = acp.optional_str(params, "modeId", "mode_id")
+        if mode is None:
+            raise InvalidParams("missing modeId")
+        await (await self.sessions()).set_mode(endpoint.state["peer"], sid, mode)
+        return {}
+
+    async def client_event(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
+        sid = acp.session_id(params)
+        kind = acp.optional_str(params, "type")
+        update = params.get("update")
+        if kind is None and isinstance(update, Mapping):
+            kind = str(update.get("sessionUpdate") or "event")
+        await (await self.sessions()).client_event(sid, kind or "event", dict(params))
+        return {"sessionId": sid, "type": kind or "event", "status": "processed"}
+
+    async def status(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
+        from supervisor.status import host_status
+
+        return await host_status(await self.sessions())
+
+
+def _listed(row: Any) -> dict[str, Any]:
+    import datetime as dt
+
+    stamp = dt.datetime.fromtimestamp(row.last_activity, dt.UTC)
+    entry: dict[str, Any] = {
+        "sessionId": row.id,
+        "cwd": row.cwd,
+        "updatedAt": stamp.isoformat().replace("+00:00", "Z"),
+    }
+    if row.title:
+        entry["title"] = row.title
+    return entry

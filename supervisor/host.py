@@ -1,0 +1,261 @@
+"""The Host: assembles the store, the actors and the worker pool behind every transport.
+
+Everything here runs on the asyncio loop thread. The loop owns sockets (clients
+and the zmq ROUTER to workers); the SupervisorActor owns the session table and is
+reached with :func:`supervisor.bridge.call`; the PersistenceActor is the only
+writer. Session operations live in :mod:`supervisor.sessions`; this module is the
+lifecycle and the routing of worker messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from actors.persistence import PersistenceActor
+from ipc.errors import InternalError
+from ipc.events import SessionInfo, TurnRecord, event_from_wire
+from ipc.worker_wire import (
+    CancelTurn,
+    CloseSession,
+    OpenFailed,
+    PermissionAsk,
+    PermissionReply,
+    SessionClosed,
+    SessionOpened,
+    TurnEnded,
+    TurnEvent,
+    TurnFailed,
+    WorkerMessage,
+)
+from storage.store import Store, open_store
+from supervisor.bridge import call, loop_reply
+from supervisor.config import Settings
+from supervisor.routes import Route, RunningTurn
+from supervisor.supervisor import Eviction, Limits, SupervisorActor
+from supervisor.workers import WorkerPool
+
+__all__ = ["Host"]
+
+log = logging.getLogger("zeroclaw.host")
+
+WORKER_READY_TIMEOUT = 30.0
+
+
+class Host:
+    """One host process's shared machinery. Create, ``await start()``, ``await stop()``."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.started_at = time.time()
+        self.routes: dict[str, Route] = {}
+        self.store: Store
+        self.pool: WorkerPool
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._sweeper: asyncio.Task[None] | None = None
+        self._closing: dict[str, asyncio.Future[None]] = {}
+
+    # --- lifecycle ----------------------------------------------------------------
+
+    async def start(self) -> None:
+        settings = self.settings
+        self.store = await asyncio.to_thread(open_store, settings.store_path)
+        self.reader = self.store.reader
+        self.persistence = PersistenceActor.start(self.store)
+        limits = Limits(settings.max_sessions, settings.session_timeout_secs,
+                        settings.sessions_per_worker)
+        self.supervisor = SupervisorActor.start(limits)
+        self.pool = WorkerPool(
+            run_dir=settings.data_dir / "run",
+            on_message=self._on_worker_message,
+            on_worker_exit=self._on_worker_exit,
+            max_workers=settings.workers_max,
+        )
+        await self.pool.start()
+        self.pool.scale_to(2)
+        self._sweeper = asyncio.create_task(self._sweep_idle())
+
+    async def stop(self) -> None:
+        """Cancel running turns, let them persist, then stop workers and actors."""
+        for route in list(self.routes.values()):
+            self.cancel_turn(route)
+        pending = [r.turn.finished.wait() for r in self.routes.values() if r.turn]
+        if pending:
+            await asyncio.wait_for(asyncio.gather(*pending), timeout=10)
+        if self._sweeper:
+            self._sweeper.cancel()
+        await self.pool.close()
+        await asyncio.to_thread(self._stop_actors)
+
+    def _stop_actors(self) -> None:
+        self.supervisor.stop(timeout=5)
+        self.persistence.stop(timeout=30)  # queued writes finish first
+        self.store.close()
+
+    def spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # --- calls to the actors ---------------------------------------------------------
+
+    async def supervise(self, method: str, *args: Any) -> Any:
+        return await call(self.supervisor, method, *args)
+
+    async def persist(self, method: str, *args: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        getattr(self.persistence.proxy(), method)(*args, reply=loop_reply(loop, future))
+        return await future
+
+    # --- workers ------------------------------------------------------------------------
+
+    async def ready_workers(self) -> list[str]:
+        ready = self.pool.ready_workers()
+        if not ready:
+            ready = [await self.pool.wait_ready(WORKER_READY_TIMEOUT)]
+        return ready
+
+    def scale_workers(self) -> None:
+        in_use = {r.worker_id for r in self.routes.values()}
+        if self.settings.sessions_per_worker:
+            self.pool.scale_to(len(in_use) + 1)
+        else:
+            self.pool.scale_to(max(len(in_use), 1) + 1)
+
+    def apply_evictions(self, evictions: list[Eviction] | tuple[Eviction, ...]) -> None:
+        for eviction in evictions:
+            route = self.routes.pop(eviction.sid, None)
+            if eviction.worker_id:
+                self.pool.send(eviction.worker_id, CloseSession(eviction.sid))
+            log.info("evicted idle session %s", eviction.sid)
+            if route and route.turn:  # cannot happen (busy sessions are never evicted)
+                route.turn.result.set_exception(InternalError("session evicted"))
+
+    async def _sweep_idle(self) -> None:
+        period = max(0.5, min(self.settings.session_timeout_secs / 4, 30.0))
+        while True:
+            await asyncio.sleep(period)
+            try:
+                self.apply_evictions(await self.supervise("sweep"))
+            except Exception:
+                log.exception("idle sweep failed")
+
+    def _on_worker_exit(self, worker_id: str) -> None:
+        self.spawn(self._fail_worker_sessions(worker_id))
+
+    async def _fail_worker_sessions(self, worker_id: str) -> None:
+        sids = await self.supervise("worker_exited", worker_id)
+        for sid in sids:
+            route = self.routes.pop(sid, None)
+            if route and route.turn and not route.turn.result.done():
+                route.turn.result.set_exception(InternalError("session worker exited"))
+            waiter = self._closing.pop(sid, None)
+            if waiter and not waiter.done():
+                waiter.set_result(None)
+        if sids:
+            log.warning("worker %s exited; %d session(s) dropped (restorable)", worker_id,
+                        len(sids))
+
+    # --- messages from workers ----------------------------------------------------------
+
+    def _on_worker_message(self, worker_id: str, message: WorkerMessage) -> None:
+        match message:
+            case TurnEvent(sid=sid, turn_id=turn_id, event=wire):
+                turn = self._turn(sid, turn_id)
+                if turn is not None:
+                    turn.peer.send_event(sid, event_from_wire(wire))
+            case TurnEnded(sid=sid, turn_id=turn_id, record=wire):
+                turn = self._turn(sid, turn_id)
+                if turn is not None and not turn.result.done():
+                    turn.result.set_result(TurnRecord.from_wire(wire))
+            case TurnFailed(sid=sid, turn_id=turn_id, message=text):
+                turn = self._turn(sid, turn_id)
+                if turn is not None and not turn.result.done():
+                    turn.result.set_exception(InternalError(text))
+            case PermissionAsk():
+                self._ask_permission(worker_id, message)
+            case SessionClosed(sid=sid):
+                waiter = self._closing.pop(sid, None)
+                if waiter and not waiter.done():
+                    waiter.set_result(None)
+            case OpenFailed(sid=sid, message=text):
+                log.error("worker %s could not open session %s: %s", worker_id, sid, text)
+                self.spawn(self._drop_broken(sid, text))
+            case SessionOpened():
+                pass
+
+    def _turn(self, sid: str, turn_id: str) -> RunningTurn | None:
+        route = self.routes.get(sid)
+        if route is None or route.turn is None or route.turn.turn_id != turn_id:
+            return None
+        return route.turn
+
+    def _ask_permission(self, worker_id: str, ask: PermissionAsk) -> None:
+        turn = self._turn(ask.sid, ask.turn_id)
+        if turn is None:
+            self.pool.send(worker_id, PermissionReply(ask.sid, ask.request_id, None))
+            return
+        task = self.spawn(self._relay_permission(worker_id, turn, ask))
+        turn.permission_tasks.add(task)
+        task.add_done_callback(turn.permission_tasks.discard)
+
+    async def _relay_permission(self, worker_id: str, turn: RunningTurn, ask: PermissionAsk) -> None:
+        option: str | None = None
+        try:
+            option = await turn.peer.ask_permission(
+                ask.sid, ask, self.settings.session_timeout_secs
+            )
+        finally:  # cancelled (session/cancel) or failed: the tool call is denied
+            self.pool.send(worker_id, PermissionReply(ask.sid, ask.request_id, option))
+
+    async def _drop_broken(self, sid: str, text: str) -> None:
+        route = self.routes.pop(sid, None)
+        if route and route.turn and not route.turn.result.done():
+            route.turn.result.set_exception(InternalError(f"session could not start: {text}"))
+        try:
+            await self.supervise("release", sid)
+        except Exception:
+            pass
+
+    # --- helpers for session operations --------------------------------------------------
+
+    def cancel_turn(self, route: Route) -> bool:
+        """Ask the worker to stop the running turn and withdraw its permission requests."""
+        if route.turn is None:
+            return False
+        self.pool.send(route.worker_id, CancelTurn(route.sid))
+        for task in list(route.turn.permission_tasks):
+            task.cancel()
+        return True
+
+    async def close_on_worker(self, route: Route) -> None:
+        """Drop the session's actor and wait (bounded) for the worker to confirm."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._closing[route.sid] = waiter
+        if self.pool.send(route.worker_id, CloseSession(route.sid)):
+            try:
+                await asyncio.wait_for(waiter, timeout=10)
+            except TimeoutError:
+                log.warning("worker did not confirm closing %s", route.sid)
+        self._closing.pop(route.sid, None)
+
+    def session_info_event(self, title: str | None) -> SessionInfo:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        return SessionInfo(title=title, updated_at=stamp)
+
+
+def canonical_dir(path: str, base: Path | None = None) -> Path | None:
+    """``path`` resolved (symlinks, ``..``) when it is a usable directory, else None."""
+    candidate = Path(path)
+    if not candidate.is_absolute():
+        candidate = (base or Path.cwd()) / candidate
+    resolved = Path(os.path.realpath(candidate))
+    if not resolved.is_dir() or not os.access(resolved, os.R_OK | os.X_OK):
+        return None
+    return resolved

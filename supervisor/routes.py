@@ -1,0 +1,50 @@
+"""Loop-side routing state: which worker hosts a live session, who is watching it,
+and the turn it is running. Owned by the asyncio loop thread only.
+
+The SupervisorActor keeps the authoritative table (limits, busy/idle, LRU); this
+is just what the loop needs to move frames without crossing threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ipc.events import Event, TurnRecord
+from ipc.worker_wire import PermissionAsk
+
+__all__ = ["Peer", "Route", "RunningTurn"]
+
+
+class Peer(Protocol):
+    """A client connection in some dialect; the host talks to it through this."""
+
+    name: str
+
+    def send_event(self, sid: str, event: Event) -> None:
+        """Render ``event`` for this peer (a notification; never blocks)."""
+
+    async def ask_permission(self, sid: str, ask: PermissionAsk, timeout: float) -> str | None:
+        """Ask the user; ``allow_once``/``allow_always``/``reject_once`` or None (denied)."""
+
+
+@dataclass(slots=True)
+class RunningTurn:
+    turn_id: str
+    peer: Peer
+    result: asyncio.Future[TurnRecord]
+    finished: asyncio.Event = field(default_factory=asyncio.Event)
+    permission_tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+
+
+@dataclass(slots=True)
+class Route:
+    sid: str
+    worker_id: str
+    peer: Peer
+    agent_alias: str
+    workspace_dir: str
+    cwd: str
+    mode: str
+    turn: RunningTurn | None = None

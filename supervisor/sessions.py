@@ -1,0 +1,296 @@
+"""Session operations shared by every dialect: new, prompt, cancel, close, stop,
+load, resume, list, delete, set_mode, client events.
+
+Runs on the asyncio loop thread. Each operation asks the SupervisorActor for the
+decision (limits, busy, LRU eviction), sends envelopes to the session's worker,
+and writes through the PersistenceActor; a turn's result is returned only after
+its transaction committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ipc.acp import Blob, NewSessionRequest, PromptRequest, blob_marker
+from ipc.errors import InternalError, InvalidParams, SessionNotFound
+from ipc.events import CurrentMode, TurnRecord, item_to_wire
+from ipc.worker_wire import OpenSession, SetMode, StartTurn
+from storage.models import SessionInfo as StoredSession
+from supervisor.config import AUTONOMY_LEVELS, AgentConfig
+from supervisor.host import Host, canonical_dir
+from supervisor.routes import Peer, Route, RunningTurn
+
+__all__ = ["Sessions", "TurnOutcome"]
+
+log = logging.getLogger("zeroclaw.sessions")
+
+INSTALL_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True, slots=True)
+class TurnOutcome:
+    sid: str
+    stop_reason: str
+    content: str
+
+
+class Sessions:
+    """The operations; one instance per host, used by every connection."""
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+        self.settings = host.settings
+
+    # --- session/new ------------------------------------------------------------------
+
+    def resolve_agent(self, alias: str | None) -> AgentConfig:
+        agents = self.settings.agents
+        if alias is None:
+            alias = self.settings.default_agent
+        if alias is None and len(agents) == 1:
+            alias = next(iter(agents))
+        if alias is None:
+            raise InvalidParams("agentAlias is required: several agents are configured")
+        agent = agents.get(alias)
+        if agent is None:
+            raise InvalidParams(f"unknown agent alias: {alias}")
+        if not agent.enabled:
+            raise InvalidParams(f"agent {alias} is disabled")
+        return agent
+
+    def resolve_cwd(self, cwd: str | None, agent: AgentConfig) -> Path:
+        workspace = agent.workspace
+        if cwd is None or cwd.strip() in ("", "."):
+            workspace.mkdir(parents=True, exist_ok=True)
+            return Path(os.path.realpath(workspace))
+        resolved = canonical_dir(cwd)
+        if resolved is None:
+            raise InvalidParams(f"cwd is not a usable directory: {cwd}")
+        if resolved == INSTALL_ROOT:
+            workspace.mkdir(parents=True, exist_ok=True)
+            return Path(os.path.realpath(workspace))
+        return resolved
+
+    async def new(self, peer: Peer, request: NewSessionRequest) -> Route:
+        agent = self.resolve_agent(request.agent_alias)
+        cwd = self.resolve_cwd(request.cwd, agent)
+        sid = str(uuid.uuid4())
+        if request.mcp_servers:
+            log.info("session %s: %d MCP server(s) stored, not used yet", sid,
+                     len(request.mcp_servers))
+        now = time.time()
+        info = StoredSession(
+            id=sid, agent_alias=agent.alias, workspace_dir=str(cwd), cwd=str(cwd),
+            mode=self.settings.autonomy_level, created_at=now, last_activity=now,
+            mcp_servers=list(request.mcp_servers),
+        )
+        route = await self._open(peer, info, history=False)
+        try:
+            await self.host.persist("create_session", info)
+        except Exception:
+            await self._forget(route)
+            raise
+        return route
+
+    async def _open(self, peer: Peer, info: StoredSession, *, history: bool) -> Route:
+        """Admit, place and open a session actor for a stored or new session."""
+        host = self.host
+        ready = await host.ready_workers()
+        admission = await host.supervise("admit", info.id, info.agent_alias, info.turn_count,
+                                         ready)
+        host.apply_evictions(admission.evicted)
+        worker_id = admission.worker_id
+        deadline = time.monotonic() + 30
+        while worker_id is None:
+            host.scale_workers()
+            if time.monotonic() > deadline:
+                await host.supervise("release", info.id)
+                raise InternalError("no worker available")
+            await asyncio.sleep(0.02)
+            worker_id = await host.supervise("place", info.id, host.pool.ready_workers())
+        agent = self.settings.agents.get(info.agent_alias)
+        if agent is None:
+            await host.supervise("release", info.id)
+            raise InvalidParams(f"agent {info.agent_alias} is no longer configured")
+        items = host.reader.load_items(info.id) if history else []
+        host.pool.send(worker_id, OpenSession(
+            sid=info.id, agent=agent.to_wire(), workspace_dir=str(agent.workspace),
+            cwd=info.cwd, mode=info.mode, forbidden_paths=list(self.settings.forbidden_paths),
+            permission_timeout=self.settings.session_timeout_secs,
+            history=[item_to_wire(i) for i in items],
+        ))
+        route = Route(info.id, worker_id, peer, info.agent_alias, info.workspace_dir,
+                      info.cwd, info.mode)
+        host.routes[info.id] = route
+        host.scale_workers()
+        return route
+
+    async def _forget(self, route: Route) -> None:
+        self.host.routes.pop(route.sid, None)
+        try:
+            await self.host.supervise("release", route.sid)
+        except SessionNotFound:
+            pass
+        await self.host.close_on_worker(route)
+
+    # --- session/prompt ------------------------------------------------------------------
+
+    async def live_route(self, sid: str, peer: Peer) -> Route:
+        """The live route, restoring an evicted (not closed) session transparently."""
+        route = self.host.routes.get(sid)
+        if route is not None:
+            route.peer = peer
+            return route
+        info = self.host.reader.get_session(sid)
+        if info is None or info.closed_at is not None:
+            raise SessionNotFound(f"Session not found: {sid}")
+        log.info("restoring evicted session %s", sid)
+        return await self._open(peer, info, history=True)
+
+    async def prompt(self, peer: Peer, request: PromptRequest) -> TurnOutcome:
+        host = self.host
+        route = await self.live_route(request.session_id, peer)
+        await host.supervise("begin_turn", route.sid)
+        turn = RunningTurn(secrets.token_hex(8), peer, asyncio.get_running_loop().create_future())
+        route.turn = turn
+        completed = False
+        try:
+            text = await self._materialise(route, request)
+            host.pool.send(route.worker_id, StartTurn(route.sid, turn.turn_id, text))
+            record = await turn.result
+            turns = await self._persist_turn(record)
+            completed = True
+        finally:
+            if route.turn is turn:
+                route.turn = None
+            turn.finished.set()
+            host.spawn(host.supervise("end_turn", route.sid, completed))
+        if turns == 1:
+            peer.send_event(route.sid, host.session_info_event(_title(record)))
+        return TurnOutcome(route.sid, record.stop_reason, record.content)
+
+    async def _persist_turn(self, record: TurnRecord) -> int:
+        try:
+            turns: int = await self.host.persist("write_turn", record)
+        except Exception as exc:
+            log.error("turn of %s not persisted: %s", record.session_id, exc)
+            raise InternalError(f"store write failed: {exc}") from None
+        return turns
+
+    async def _materialise(self, route: Route, request: PromptRequest) -> str:
+        if not request.blobs:
+            return request.assemble({})
+        uploads = Path(route.workspace_dir) / "uploads"
+        try:
+            paths = await asyncio.to_thread(_write_uploads, uploads, request.blobs)
+        except OSError as exc:
+            raise InternalError(f"could not store an attachment: {exc.strerror}") from None
+        markers = {b.index: blob_marker(b, p) for b, p in zip(request.blobs, paths, strict=True)}
+        return request.assemble(markers)
+
+    # --- cancel, close, stop -------------------------------------------------------------
+
+    def cancel(self, sid: str) -> None:
+        route = self.host.routes.get(sid)
+        if route is not None:
+            self.host.cancel_turn(route)
+
+    async def close(self, sid: str, *, wait_for_turn: bool = False) -> None:
+        route = self.host.routes.get(sid)
+        if route is None:
+            raise SessionNotFound(f"Session not found: {sid}")
+        if route.turn is not None:
+            if not wait_for_turn:
+                self.host.cancel_turn(route)
+            await route.turn.finished.wait()
+        if self.host.routes.get(sid) is route:
+            await self._forget(route)
+        await self.host.persist("mark_closed", sid, time.time())
+
+    # --- load, resume -------------------------------------------------------------------
+
+    async def restore(self, peer: Peer, sid: str, *, replay: bool) -> Route:
+        if sid in self.host.routes:
+            raise InvalidParams(f"session {sid} is already active; call session/close first")
+        info = self.host.reader.get_session(sid)
+        if info is None:
+            raise SessionNotFound(f"Session not found: {sid}")
+        route = await self._open(peer, info, history=True)
+        await self.host.persist("reopen", sid, time.time())
+        if replay:
+            from ipc.acp import replay_events
+
+            for event in replay_events(self.host.reader.load_items(sid)):
+                peer.send_event(sid, event)
+        return route
+
+    # --- list, delete, mode, events ------------------------------------------------------
+
+    def list(self, cwd: str | None, cursor: str | None) -> tuple[list[StoredSession], str | None]:
+        if cwd is not None and not os.path.isabs(cwd):
+            raise InvalidParams("cwd must be an absolute path")
+        if cwd is not None:
+            cwd = os.path.realpath(cwd)
+        try:
+            return self.host.reader.list_sessions(cwd, cursor, 100)
+        except ValueError as exc:
+            raise InvalidParams(f"cursor: {exc}") from None
+
+    async def delete(self, sid: str) -> None:
+        if sid in self.host.routes:
+            await self.close(sid)
+        await self.host.persist("delete_session", sid)
+
+    async def set_mode(self, peer: Peer, sid: str, mode: str) -> None:
+        if mode not in AUTONOMY_LEVELS:
+            raise InvalidParams(f"modeId must be one of {', '.join(AUTONOMY_LEVELS)}")
+        route = self.host.routes.get(sid)
+        if route is None and self.host.reader.get_session(sid) is None:
+            raise SessionNotFound(f"Session not found: {sid}")
+        if route is not None:
+            route.mode = mode
+            self.host.pool.send(route.worker_id, SetMode(sid, mode))
+        await self.host.persist("set_mode", sid, mode)
+        peer.send_event(sid, CurrentMode(mode))
+
+    async def client_event(self, sid: str, kind: str, payload: dict[str, Any]) -> None:
+        if sid not in self.host.routes and self.host.reader.get_session(sid) is None:
+            raise SessionNotFound(f"Session not found: {sid}")
+        self.host.spawn(self.host.supervise("touch", sid))
+        await self.host.persist("record_event", sid, kind, payload)
+
+
+def _title(record: TurnRecord) -> str | None:
+    for item in record.items:
+        text = getattr(item, "text", "")
+        if getattr(item, "role", None) == "user" and text.strip():
+            return text.strip().splitlines()[0][:80]
+    return None
+
+
+def _write_uploads(uploads: Path, blobs: tuple[Blob, ...]) -> list[str]:
+    """Write each blob atomically as ``<sha256>.<ext>``; never follows a symlink."""
+    uploads.mkdir(parents=True, exist_ok=True)
+    dir_fd = os.open(uploads, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        paths = []
+        for blob in blobs:
+            name = blob.file_name
+            tmp = f".{name}.{secrets.token_hex(6)}.tmp"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600,
+                         dir_fd=dir_fd)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(blob.data)
+            os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            paths.append(str(uploads / name))
+        return paths
+    finally:
+        os.close(dir_fd)

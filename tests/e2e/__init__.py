@@ -1,0 +1,1 @@
+"""End-to-end tests: real ``zeroclaw acp`` processes driven by real clients."""
