@@ -72,19 +72,27 @@ class PersistenceActor(pykka.ThreadingActor):
         """Write a finished turn in one transaction; returns the session's new turn count."""
         return self._run("write_turn", record.session_id, lambda: self._write_turn(record), reply)
 
-    def touch(self, session_id: str, when: float, reply: ReplyCallback | None = None) -> bool | None:
+    def touch(
+        self, session_id: str, when: float, reply: ReplyCallback | None = None
+    ) -> bool | None:
         """Set the last activity time; returns whether the session exists."""
         return self._update("touch", session_id, {SessionRow.last_activity: when}, reply)
 
-    def set_mode(self, session_id: str, mode: str, reply: ReplyCallback | None = None) -> bool | None:
+    def set_mode(
+        self, session_id: str, mode: str, reply: ReplyCallback | None = None
+    ) -> bool | None:
         """Set the session's mode (autonomy level); returns whether the session exists."""
         return self._update("set_mode", session_id, {SessionRow.mode: mode}, reply)
 
-    def set_title(self, session_id: str, title: str, reply: ReplyCallback | None = None) -> bool | None:
+    def set_title(
+        self, session_id: str, title: str, reply: ReplyCallback | None = None
+    ) -> bool | None:
         """Replace the title; returns whether the session exists."""
         return self._update("set_title", session_id, {SessionRow.title: title}, reply)
 
-    def mark_closed(self, session_id: str, when: float, reply: ReplyCallback | None = None) -> bool | None:
+    def mark_closed(
+        self, session_id: str, when: float, reply: ReplyCallback | None = None
+    ) -> bool | None:
         """Record that the session was closed (the record stays restorable)."""
         return self._update("mark_closed", session_id, {SessionRow.closed_at: when}, reply)
 
@@ -92,24 +100,41 @@ class PersistenceActor(pykka.ThreadingActor):
         """Record that the session's worker died during a turn."""
         return self._update("mark_killed", session_id, {SessionRow.killed: True}, reply)
 
-    def reopen(self, session_id: str, when: float, reply: ReplyCallback | None = None) -> bool | None:
+    def reopen(
+        self, session_id: str, when: float, reply: ReplyCallback | None = None
+    ) -> bool | None:
         """A restored session: clear the closed and killed markers, set the activity time."""
-        changes = {SessionRow.closed_at: None, SessionRow.killed: False, SessionRow.last_activity: when}
+        changes = {
+            SessionRow.closed_at: None,
+            SessionRow.killed: False,
+            SessionRow.last_activity: when,
+        }
         return self._update("reopen", session_id, changes, reply)
 
     def update_meta(
         self, session_id: str, changes: dict[str, Any], reply: ReplyCallback | None = None
     ) -> bool | None:
         """Merge ``changes`` into the session's ``meta`` (a key set to ``None`` is removed)."""
-        return self._run("update_meta", session_id, lambda: self._merge_meta(session_id, changes), reply)
+        return self._run(
+            "update_meta", session_id, lambda: self._merge_meta(session_id, changes), reply
+        )
 
     def record_event(
-        self, session_id: str, type: str, payload: dict[str, Any], reply: ReplyCallback | None = None
+        self,
+        session_id: str,
+        type: str,
+        payload: dict[str, Any],
+        reply: ReplyCallback | None = None,
     ) -> None:
         """Store a custom event the client sent (an unknown session fails)."""
 
         def insert() -> None:
-            row = {"session": session_id, "type": type, "payload": payload, "created_at": time.time()}
+            row = {
+                "session": session_id,
+                "type": type,
+                "payload": payload,
+                "created_at": time.time(),
+            }
             SessionEventRow.insert(row).execute(self._db)
 
         self._run("record_event", session_id, insert, reply)
@@ -126,21 +151,13 @@ class PersistenceActor(pykka.ThreadingActor):
     def _write_turn(self, record: TurnRecord) -> int:
         session_id = record.session_id
         with write_transaction(self._db):
-            found = list(
-                SessionRow.select(SessionRow.turn_count, SessionRow.title)
-                .where(SessionRow.id == session_id)
-                .tuples()
-                .execute(self._db)
-            )
-            if not found:
-                raise StoreWriteError(f"no session {session_id}")
-            turn_count, title = found[0]
+            turn_count, title, next_seq = self._turn_state(session_id)
             turn = turn_count + 1
-            messages, tool_calls = _turn_rows(record, turn, self._next_seq(session_id))
+            messages, tool_calls = _turn_rows(record, turn, next_seq)
             for batch in peewee.chunked(messages, _INSERT_BATCH):
-                MessageRow.insert_many(batch).execute(self._db)
+                MessageRow.insert_many(batch, fields=_MESSAGE_FIELDS).execute(self._db)
             for batch in peewee.chunked(tool_calls, _INSERT_BATCH):
-                ToolCallRow.insert_many(batch).execute(self._db)
+                ToolCallRow.insert_many(batch, fields=_TOOL_CALL_FIELDS).execute(self._db)
             changes: dict[Any, Any] = {
                 SessionRow.last_activity: record.finished_at,
                 SessionRow.turn_count: turn,
@@ -152,18 +169,27 @@ class PersistenceActor(pykka.ThreadingActor):
             SessionRow.update(changes).where(SessionRow.id == session_id).execute(self._db)
         return turn
 
-    def _next_seq(self, session_id: str) -> int:
-        """The next free ``seq`` of the session, shared by messages and tool calls."""
-        highest = -1
-        for model in (MessageRow, ToolCallRow):
-            value = (
-                model.select(peewee.fn.MAX(model.seq))
-                .where(model.session == session_id)
-                .scalar(self._db)
-            )
-            if value is not None:
-                highest = max(highest, int(value))
-        return highest + 1
+    def _turn_state(self, session_id: str) -> tuple[int, str | None, int]:
+        """(turn count, title, next free ``seq``) of a session, in one query.
+
+        ``seq`` is shared by messages and tool calls. It is read inside the
+        write transaction, not cached: another host process may share the file.
+        """
+        highest = [
+            model.select(peewee.fn.MAX(model.seq)).where(model.session == session_id)
+            for model in (MessageRow, ToolCallRow)
+        ]
+        query = (
+            SessionRow.select(SessionRow.turn_count, SessionRow.title, *highest)
+            .where(SessionRow.id == session_id)
+            .tuples()
+        )
+        found = list(query.execute(self._db))
+        if not found:
+            raise StoreWriteError(f"no session {session_id}")
+        turn_count, title, *seqs = found[0]
+        next_seq = max((int(seq) for seq in seqs if seq is not None), default=-1) + 1
+        return int(turn_count), title, next_seq
 
     def _merge_meta(self, session_id: str, changes: dict[str, Any]) -> bool:
         with write_transaction(self._db):
@@ -214,7 +240,9 @@ class PersistenceActor(pykka.ThreadingActor):
             result = work()
         except Exception as exc:
             error = _write_error(exc)
-            logger.warning("store %s failed for session %s: %s", operation, session_id, error.reason)
+            logger.warning(
+                "store %s failed for session %s: %s", operation, session_id, error.reason
+            )
             _deliver(reply, error, None, operation)
             return None
         _deliver(reply, None, result, operation)
@@ -231,31 +259,54 @@ def title_of(record: TurnRecord) -> str | None:
     return None
 
 
+_MESSAGE_FIELDS = [
+    MessageRow.session,
+    MessageRow.turn,
+    MessageRow.seq,
+    MessageRow.role,
+    MessageRow.content,
+    MessageRow.reasoning,
+    MessageRow.created_at,
+]
+_TOOL_CALL_FIELDS = [
+    ToolCallRow.session,
+    ToolCallRow.turn,
+    ToolCallRow.seq,
+    ToolCallRow.tool_call_id,
+    ToolCallRow.name,
+    ToolCallRow.arguments,
+    ToolCallRow.result,
+    ToolCallRow.outcome,
+    ToolCallRow.title,
+    ToolCallRow.kind,
+]
+
+
 def _turn_rows(
     record: TurnRecord, turn: int, first_seq: int
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Rows for ``messages`` and ``tool_calls``, numbered from ``first_seq`` in item order."""
-    messages: list[dict[str, Any]] = []
-    tool_calls: list[dict[str, Any]] = []
-    for offset, item in enumerate(record.items):
-        base = {"session": record.session_id, "turn": turn, "seq": first_seq + offset}
+) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """Rows for ``messages`` and ``tool_calls`` (in ``_*_FIELDS`` order), numbered in item order."""
+    messages: list[tuple[Any, ...]] = []
+    tool_calls: list[tuple[Any, ...]] = []
+    session_id = record.session_id
+    for seq, item in enumerate(record.items, start=first_seq):
         if isinstance(item, TextItem):
             created = record.started_at if item.role == "user" else record.finished_at
-            messages.append(
-                {**base, "role": item.role, "content": item.text, "reasoning": None, "created_at": created}
-            )
+            messages.append((session_id, turn, seq, item.role, item.text, None, created))
         else:
             tool_calls.append(
-                {
-                    **base,
-                    "tool_call_id": item.tool_call_id,
-                    "name": item.name,
-                    "arguments": item.arguments,
-                    "result": item.result,
-                    "outcome": item.outcome,
-                    "title": item.title,
-                    "kind": item.kind,
-                }
+                (
+                    session_id,
+                    turn,
+                    seq,
+                    item.tool_call_id,
+                    item.name,
+                    item.arguments,
+                    item.result,
+                    item.outcome,
+                    item.title,
+                    item.kind,
+                )
             )
     return messages, tool_calls
 

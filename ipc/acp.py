@@ -373,13 +373,20 @@ def encode_event(sid: str, event: Event) -> dict[str, Any]:
     return {"sessionId": sid, "update": _update(event)}
 
 
+_REPLAY_CHUNKS: dict[str, type[UserChunk | MessageChunk | ThoughtChunk]] = {
+    "user": UserChunk,
+    "assistant": MessageChunk,
+    "thought": ThoughtChunk,
+}
+
+
 def replay_events(items: list[TurnItem]) -> list[Event]:
     """Stored turns as the events ``session/load`` replays (tool calls as completed)."""
     events: list[Event] = []
     for item in items:
         if isinstance(item, TextItem):
-            cls = {"user": UserChunk, "assistant": MessageChunk, "thought": ThoughtChunk}[item.role]
-            events.append(cls(item.text))
+            chunk: type[UserChunk | MessageChunk | ThoughtChunk] = _REPLAY_CHUNKS[item.role]
+            events.append(chunk(item.text))
         elif isinstance(item, ToolItem):
             events.append(
                 ToolCallStarted(item.tool_call_id, item.name, item.title or item.name,

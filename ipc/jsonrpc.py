@@ -102,7 +102,8 @@ class Endpoint:
     """One JSON-RPC connection's state: dispatch table in, ``send`` callable out.
 
     Attributes a dialect may use: ``state`` (per-connection data), ``initialized``,
-    ``name`` (for logs), ``on_close`` (callbacks run once by :meth:`close`).
+    ``name`` (for logs), ``on_eof`` (callbacks run once when the peer's input ends),
+    ``on_close`` (callbacks run once by :meth:`close`).
     """
 
     def __init__(
@@ -117,6 +118,7 @@ class Endpoint:
         self.state: dict[str, Any] = {}
         self.initialized = False
         self.name = name
+        self.on_eof: list[Callable[[], None]] = []
         self.on_close: list[Callable[[], None]] = []
         self._send = send
         self._methods = methods
@@ -175,6 +177,12 @@ class Endpoint:
         """
         self._input_closed = True
         self._fail_pending()
+        callbacks, self.on_eof = self.on_eof, []
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:
+                log.exception("%s: on_eof callback failed", self.name)
 
     def _dispatch(self, message: Any) -> None:
         if type(message) is not dict:
@@ -182,12 +190,12 @@ class Endpoint:
             return
         method = message.get("method")
         if type(method) is not str:
-            if "result" in message or "error" in message:
-                self._receive_response(message)
+            if _is_response_shaped(message):
+                self._receive_response(message)  # never answered, even when malformed
                 return
             request_id = message.get("id")
-            if "method" not in message or not is_valid_request_id(request_id):
-                request_id = None  # direction unknown: do not echo the id
+            if not is_valid_request_id(request_id):
+                request_id = None
             self._reply_error(
                 request_id, InvalidRequest('Invalid Request: "method" must be a string')
             )
@@ -247,10 +255,10 @@ class Endpoint:
         try:
             result = handler({} if params is _ABSENT else params, self)
         except RpcError as error:
-            log.debug("%s: notification %s failed: %s", self.name, method, error.message)
+            log.debug("%s: notification %s failed: %s", self.name, _short(method), error.message)
             return
         except Exception:
-            log.exception("%s: notification %s handler crashed", self.name, method)
+            log.exception("%s: notification %s handler crashed", self.name, _short(method))
             return
         if type(result) not in _PLAIN and inspect.isawaitable(result):
             self._start_task(self._finish_notification(method, result))
@@ -300,12 +308,12 @@ class Endpoint:
         try:
             await awaitable
         except RpcError as error:
-            log.debug("%s: notification %s failed: %s", self.name, method, error.message)
+            log.debug("%s: notification %s failed: %s", self.name, _short(method), error.message)
         except asyncio.CancelledError:
             if _being_cancelled():
                 raise
         except Exception:
-            log.exception("%s: notification %s handler crashed", self.name, method)
+            log.exception("%s: notification %s handler crashed", self.name, _short(method))
 
     async def drain(self) -> None:
         """Wait until every running handler task has finished."""
@@ -391,6 +399,12 @@ class Endpoint:
         self._closed = True
         self._input_closed = True
         self._fail_pending()
+        callbacks, self.on_eof = self.on_eof, []
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:
+                log.exception("%s: on_eof callback failed", self.name)
         for task in list(self._tasks):
             task.cancel()
         callbacks, self.on_close = self.on_close, []
@@ -411,6 +425,13 @@ def _being_cancelled() -> bool:
     """True when the current task itself was cancelled (not an inner await)."""
     task = asyncio.current_task()
     return task is not None and task.cancelling() > 0
+
+
+def _is_response_shaped(message: dict[str, Any]) -> bool:
+    """Has result/error, or an id with no method at all (given a non-string method)."""
+    return (
+        "result" in message or "error" in message or ("id" in message and "method" not in message)
+    )
 
 
 def _envelope_problem(message: dict[str, Any]) -> str:

@@ -106,34 +106,33 @@ class _Connection:
             self.endpoint.close()
 
     async def run(self, frames: FrameReader) -> None:
+        """Read until EOF, then drain handlers; stop early if the connection breaks."""
         endpoint = self.endpoint
         assert endpoint is not None
         reading = asyncio.ensure_future(self._read_all(frames, endpoint))
-        closed = asyncio.ensure_future(self._writer.wait_closed())
+        # shielded: cancelling our watcher must not cancel the protocol's own future
+        closed = asyncio.ensure_future(asyncio.shield(self._writer.wait_closed()))
+        draining: asyncio.Future[None] | None = None
         try:
             await asyncio.wait((reading, closed, self._broken), return_when=asyncio.FIRST_COMPLETED)
-            if not reading.done() or reading.exception() is not None:
+            if not reading.done() or _read_failed(reading):
                 return
             endpoint.receive_eof()
             draining = asyncio.ensure_future(endpoint.drain())
             await asyncio.wait(
                 (draining, closed, self._broken), return_when=asyncio.FIRST_COMPLETED
             )
-            draining.cancel()
         finally:
-            reading.cancel()
-            closed.cancel()
+            for future in (reading, closed, draining):
+                if future is not None:
+                    future.cancel()
             if closed.done() and not closed.cancelled():
                 closed.exception()  # the peer's reset is expected: mark it retrieved
 
     async def _read_all(self, frames: FrameReader, endpoint: Endpoint) -> None:
         count = 0
         while not endpoint.closed:
-            try:
-                frame = await frames.read()
-            except (OSError, asyncio.IncompleteReadError) as error:
-                log.info("connection read ended: %s", type(error).__name__)
-                raise
+            frame = await frames.read()
             if frame is None:
                 return
             if frame is OVERSIZED:
@@ -161,6 +160,18 @@ class _Connection:
             pass  # a reset peer: nothing left to flush
 
 
+def _read_failed(reading: asyncio.Future[None]) -> bool:
+    """Whether the read loop ended with an error (logged) rather than at EOF."""
+    error = reading.exception()
+    if error is None:
+        return False
+    if isinstance(error, OSError):
+        log.info("connection read failed: %s", type(error).__name__)
+    else:
+        log.error("connection read loop crashed", exc_info=error)
+    return True
+
+
 # --- Unix socket listener ----------------------------------------------------
 
 
@@ -182,6 +193,10 @@ async def serve_unix(
                 frame_limit=frame_limit,
                 write_high_water=write_high_water,
             )
+        except asyncio.CancelledError:
+            # Not re-raised: on 3.11 the stream protocol's done-callback calls
+            # task.exception() on a cancelled connection task and logs a bogus error.
+            log.debug("connection on %s cancelled", path)
         except Exception:
             log.exception("connection on %s failed", path)
 

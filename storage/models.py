@@ -68,7 +68,7 @@ class SessionRow(_BaseModel):
     mode = peewee.TextField()
     title = peewee.TextField(null=True)
     created_at = peewee.FloatField()
-    last_activity = peewee.FloatField(index=True)
+    last_activity = peewee.FloatField()  # indexed with id, see Meta.indexes
     token_count = peewee.IntegerField(default=0)
     turn_count = peewee.IntegerField(default=0)
     closed_at = peewee.FloatField(null=True)
@@ -87,6 +87,8 @@ class SessionRow(_BaseModel):
 class MessageRow(_BaseModel):
     """Text of a turn: role ``user``, ``assistant`` or ``thought``."""
 
+    id = peewee.AutoField()
+
     session = peewee.ForeignKeyField(
         SessionRow, column_name="session_id", on_delete="CASCADE", index=False
     )
@@ -104,6 +106,8 @@ class MessageRow(_BaseModel):
 
 class ToolCallRow(_BaseModel):
     """A tool call of a turn with its outcome: ``completed``, ``failed`` or ``denied``."""
+
+    id = peewee.AutoField()
 
     session = peewee.ForeignKeyField(
         SessionRow, column_name="session_id", on_delete="CASCADE", index=False
@@ -125,6 +129,8 @@ class ToolCallRow(_BaseModel):
 
 class SessionEventRow(_BaseModel):
     """A custom event a client sent about a session (``session/event``)."""
+
+    id = peewee.AutoField()
 
     session = peewee.ForeignKeyField(
         SessionRow, column_name="session_id", on_delete="CASCADE", index=False

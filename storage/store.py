@@ -161,7 +161,9 @@ def write_transaction(db: peewee.SqliteDatabase) -> Iterator[None]:
         raise
 
 
-def _open_writer(path: Path, busy_timeout_ms: int, *, create_parents: bool) -> peewee.SqliteDatabase:
+def _open_writer(
+    path: Path, busy_timeout_ms: int, *, create_parents: bool
+) -> peewee.SqliteDatabase:
     if create_parents:
         _make_private_dirs(path.parent)
     _create_private_file(path)
@@ -183,7 +185,9 @@ def _open_writer(path: Path, busy_timeout_ms: int, *, create_parents: bool) -> p
         writer.connect()
         journal_mode = writer.execute_sql("PRAGMA journal_mode").fetchone()[0]
         if str(journal_mode).lower() != "wal":
-            logger.warning("session store %s: WAL unavailable (journal_mode=%s)", path, journal_mode)
+            logger.warning(
+                "session store %s: WAL unavailable (journal_mode=%s)", path, journal_mode
+            )
         _create_schema(writer)
     except BaseException:
         writer.close()
@@ -227,7 +231,6 @@ def _create_private_file(path: Path) -> None:
 def _describe(exc: BaseException) -> str:
     """A short reason for logs: the error's own message, never file content."""
     return f"{type(exc).__name__}: {exc}"
-
 
 
 # --- reading ------------------------------------------------------------------
@@ -281,8 +284,12 @@ class StoreReader:
             .tuples()
         )
         with db.atomic():  # one snapshot for both tables
-            text_items = [(seq, TextItem(role=role, text=text)) for seq, role, text in messages.execute(db)]
-            tool_items = [(row[0], ToolItem(*row[1:])) for row in tools.execute(db)]
+            text_items: list[tuple[int, TurnItem]] = [
+                (seq, TextItem(role=role, text=text)) for seq, role, text in messages.execute(db)
+            ]
+            tool_items: list[tuple[int, TurnItem]] = [
+                (row[0], ToolItem(*row[1:])) for row in tools.execute(db)
+            ]
         merged = heapq.merge(text_items, tool_items, key=lambda pair: pair[0])
         return [item for _, item in merged]
 

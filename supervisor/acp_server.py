@@ -100,8 +100,16 @@ class AcpServer:
 
     def make_endpoint(self, send: Callable[[bytes], None], name: str = "acp") -> Endpoint:
         endpoint = Endpoint(send, self.methods, name=name)
-        endpoint.state["peer"] = AcpPeer(endpoint)
+        peer = AcpPeer(endpoint)
+        endpoint.state["peer"] = peer
+        endpoint.on_eof.append(lambda: self._peer_gone(peer))
         return endpoint
+
+    def _peer_gone(self, peer: AcpPeer) -> None:
+        """The client's input ended: its running turns are cancelled (and persisted)."""
+        if self._starting is None or not self._starting.done() or self._starting.exception():
+            return
+        self._starting.result().cancel_peer_turns(peer)
 
     # --- lifecycle ----------------------------------------------------------------
 

@@ -10,6 +10,7 @@ lifecycle and the routing of worker messages.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from actors.persistence import PersistenceActor
-from ipc.errors import InternalError
+from ipc.errors import InternalError, SessionNotFound
 from ipc.events import SessionInfo, TurnRecord, event_from_wire
 from ipc.worker_wire import (
     CancelTurn,
@@ -205,7 +206,9 @@ class Host:
         turn.permission_tasks.add(task)
         task.add_done_callback(turn.permission_tasks.discard)
 
-    async def _relay_permission(self, worker_id: str, turn: RunningTurn, ask: PermissionAsk) -> None:
+    async def _relay_permission(
+        self, worker_id: str, turn: RunningTurn, ask: PermissionAsk
+    ) -> None:
         option: str | None = None
         try:
             option = await turn.peer.ask_permission(
@@ -218,10 +221,8 @@ class Host:
         route = self.routes.pop(sid, None)
         if route and route.turn and not route.turn.result.done():
             route.turn.result.set_exception(InternalError(f"session could not start: {text}"))
-        try:
+        with contextlib.suppress(SessionNotFound):
             await self.supervise("release", sid)
-        except Exception:
-            pass
 
     # --- helpers for session operations --------------------------------------------------
 

@@ -10,6 +10,7 @@ its transaction committed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import secrets
@@ -135,10 +136,8 @@ class Sessions:
 
     async def _forget(self, route: Route) -> None:
         self.host.routes.pop(route.sid, None)
-        try:
+        with contextlib.suppress(SessionNotFound):
             await self.host.supervise("release", route.sid)
-        except SessionNotFound:
-            pass
         await self.host.close_on_worker(route)
 
     # --- session/prompt ------------------------------------------------------------------
@@ -202,6 +201,12 @@ class Sessions:
         route = self.host.routes.get(sid)
         if route is not None:
             self.host.cancel_turn(route)
+
+    def cancel_peer_turns(self, peer: Peer) -> None:
+        """Cancel every running turn that ``peer`` started (it went away)."""
+        for route in list(self.host.routes.values()):
+            if route.turn is not None and route.turn.peer is peer:
+                self.host.cancel_turn(route)
 
     async def close(self, sid: str, *, wait_for_turn: bool = False) -> None:
         route = self.host.routes.get(sid)

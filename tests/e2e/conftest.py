@@ -21,18 +21,19 @@ from .rawclient import RawHost
 from .sdkhost import SdkHost, spawn_sdk_host
 
 DIAGNOSTICS = pytest.StashKey[list[Callable[[], str]]]()
+NO_DIAGNOSTICS: list[Callable[[], str]] = []
 
 
 class SdkHostFactory(Protocol):
     def __call__(
-        self, config_dir: Path | None = None, *extra_args: str,
+        self, cfg: Path | None = None, *extra_args: str,
         env_extra: dict[str, str] | None = None,
     ) -> AbstractAsyncContextManager[SdkHost]: ...
 
 
 class RawHostFactory(Protocol):
     def __call__(
-        self, config_dir: Path | None = None, *extra_args: str,
+        self, cfg: Path | None = None, *extra_args: str,
         env_extra: dict[str, str] | None = None,
     ) -> RawHost: ...
 
@@ -41,7 +42,8 @@ class RawHostFactory(Protocol):
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Any:
     report = yield
     if report.when == "call" and report.failed:
-        for n, diagnostics in enumerate(item.stash.get(DIAGNOSTICS, []), 1):
+        registered: list[Callable[[], str]] = item.stash.get(DIAGNOSTICS, NO_DIAGNOSTICS)
+        for n, diagnostics in enumerate(registered, 1):
             report.sections.append((f"zeroclaw host #{n}", diagnostics()))
     return report
 
@@ -117,8 +119,7 @@ def raw_hosts(
 
     yield factory
     for raw in started:
-        if raw.proc.returncode is None or not raw.problems:
-            raw.close() if raw.proc.returncode is None else None
+        raw.close()
     problems = [p for raw in started for p in raw.problems]
     assert not problems, "\n".join(problems)
 

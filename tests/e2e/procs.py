@@ -7,6 +7,7 @@ no process behind. Runs on the test's main thread.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -89,10 +90,8 @@ def reap_leaks(procs: Iterable[psutil.Process], timeout: float) -> list[str]:
             time.sleep(0.05)
     leaks = [describe(p) for p in pending if alive(p)]
     for proc in pending:
-        try:
+        with contextlib.suppress(psutil.Error):
             proc.kill()
-        except psutil.Error:
-            pass
     return leaks
 
 

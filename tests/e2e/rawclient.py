@@ -8,6 +8,7 @@ JSON-RPC frames" can be checked over the whole run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import signal
@@ -57,6 +58,7 @@ class RawHost:
         self.children_snapshot: list[psutil.Process] = []
         self.problems: list[str] = []
         self.killed = False
+        self.closed = False
         self._frames: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self._next_id = 1000
         self._reader = threading.Thread(target=self._read_stdout, daemon=True)
@@ -161,14 +163,15 @@ class RawHost:
         self.proc.send_signal(signal.SIGKILL)
 
     def close(self, timeout: float = 10.0) -> None:
-        """EOF on stdin; the host must exit 0 and leave no process behind."""
+        """EOF on stdin; the host must exit 0 and leave no process behind (idempotent)."""
+        if self.closed:
+            return
+        self.closed = True
         if not self.killed:
             self.children_snapshot = descendants(self.pid)
         if self.proc.stdin is not None:
-            try:
+            with contextlib.suppress(BrokenPipeError):
                 self.proc.stdin.close()
-            except BrokenPipeError:
-                pass
         try:
             code = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:

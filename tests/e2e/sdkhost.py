@@ -14,7 +14,7 @@ import asyncio
 import json
 import signal
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -119,7 +119,9 @@ class RecordingClient:
     def text(self, session_id: str, kind: str = "agent_message_chunk", start: int = 0) -> str:
         return "".join(update_text(u) for u in self.of(session_id, kind, start))
 
-    async def wait_until(self, predicate: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    async def wait_until(
+        self, predicate: Callable[[], bool], what: str, timeout: float = 10.0
+    ) -> None:
         """Wait (without polling) until ``predicate()`` holds after some recorded event."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
@@ -128,10 +130,8 @@ class RecordingClient:
             if remaining <= 0:
                 raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
             event = self._changed
-            try:
+            with suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), remaining)
-            except TimeoutError:
-                pass
 
     async def wait_text(self, session_id: str, needle: str, timeout: float = 10.0,
                         start: int = 0) -> None:
@@ -203,7 +203,9 @@ class SdkHost:
                 params.get("sessionId") == session_id
             ):
                 for d2, answer in self.wire:
-                    if d2 == "incoming" and "method" not in answer and answer.get("id") == frame["id"]:
+                    if d2 == "incoming" and "method" not in answer and (
+                        answer.get("id") == frame["id"]
+                    ):
                         return cast(dict[str, Any], answer.get("result") or {})
                 break
         raise AssertionError(f"no {method} result for {session_id} on the wire")

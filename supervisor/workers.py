@@ -1,0 +1,455 @@
+"""The worker pool: spawn worker processes, route envelopes, notice death, replace.
+
+Everything here runs on the host's asyncio loop thread. The pool binds one zmq
+ROUTER (``ipc://`` under ``run_dir``, unique per host process) and reads it with
+``loop.add_reader`` on the socket's (edge-triggered) FD; sends never block
+(``zmq.Again`` is back-pressure: :meth:`WorkerPool.send` returns False).
+
+Workers are started with ``subprocess.Popen`` in the loop's executor (a start
+costs 70-100 ms before the worker says WorkerReady; it never sits on a
+request's path). Death is seen two ways: a pidfd per worker on the loop
+(SIGKILL noticed in milliseconds) and heartbeats (a worker silent for three
+periods is declared hung and SIGKILLed). A dead worker is reaped,
+``on_worker_exit`` is called once, and a replacement starts in the background.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import zmq
+
+from ipc.worker_wire import (
+    Heartbeat,
+    HostMessage,
+    OpenFailed,
+    PermissionAsk,
+    Ping,
+    SessionClosed,
+    SessionOpened,
+    Shutdown,
+    TurnEnded,
+    TurnEvent,
+    TurnFailed,
+    WireError,
+    WorkerMessage,
+    WorkerReady,
+    decode,
+    encode,
+)
+from supervisor.ipc_path import IpcClaim, claim_ipc_path
+
+__all__ = ["HUNG_AFTER_BEATS", "WorkerPool", "WorkerStatus"]
+
+log = logging.getLogger("zeroclaw.workers")
+
+HUNG_AFTER_BEATS = 3
+_HWM = 10_000
+_DRAIN_BATCH = 1000
+_SHUTDOWN_GRACE_SECS = 1.0
+_PROJECT_ROOT = Path(__file__).resolve().parent.parent
+_FORWARDED = (SessionOpened, OpenFailed, TurnEvent, PermissionAsk, TurnEnded, TurnFailed,
+              SessionClosed)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerStatus:
+    """One worker as the pool sees it; ``last_beat`` is ``time.monotonic()`` seconds."""
+
+    worker_id: str
+    pid: int
+    ready: bool
+    sessions: int
+    last_beat: float
+    alive: bool
+
+
+@dataclass(slots=True, eq=False)
+class _Worker:
+    worker_id: str
+    started_at: float
+    proc: subprocess.Popen[bytes] | None = None
+    pidfd: int | None = None
+    ready: bool = False
+    sessions: int = 0
+    last_beat: float = 0.0
+    alive: bool = True
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid if self.proc else 0
+
+
+class WorkerPool:
+    """Worker processes of one host. Create, ``await start()``, ``scale_to(n)``, ``await close()``.
+
+    ``on_message(worker_id, message)`` gets every worker message except
+    WorkerReady and Heartbeat; ``on_worker_exit(worker_id)`` is called once per
+    dead worker (not during :meth:`close`). ``env`` holds extra environment
+    variables for the workers, over the host's own.
+    """
+
+    def __init__(
+        self,
+        *,
+        run_dir: Path,
+        on_message: Callable[[str, WorkerMessage], None],
+        on_worker_exit: Callable[[str], None],
+        max_workers: int,
+        heartbeat_secs: float = 1.0,
+        env: dict[str, str] | None = None,
+        start_timeout: float = 15.0,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.max_workers = max(0, max_workers)
+        self.heartbeat_secs = heartbeat_secs
+        self.start_timeout = start_timeout
+        self._on_message = on_message
+        self._on_worker_exit = on_worker_exit
+        self._env = env or {}
+        self._workers: dict[str, _Worker] = {}
+        self._target = 0
+        self._seq = 0
+        self._early_deaths = 0
+        self._closing = False
+        self._claim: IpcClaim | None = None
+        self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
+        self._sock: zmq.Socket[bytes] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ready_changed = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._drain_scheduled = False
+        self._heartbeats: asyncio.Task[None] | None = None
+
+    @property
+    def endpoint(self) -> str:
+        if self._claim is None:
+            raise RuntimeError("the pool is not started")
+        return f"ipc://{self._claim.path}"
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Bind the ROUTER and start one worker in the background; returns at once."""
+        self._loop = asyncio.get_running_loop()
+        self._claim = claim_ipc_path(self.run_dir)
+        self._ctx = zmq.Context()
+        sock = self._ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, _HWM)
+        sock.setsockopt(zmq.RCVHWM, _HWM)
+        sock.bind(self.endpoint)
+        self._sock = sock
+        self._loop.add_reader(sock.fileno(), self._drain)
+        self._heartbeats = self._spawn_task(self._watch_heartbeats())
+        self.scale_to(max(self._target, 1))
+
+    async def close(self) -> None:
+        """Shut the workers down (Shutdown, a short grace, then SIGKILL), reap, unbind."""
+        if self._closing:
+            return
+        self._closing = True
+        if self._heartbeats is not None:
+            self._heartbeats.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for worker in list(self._workers.values()):
+            self.send(worker.worker_id, Shutdown())
+        await self._wait_all_exited(_SHUTDOWN_GRACE_SECS)
+        for worker in list(self._workers.values()):
+            if worker.proc is not None and worker.alive:
+                log.warning("worker %s did not shut down; killing it", worker.worker_id)
+                _kill(worker.proc)
+        await self._wait_all_exited(_SHUTDOWN_GRACE_SECS)
+        for worker in list(self._workers.values()):
+            self._reap(worker, wait=True)
+        self._unbind()
+
+    async def _wait_all_exited(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while self._workers and time.monotonic() < deadline:
+            for worker in list(self._workers.values()):
+                if worker.proc is not None and worker.proc.poll() is not None:
+                    self._reap(worker)
+            await asyncio.sleep(0.01)
+
+    def _unbind(self) -> None:
+        if self._sock is not None and self._loop is not None:
+            self._loop.remove_reader(self._sock.fileno())
+            self._sock.close(linger=0)
+            self._sock = None
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
+        if self._claim is not None:
+            self._claim.release()
+
+    # --- public queries and commands -------------------------------------------------------
+
+    def scale_to(self, n: int) -> None:
+        """Make sure at least ``min(n, max_workers)`` workers exist or are starting."""
+        self._target = max(self._target, min(n, self.max_workers))
+        if self._sock is not None:
+            self._fill_up()
+
+    def ready_workers(self) -> list[str]:
+        return [w.worker_id for w in self._workers.values() if w.ready and w.alive]
+
+    async def wait_ready(self, timeout: float) -> str:
+        """A ready worker (the least loaded); waits for one to start. Raises TimeoutError."""
+        self.scale_to(max(self._target, 1))
+        deadline = time.monotonic() + timeout
+        while True:
+            ready = self.ready_workers()
+            if ready:
+                return min(ready, key=lambda wid: self._workers[wid].sessions)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self._closing:
+                raise TimeoutError(f"no worker became ready within {timeout:g}s")
+            self._ready_changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._ready_changed.wait(), remaining)
+
+    def send(self, worker_id: str, message: HostMessage) -> bool:
+        """Queue ``message`` for a worker; False if it is gone, unknown or its pipe is full."""
+        worker = self._workers.get(worker_id)
+        if worker is None or not worker.alive or self._sock is None:
+            return False
+        try:
+            self._sock.send_multipart([worker_id.encode(), encode(message)], zmq.NOBLOCK)
+        except zmq.Again:
+            log.warning("worker %s: send queue full (back-pressure); %s not sent",
+                        worker_id, type(message).__name__)
+            return False
+        except zmq.ZMQError as exc:  # EHOSTUNREACH: not connected (yet, or any more)
+            log.info("worker %s: unreachable (%s); %s not sent", worker_id, exc,
+                     type(message).__name__)
+            return False
+        finally:
+            self._schedule_drain_if_pending()
+        return True
+
+    def info(self) -> list[WorkerStatus]:
+        """Workers that have a process (started or ready), in start order."""
+        return [
+            WorkerStatus(w.worker_id, w.pid, w.ready, w.sessions, w.last_beat, w.alive)
+            for w in self._workers.values()
+            if w.proc is not None
+        ]
+
+    def pids(self) -> list[int]:
+        return [w.pid for w in self._workers.values() if w.alive and w.proc is not None]
+
+    # --- spawning ---------------------------------------------------------------------------
+
+    def _fill_up(self) -> None:
+        while not self._closing and len(self._workers) < self._target:
+            self._seq += 1
+            worker_id = f"w{self._seq}-{os.getpid()}-{secrets.token_hex(3)}"
+            worker = _Worker(worker_id, started_at=time.monotonic())
+            self._workers[worker_id] = worker  # before Popen: its WorkerReady may come fast
+            self._spawn_task(self._launch(worker))
+
+    def _spawn_task(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _launch(self, worker: _Worker) -> None:
+        assert self._loop is not None
+        argv, env = self._worker_argv(worker.worker_id), self._worker_env()
+
+        def popen() -> subprocess.Popen[bytes]:
+            return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    env=env)
+
+        try:
+            proc = await self._loop.run_in_executor(None, popen)
+        except OSError:
+            log.exception("cannot start worker %s", worker.worker_id)
+            self._workers.pop(worker.worker_id, None)
+            self._replace_later(early=True)
+            return
+        worker.proc = proc
+        if self._closing:
+            _kill(proc)
+            proc.wait()
+            self._workers.pop(worker.worker_id, None)
+            return
+        self._watch_pid(worker)
+        log.info("worker %s started, pid %d", worker.worker_id, proc.pid)
+
+    def _worker_argv(self, worker_id: str) -> list[str]:
+        level = logging.getLevelName(logging.getLogger("zeroclaw").getEffectiveLevel())
+        return [
+            sys.executable, "-P", "-m", "actors.worker",  # -P: the host's cwd is not on sys.path
+            "--endpoint", self.endpoint,
+            "--identity", worker_id,
+            "--host-pid", str(os.getpid()),
+            "--heartbeat", repr(self.heartbeat_secs),
+            "--log-level", str(level).lower(),
+        ]
+
+    def _worker_env(self) -> dict[str, str]:
+        env = {**os.environ, **self._env}
+        paths = [str(_PROJECT_ROOT), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+        return env
+
+    def _watch_pid(self, worker: _Worker) -> None:
+        assert self._loop is not None and worker.proc is not None
+        try:
+            worker.pidfd = os.pidfd_open(worker.proc.pid)
+        except OSError:  # old kernel, or already reaped: the heartbeat watch polls instead
+            log.debug("no pidfd for worker %s; polling", worker.worker_id)
+            return
+        self._loop.add_reader(worker.pidfd, self._on_exit, worker)
+
+    def _replace_later(self, *, early: bool) -> None:
+        """Refill the pool; back off when workers die before they are ready (a crash loop)."""
+        if self._closing or self._loop is None:
+            return
+        self._early_deaths = self._early_deaths + 1 if early else 0
+        delay = min(5.0, 0.1 * 2 ** self._early_deaths) if early else 0.0
+        self._loop.call_later(delay, self._fill_up)
+
+    # --- death ---------------------------------------------------------------------------------
+
+    def _on_exit(self, worker: _Worker) -> None:
+        """The worker's process ended (pidfd readable, or seen by polling)."""
+        if not worker.alive:
+            return
+        self._drain()  # take what it sent before dying
+        was_ready = worker.ready
+        self._reap(worker)
+        if self._closing:
+            return
+        code = worker.proc.returncode if worker.proc else None
+        log.warning("worker %s (pid %d) exited with %s", worker.worker_id, worker.pid, code)
+        try:
+            self._on_worker_exit(worker.worker_id)
+        except Exception:
+            log.exception("on_worker_exit(%s) raised", worker.worker_id)
+        self._replace_later(early=not was_ready)
+
+    def _reap(self, worker: _Worker, *, wait: bool = False) -> None:
+        """Forget a worker whose process has ended (or is being killed) and collect it."""
+        worker.alive = False
+        worker.ready = False
+        self._workers.pop(worker.worker_id, None)
+        if worker.pidfd is not None:
+            if self._loop is not None:
+                self._loop.remove_reader(worker.pidfd)
+            os.close(worker.pidfd)
+            worker.pidfd = None
+        if worker.proc is not None:
+            if wait:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    worker.proc.wait(timeout=1.0)
+            else:
+                worker.proc.poll()
+
+    async def _watch_heartbeats(self) -> None:
+        seq = 0
+        while True:
+            await asyncio.sleep(self.heartbeat_secs)
+            self._drain()
+            seq += 1
+            now = time.monotonic()
+            for worker in list(self._workers.values()):
+                self._check_worker(worker, now, seq)
+
+    def _check_worker(self, worker: _Worker, now: float, seq: int) -> None:
+        proc = worker.proc
+        if proc is None or not worker.alive:
+            return
+        if worker.pidfd is None and proc.poll() is not None:
+            self._on_exit(worker)
+        elif worker.ready and now - worker.last_beat > HUNG_AFTER_BEATS * self.heartbeat_secs:
+            log.error("worker %s (pid %d) missed %d heartbeats: hung, killing it",
+                      worker.worker_id, proc.pid, HUNG_AFTER_BEATS)
+            _kill(proc)
+        elif not worker.ready and now - worker.started_at > self.start_timeout:
+            log.error("worker %s (pid %d) not ready after %gs: killing it",
+                      worker.worker_id, proc.pid, self.start_timeout)
+            _kill(proc)
+        elif worker.ready:
+            self.send(worker.worker_id, Ping(seq=seq))
+
+    # --- receiving ------------------------------------------------------------------------------
+
+    def _schedule_drain_if_pending(self) -> None:
+        """The ROUTER FD is edge-triggered: after a send, check for input it will not signal."""
+        sock = self._sock
+        if sock is None or self._drain_scheduled or self._loop is None:
+            return
+        if cast(int, sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            self._drain_scheduled = True
+            self._loop.call_soon(self._drain)
+
+    def _drain(self) -> None:
+        """Read what the ROUTER holds, a batch at a time so the loop stays responsive."""
+        self._drain_scheduled = False
+        sock = self._sock
+        if sock is None:
+            return
+        for _ in range(_DRAIN_BATCH):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._on_frames(frames)
+        self._schedule_drain_if_pending()
+
+    def _on_frames(self, frames: list[bytes]) -> None:
+        if len(frames) != 2:
+            log.warning("dropped a malformed message (%d frames)", len(frames))
+            return
+        worker_id = frames[0].decode("utf-8", errors="replace")
+        worker = self._workers.get(worker_id)
+        if worker is None or not worker.alive:
+            log.debug("dropped a message from unknown or dead worker %r", worker_id)
+            return
+        try:
+            message = decode(frames[1])
+        except WireError as exc:
+            log.warning("worker %s: dropped a malformed frame: %s", worker_id, exc)
+            return
+        worker.last_beat = time.monotonic()
+        if isinstance(message, WorkerReady):
+            self._on_ready(worker, message)
+        elif isinstance(message, Heartbeat):
+            worker.sessions = message.sessions
+        elif isinstance(message, _FORWARDED):
+            try:
+                self._on_message(worker_id, message)
+            except Exception:
+                log.exception("on_message raised for %s from %s", type(message).__name__,
+                              worker_id)
+        else:
+            log.warning("worker %s: dropped a host-side %s", worker_id, type(message).__name__)
+
+    def _on_ready(self, worker: _Worker, message: WorkerReady) -> None:
+        worker.ready = True
+        self._early_deaths = 0
+        self._ready_changed.set()
+        log.info("worker %s (pid %d) ready after %.0f ms", worker.worker_id, message.pid,
+                 (time.monotonic() - worker.started_at) * 1000)
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(proc.pid, signal.SIGKILL)

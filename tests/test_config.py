@@ -1,0 +1,48 @@
+"""Settings: file, env overrides, flags, path rules, the offline default agent."""
+
+from __future__ import annotations
+
+import pytest
+
+from supervisor.config import ConfigError, load_settings
+
+
+def test_no_config_file_gives_the_echo_default_agent(tmp_path):
+    settings = load_settings(str(tmp_path), env={})
+    assert list(settings.agents) == ["default"]
+    assert settings.agents["default"].provider == "echo"
+    assert settings.store_path == tmp_path / "data" / "sessions" / "acp-sessions.db"
+    assert settings.max_sessions == 10 and settings.session_timeout_secs == 3600
+
+
+def test_file_then_env_then_flags(tmp_path):
+    (tmp_path / "config.toml").write_text(
+        "# keep me\n[acp]\nmax_sessions = 3\nsession_timeout_secs = 50\n"
+        '[agents.main]\nprovider = "echo"\nworkspace = "/tmp/ws"\n'
+    )
+    env = {"ZEROCLAW_acp__max_sessions": "20", "ZEROCLAW_autonomy__level": '"full"'}
+    settings = load_settings(str(tmp_path), {"acp.session_timeout_secs": 7}, env=env)
+    assert settings.max_sessions == 20
+    assert settings.session_timeout_secs == 7
+    assert settings.autonomy_level == "full"
+    assert str(settings.agents["main"].workspace) == "/tmp/ws"
+
+
+def test_data_dir_rules(tmp_path):
+    data = tmp_path / "elsewhere"
+    only_data = load_settings(None, env={"ZEROCLAW_DATA_DIR": str(data), "HOME": str(tmp_path)})
+    assert only_data.data_dir == data
+    both = load_settings(str(tmp_path), env={"ZEROCLAW_DATA_DIR": str(data)})
+    assert both.data_dir == tmp_path / "data"
+    sock = load_settings(str(tmp_path), env={"ZEROCLAW_SOCKET": "/tmp/x.sock"})
+    assert str(sock.socket_path) == "/tmp/x.sock"
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["[acp]\nmax_sessions = 0\n", "[autonomy]\nlevel = \"yolo\"\n", "[acp\n"],
+)
+def test_bad_config_is_a_clear_error(tmp_path, text):
+    (tmp_path / "config.toml").write_text(text)
+    with pytest.raises(ConfigError):
+        load_settings(str(tmp_path), env={})

@@ -1,0 +1,239 @@
+"""The tools on real files and a real shell: path confinement, file I/O, shell limits."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from actors.tools import (
+    FileReadTool,
+    FileWriteTool,
+    PathDenied,
+    PathPolicy,
+    ShellTool,
+    ToolEnv,
+    ToolError,
+    default_tools,
+)
+
+
+@pytest.fixture
+def dirs(tmp_path: Path) -> tuple[Path, Path]:
+    cwd = tmp_path / "project"
+    workspace = tmp_path / "workspace"
+    cwd.mkdir()
+    workspace.mkdir()
+    return cwd, workspace
+
+
+def make_env(cwd: Path, workspace: Path, forbidden: tuple[str, ...] = ()) -> ToolEnv:
+    policy = PathPolicy.build(str(cwd), str(workspace), forbidden)
+    return ToolEnv(paths=policy, cancelled=threading.Event())
+
+
+def gone(pid: int, timeout: float = 3.0) -> bool:
+    """Not running any more within ``timeout`` (an orphan may stay a zombie until init reaps it)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+
+
+# --- path confinement ------------------------------------------------------------------------
+
+
+def test_relative_paths_start_at_cwd_and_may_not_escape(dirs: tuple[Path, Path]) -> None:
+    cwd, workspace = dirs
+    policy = PathPolicy.build(str(cwd), str(workspace), [])
+    assert policy.resolve("notes/a.txt") == cwd.resolve() / "notes" / "a.txt"
+    assert policy.resolve(str(workspace / "w.txt")) == workspace.resolve() / "w.txt"
+    with pytest.raises(PathDenied, match="outside the allowed directories"):
+        policy.resolve("../elsewhere.txt")
+    with pytest.raises(PathDenied, match="outside"):
+        policy.resolve("/etc/hostname")
+    with pytest.raises(PathDenied, match="non-empty"):
+        policy.resolve("")
+
+
+def test_symlink_out_of_the_roots_is_judged_by_its_target(dirs: tuple[Path, Path],
+                                                           tmp_path: Path) -> None:
+    cwd, workspace = dirs
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("s")
+    (cwd / "link").symlink_to(outside)
+    policy = PathPolicy.build(str(cwd), str(workspace), [])
+    with pytest.raises(PathDenied, match="outside"):
+        policy.resolve("link/secret.txt")
+
+
+def test_forbidden_paths_win_over_roots_and_expand_home(
+    dirs: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cwd, workspace = dirs
+    monkeypatch.setenv("HOME", str(cwd))
+    (cwd / ".ssh").mkdir()
+    policy = PathPolicy.build(str(cwd), str(workspace), ["~/.ssh", "/etc"])
+    with pytest.raises(PathDenied, match="forbidden"):
+        policy.resolve(".ssh/id_rsa")
+    assert policy.resolve("src/main.py") == cwd.resolve() / "src" / "main.py"
+    with pytest.raises(PathDenied, match="forbidden"):
+        policy.check_command("cat ~/.ssh/id_rsa")
+    with pytest.raises(PathDenied, match="forbidden"):
+        policy.check_command("ls -la /etc/")
+    policy.check_command("ls -la src && echo done")
+
+
+# --- files ----------------------------------------------------------------------------------
+
+
+def test_file_write_then_read_round_trip(dirs: tuple[Path, Path]) -> None:
+    cwd, workspace = dirs
+    env = make_env(cwd, workspace)
+    written = FileWriteTool().run({"path": "sub/dir/hello.txt", "content": "héllo\n"}, env)
+    target = cwd / "sub" / "dir" / "hello.txt"
+    assert target.read_text(encoding="utf-8") == "héllo\n"
+    assert written.raw_output == {"path": str(target.resolve()), "bytes": 7}
+    read = FileReadTool().run({"path": str(target)}, env)
+    assert read.text == "héllo\n"
+    assert read.raw_output["truncated"] is False
+    assert [p.name for p in target.parent.iterdir()] == ["hello.txt"]  # no temp files left
+
+
+def test_file_write_keeps_the_mode_of_an_existing_file(dirs: tuple[Path, Path]) -> None:
+    cwd, workspace = dirs
+    script = cwd / "run.sh"
+    script.write_text("old")
+    script.chmod(0o755)
+    FileWriteTool().run({"path": "run.sh", "content": "new"}, make_env(cwd, workspace))
+    assert script.read_text() == "new"
+    assert script.stat().st_mode & 0o777 == 0o755
+
+
+def test_file_tools_fail_clearly(dirs: tuple[Path, Path]) -> None:
+    cwd, workspace = dirs
+    env = make_env(cwd, workspace, ("/etc",))
+    with pytest.raises(ToolError, match="no such file"):
+        FileReadTool().run({"path": "missing.txt"}, env)
+    with pytest.raises(ToolError, match="is a directory"):
+        FileReadTool().run({"path": "."}, env)
+    with pytest.raises(ToolError, match="outside"):
+        FileWriteTool().run({"path": "/tmp/../var/x", "content": "x"}, env)
+    with pytest.raises(ToolError, match="'content' is required"):
+        FileWriteTool().run({"path": "a.txt"}, env)
+    with pytest.raises(ToolError, match="'path' is required"):
+        FileReadTool().run({}, env)
+
+
+def test_file_read_is_capped(dirs: tuple[Path, Path]) -> None:
+    cwd, workspace = dirs
+    (cwd / "big.txt").write_text("x" * 100)
+    result = FileReadTool(max_bytes=10).run({"path": "big.txt"}, make_env(cwd, workspace))
+    assert result.raw_output["content"] == "x" * 10
+    assert result.raw_output["truncated"] is True
+    assert "truncated at 10 bytes" in result.text
+
+
+# --- shell ----------------------------------------------------------------------------------
+
+
+def test_shell_runs_in_the_session_cwd_and_merges_stderr(dirs: tuple[Path, Path]) -> None:
+    cwd, workspace = dirs
+    result = ShellTool().run({"command": "pwd; echo oops >&2"}, make_env(cwd, workspace))
+    assert result.ok
+    assert result.text == f"{cwd.resolve()}\noops\n"
+    assert result.raw_output == {"exit_code": 0, "output": result.text, "truncated": False}
+
+
+def test_shell_nonzero_exit_is_a_failed_result(dirs: tuple[Path, Path]) -> None:
+    result = ShellTool().run({"command": "echo no; exit 3"}, make_env(*dirs))
+    assert not result.ok
+    assert result.raw_output["exit_code"] == 3
+    assert result.text == "no\n\n[exit code 3]"
+
+
+def test_shell_output_is_capped(dirs: tuple[Path, Path]) -> None:
+    result = ShellTool(max_output=1000).run({"command": "yes | head -c 50000"}, make_env(*dirs))
+    assert result.raw_output["truncated"] is True
+    assert len(result.raw_output["output"].split("\n[output truncated")[0]) == 1000
+    assert "50000 bytes" in result.text
+
+
+def test_shell_timeout_kills_the_command(dirs: tuple[Path, Path]) -> None:
+    started = time.monotonic()
+    with pytest.raises(ToolError, match=r"timed out after 0\.3s"):
+        ShellTool().run({"command": "echo begun; sleep 30", "timeout": 0.3}, make_env(*dirs))
+    assert time.monotonic() - started < 3
+
+
+def test_shell_cancel_kills_the_whole_process_group_promptly(
+    dirs: tuple[Path, Path], tmp_path: Path
+) -> None:
+    env = make_env(*dirs)
+    pid_file = tmp_path / "bg.pid"
+    command = f"sleep 30 & echo $! > {pid_file}; wait"
+    errors: list[str] = []
+
+    def run() -> None:
+        try:
+            ShellTool().run({"command": command}, env)
+        except ToolError as exc:
+            errors.append(str(exc))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 5
+    while not (pid_file.exists() and pid_file.read_text().strip()):
+        assert time.monotonic() < deadline, "the command never started"
+        time.sleep(0.01)
+    background = int(pid_file.read_text())
+    cancelled_at = time.monotonic()
+    env.cancelled.set()
+    thread.join(timeout=5)
+    assert not thread.is_alive()
+    assert time.monotonic() - cancelled_at < 1.0
+    assert errors and errors[0].startswith("cancelled")
+    assert gone(background)
+
+
+def test_shell_returns_when_the_shell_exits_despite_background_jobs(
+    dirs: tuple[Path, Path],
+) -> None:
+    started = time.monotonic()
+    result = ShellTool().run({"command": "sleep 30 & echo $!"}, make_env(*dirs))
+    assert time.monotonic() - started < 3
+    assert gone(int(result.text))  # what it left behind was killed with its group
+
+
+def test_shell_refuses_forbidden_paths_and_bad_arguments(dirs: tuple[Path, Path]) -> None:
+    env = make_env(*dirs, forbidden=("/etc",))
+    with pytest.raises(ToolError, match="forbidden"):
+        ShellTool().run({"command": "cat /etc/passwd"}, env)
+    with pytest.raises(ToolError, match="'command' is required"):
+        ShellTool().run({}, env)
+    with pytest.raises(ToolError, match="positive number"):
+        ShellTool().run({"command": "true", "timeout": -1}, env)
+    env.cancelled.set()
+    with pytest.raises(ToolError, match="cancelled before"):
+        ShellTool().run({"command": "true"}, env)
+
+
+def test_default_tools_kinds_and_mutation() -> None:
+    tools = default_tools()
+    assert {n: (t.kind, t.mutating) for n, t in tools.items()} == {
+        "shell": ("execute", True),
+        "file_read": ("read", False),
+        "file_write": ("edit", True),
+    }
+    assert os.path.basename(tools["shell"].title({"command": "ls"})) == "shell: ls"
