@@ -36,13 +36,10 @@ from ipc.events import (
 
 __all__ = [
     "MAX_BLOB_BYTES",
-    "MODES",
     "Blob",
     "NewSessionRequest",
     "PromptRequest",
     "encode_event",
-    "initialize_result",
-    "modes_state",
     "new_session_request",
     "optional_str",
     "permission_params",
@@ -52,54 +49,12 @@ __all__ = [
     "session_id",
 ]
 
-PROTOCOL_VERSION = 1
 MAX_BLOB_BYTES = 10 * 1024 * 1024
-MODES = (
-    ("read_only", "Read only", "The agent reads and answers; it runs no mutating tool."),
-    ("supervised", "Supervised", "The agent asks before running or changing anything."),
-    ("full", "Full", "The agent runs tools without asking; forbidden paths still apply."),
-)
 PERMISSION_OPTIONS = (
     {"optionId": "allow-once", "name": "Allow once", "kind": "allow_once"},
     {"optionId": "allow-always", "name": "Always allow", "kind": "allow_always"},
     {"optionId": "reject-once", "name": "Reject", "kind": "reject_once"},
 )
-
-
-def initialize_result(
-    *, version: str, persistent: bool, default_model: str, max_sessions: int, timeout: float
-) -> dict[str, Any]:
-    """The ``initialize`` answer; without a store, no load/list/resume/close/delete."""
-    session_caps: dict[str, Any] = (
-        {"list": {}, "resume": {}, "close": {}, "delete": {}} if persistent else {}
-    )
-    return {
-        "protocolVersion": PROTOCOL_VERSION,
-        "agentCapabilities": {
-            "loadSession": persistent,
-            "promptCapabilities": {"image": False, "audio": False, "embeddedContext": True},
-            "mcpCapabilities": {"http": False, "sse": False},
-            "sessionCapabilities": session_caps,
-        },
-        "agentInfo": {"name": "zeroclaw-acp", "title": "ZeroClaw ACP", "version": version},
-        "authMethods": [],
-        "_meta": {
-            "zeroclaw": {
-                "defaultModel": default_model,
-                "maxSessions": max_sessions,
-                "sessionTimeoutSecs": timeout,
-            }
-        },
-    }
-
-
-def modes_state(current: str) -> dict[str, Any]:
-    return {
-        "currentModeId": current,
-        "availableModes": [
-            {"id": mode_id, "name": name, "description": text} for mode_id, name, text in MODES
-        ],
-    }
 
 
 # --- params -------------------------------------------------------------------

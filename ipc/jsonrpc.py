@@ -21,7 +21,6 @@ Threading: every method runs on the asyncio loop thread only.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final, TypeAlias
@@ -231,7 +230,7 @@ class Endpoint:
         except Exception as error:
             self._reply_internal(request_id, method, error)
             return
-        if type(result) not in _PLAIN and inspect.isawaitable(result):
+        if type(result) not in _PLAIN and hasattr(result, "__await__"):
             self._start_task(self._finish_request(request_id, method, result))
             return
         if method == "initialize":
@@ -260,7 +259,7 @@ class Endpoint:
         except Exception:
             log.exception("%s: notification %s handler crashed", self.name, _short(method))
             return
-        if type(result) not in _PLAIN and inspect.isawaitable(result):
+        if type(result) not in _PLAIN and hasattr(result, "__await__"):
             self._start_task(self._finish_notification(method, result))
 
     def _receive_response(self, message: dict[str, Any]) -> None:

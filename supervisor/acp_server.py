@@ -15,17 +15,34 @@ import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ipc import acp
+from ipc import acp_handshake
 from ipc.errors import InvalidParams, RpcError
 from ipc.jsonrpc import ConnectionLost, Endpoint, RemoteError
 
 if TYPE_CHECKING:
+    from ipc import acp
     from ipc.events import Event
     from ipc.worker_wire import PermissionAsk
     from supervisor.config import Settings
     from supervisor.sessions import Sessions
 
 __all__ = ["AcpServer", "probe_store"]
+
+
+class _LazyModule:
+    """A module imported on first use: keeps ``ipc.acp`` off the way to ``initialize``."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        import importlib
+
+        return getattr(importlib.import_module(self._name), attr)
+
+
+if not TYPE_CHECKING:
+    acp = _LazyModule("ipc.acp")
 
 log = logging.getLogger("zeroclaw.acp")
 
@@ -73,7 +90,7 @@ class AcpServer:
     def __init__(self, settings: Settings, version: str) -> None:
         self.settings = settings
         self.persistent = probe_store(settings.store_path)
-        self.handshake = acp.initialize_result(
+        self.handshake = acp_handshake.initialize_result(
             version=version, persistent=self.persistent, default_model=settings.default_model,
             max_sessions=settings.max_sessions, timeout=settings.session_timeout_secs,
         )
@@ -158,7 +175,7 @@ class AcpServer:
         return {
             "sessionId": route.sid,
             "workspaceDir": route.workspace_dir,
-            "modes": acp.modes_state(route.mode),
+            "modes": acp_handshake.modes_state(route.mode),
         }
 
     async def prompt(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
@@ -190,7 +207,7 @@ class AcpServer:
             acp.optional_str(params, "cwd")
         sessions = await self.sessions()
         route = await sessions.restore(endpoint.state["peer"], sid, replay=replay)
-        return {"modes": acp.modes_state(route.mode)}
+        return {"modes": acp_handshake.modes_state(route.mode)}
 
     async def load(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
         return await self._restore(params, endpoint, replay=True)

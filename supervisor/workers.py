@@ -151,8 +151,12 @@ class WorkerPool:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, _HWM)
         sock.setsockopt(zmq.RCVHWM, _HWM)
-        sock.bind(self.endpoint)
         self._sock = sock
+        try:
+            sock.bind(self.endpoint)
+        except zmq.ZMQError:
+            self._unbind()
+            raise
         self._loop.add_reader(sock.fileno(), self._drain)
         self._heartbeats = self._spawn_task(self._watch_heartbeats())
         self.scale_to(max(self._target, 1))
@@ -162,11 +166,15 @@ class WorkerPool:
         if self._closing:
             return
         self._closing = True
+        self._ready_changed.set()  # wake wait_ready() callers: they get TimeoutError
         if self._heartbeats is not None:
             self._heartbeats.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         for worker in list(self._workers.values()):
-            self.send(worker.worker_id, Shutdown())
+            if worker.ready:
+                self.send(worker.worker_id, Shutdown())
+            elif worker.proc is not None:
+                _kill(worker.proc)  # still starting: it holds no session and cannot hear us
         await self._wait_all_exited(_SHUTDOWN_GRACE_SECS)
         for worker in list(self._workers.values()):
             if worker.proc is not None and worker.alive:

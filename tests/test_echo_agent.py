@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -103,12 +103,6 @@ def text(record: TurnRecord, index: int) -> str:
     item = record.items[index]
     assert isinstance(item, TextItem), item
     return item.text
-
-
-@pytest.fixture(autouse=True)
-def stop_actors() -> Iterator[None]:
-    yield
-    pykka.ActorRegistry.stop_all(timeout=WAIT)
 
 
 @pytest.fixture

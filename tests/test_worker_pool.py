@@ -287,6 +287,22 @@ async def test_wait_ready_times_out_when_no_worker_can_start(
     assert not harness.pool.send("w-nobody", CancelTurn(sid="s1"))
 
 
+async def test_close_while_workers_are_starting_leaves_nothing_behind(
+    make_pool: MakePool, tmp_path: Path
+) -> None:
+    harness = await make_pool()
+    harness.pool.scale_to(2)
+    waiter = asyncio.ensure_future(harness.pool.wait_ready(WAIT))
+    await asyncio.sleep(0)
+    closing = time.monotonic()
+    await harness.pool.close()
+    assert time.monotonic() - closing < 1.0
+    with pytest.raises(TimeoutError):
+        await waiter
+    assert worker_children() == []
+    assert list((tmp_path / "run").iterdir()) == []
+
+
 async def test_frames_from_strangers_and_garbage_are_dropped(
     make_pool: MakePool,
 ) -> None:

@@ -1,0 +1,53 @@
+"""The ACP v1 handshake: the ``initialize`` answer and the session modes.
+
+Kept apart from :mod:`ipc.acp` so the path to the first answer imports almost
+nothing (``zeroclaw acp`` cold start is measured to the ``initialize`` reply).
+Pure functions: safe from any thread.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["MODES", "PROTOCOL_VERSION", "initialize_result", "modes_state"]
+
+PROTOCOL_VERSION = 1
+MODES = (
+    ("read_only", "Read only", "The agent reads and answers; it runs no mutating tool."),
+    ("supervised", "Supervised", "The agent asks before running or changing anything."),
+    ("full", "Full", "The agent runs tools without asking; forbidden paths still apply."),
+)
+def initialize_result(
+    *, version: str, persistent: bool, default_model: str, max_sessions: int, timeout: float
+) -> dict[str, Any]:
+    """The ``initialize`` answer; without a store, no load/list/resume/close/delete."""
+    session_caps: dict[str, Any] = (
+        {"list": {}, "resume": {}, "close": {}, "delete": {}} if persistent else {}
+    )
+    return {
+        "protocolVersion": PROTOCOL_VERSION,
+        "agentCapabilities": {
+            "loadSession": persistent,
+            "promptCapabilities": {"image": False, "audio": False, "embeddedContext": True},
+            "mcpCapabilities": {"http": False, "sse": False},
+            "sessionCapabilities": session_caps,
+        },
+        "agentInfo": {"name": "zeroclaw-acp", "title": "ZeroClaw ACP", "version": version},
+        "authMethods": [],
+        "_meta": {
+            "zeroclaw": {
+                "defaultModel": default_model,
+                "maxSessions": max_sessions,
+                "sessionTimeoutSecs": timeout,
+            }
+        },
+    }
+
+
+def modes_state(current: str) -> dict[str, Any]:
+    return {
+        "currentModeId": current,
+        "availableModes": [
+            {"id": mode_id, "name": name, "description": text} for mode_id, name, text in MODES
+        ],
+    }
