@@ -181,8 +181,8 @@ def test_acpx_named_session_continues_across_processes(
     raw.initialize()
     raw.call("session/load", {"sessionId": resumed_ids[0], "cwd": str(workspace),
                               "mcpServers": []})
-    replayed = "".join(
-        n["params"]["update"]["content"]["text"] for n in raw.notifications
+    replayed = [
+        n["params"]["update"]["content"]["text"].strip() for n in raw.notifications
         if n["params"]["update"].get("sessionUpdate") == "user_message_chunk"
-    )
-    assert words(replayed) == words(" ".join(prompts))
+    ]
+    assert replayed == prompts
