@@ -1,5 +1,9 @@
 """Getting an actor's answer back to the asyncio loop without blocking it.
 
+Two shapes: :class:`CallableActor` subclasses (the supervisor) are driven with
+:func:`call`, which ``tell``s a :class:`Call` and awaits the outcome; other actors
+(the persistence actor) take a ``reply`` keyword on each method.
+
 Actors that do slow work (the persistence actor's writes) take a ``reply``
 callback, ``reply(error, value)``, which they call on their own thread when the
 work is done. :func:`loop_reply` makes such a callback that resolves an
@@ -12,9 +16,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeAlias
 
-__all__ = ["ReplyCallback", "loop_reply"]
+import pykka
+
+__all__ = ["Call", "CallableActor", "ReplyCallback", "call", "loop_reply"]
 
 logger = logging.getLogger("zeroclaw.actors.bridge")
 
@@ -46,3 +53,45 @@ def loop_reply(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any]) -> 
             logger.debug("event loop closed; a reply was dropped")
 
     return reply
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """Run ``method(*args)`` on the actor; ``reply`` gets (error, result) on its thread."""
+
+    method: str
+    args: tuple[Any, ...]
+    reply: ReplyCallback | None = None
+
+
+class CallableActor(pykka.ThreadingActor):
+    """An actor whose public methods the loop runs with :func:`call`.
+
+    A method that raises answers the caller with the exception; the actor lives on
+    (a raising ``tell`` handler would otherwise kill it).
+    """
+
+    use_daemon_thread = True
+
+    def on_receive(self, message: Any) -> Any:
+        if not isinstance(message, Call):
+            return None
+        try:
+            result = getattr(self, message.method)(*message.args)
+        except Exception as exc:
+            if message.reply is None:
+                logger.exception("%s.%s failed", type(self).__name__, message.method)
+            else:
+                message.reply(exc, None)
+            return None
+        if message.reply is not None:
+            message.reply(None, result)
+        return None
+
+
+def call(ref: pykka.ActorRef[Any], method: str, *args: Any) -> asyncio.Future[Any]:
+    """From the loop thread: run ``method`` on the actor; await the returned future."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+    ref.tell(Call(method, args, loop_reply(loop, future)))
+    return future

@@ -31,7 +31,7 @@ from ipc.events import TextItem, TurnRecord
 from storage.models import MessageRow, SessionEventRow, SessionInfo, SessionRow, ToolCallRow
 from storage.store import Store, write_transaction
 
-__all__ = ["TITLE_MAX_CHARS", "PersistenceActor", "StoreWriteError", "loop_reply"]
+__all__ = ["TITLE_MAX_CHARS", "PersistenceActor", "StoreWriteError", "loop_reply", "title_of"]
 
 logger = logging.getLogger("zeroclaw.actors.persistence")
 

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from actors.bridge import call, loop_reply
 from actors.persistence import PersistenceActor
 from ipc.errors import InternalError, SessionNotFound
 from ipc.events import SessionInfo, TurnRecord, event_from_wire
@@ -34,7 +35,6 @@ from ipc.worker_wire import (
     WorkerMessage,
 )
 from storage.store import Store, open_store
-from supervisor.bridge import call, loop_reply
 from supervisor.config import Settings
 from supervisor.routes import Route, RunningTurn
 from supervisor.supervisor import Eviction, Limits, SupervisorActor
@@ -67,6 +67,7 @@ class Host:
         self.store = await asyncio.to_thread(open_store, settings.store_path)
         self.reader = self.store.reader
         self.persistence = PersistenceActor.start(self.store)
+        self._writer = self.persistence.proxy()
         limits = Limits(settings.max_sessions, settings.session_timeout_secs,
                         settings.sessions_per_worker)
         self.supervisor = SupervisorActor.start(limits)
@@ -111,7 +112,7 @@ class Host:
     async def persist(self, method: str, *args: Any) -> Any:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        getattr(self.persistence.proxy(), method)(*args, reply=loop_reply(loop, future))
+        getattr(self._writer, method)(*args, reply=loop_reply(loop, future))
         return await future
 
     # --- workers ------------------------------------------------------------------------

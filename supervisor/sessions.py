@@ -181,7 +181,7 @@ class Sessions:
             turns: int = await self.host.persist("write_turn", record)
         except Exception as exc:
             log.error("turn of %s not persisted: %s", record.session_id, exc)
-            raise InternalError(f"store write failed: {exc}") from None
+            raise InternalError(str(exc)) from None
         return turns
 
     async def _materialise(self, route: Route, request: PromptRequest) -> str:

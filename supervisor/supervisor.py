@@ -17,8 +17,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from actors.bridge import CallableActor
 from ipc.errors import InvalidParams, SessionBusy, SessionLimitReached, SessionNotFound
-from supervisor.bridge import CallableActor
 
 __all__ = ["Admission", "Eviction", "Limits", "SessionStatus", "SupervisorActor"]
 

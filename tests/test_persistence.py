@@ -1,4 +1,7 @@
-"""PersistenceActor: the only writer, on real SQLite files."""
+"""PersistenceActor: the only writer, on real SQLite files.
+
+Actors are stopped after each test by the autouse fixture in ``conftest.py``.
+"""
 
 from __future__ import annotations
 
@@ -16,12 +19,6 @@ from actors.bridge import loop_reply
 from actors.persistence import PersistenceActor, StoreWriteError
 from ipc.events import TextItem, ToolItem, TurnItem, TurnRecord
 from storage import SessionEvent, SessionInfo, Store, open_store
-
-
-@pytest.fixture(autouse=True)
-def _stop_actors() -> Iterator[None]:
-    yield
-    pykka.ActorRegistry.stop_all()
 
 
 @pytest.fixture
@@ -72,7 +69,7 @@ def session(sid: str = "s1", **changes: Any) -> SessionInfo:
         "id": sid,
         "agent_alias": "main",
         "workspace_dir": "/ws/main",
-        "cwd": "/work/project",
+        "cwd": "/src/project",
         "mode": "supervised",
         "created_at": 100.0,
         "last_activity": 100.0,
@@ -355,15 +352,20 @@ def test_reader_sees_whole_turns_during_writes(store: Store, writer: Any) -> Non
     seen: list[int] = []
     errors: list[BaseException] = []
 
+    reading = threading.Event()
+
     def read() -> None:
         try:
             while not stop.is_set():
                 seen.append(len(store.reader.load_items("s1")))
+                reading.set()
         except BaseException as exc:
             errors.append(exc)
+            reading.set()
 
     reader = threading.Thread(target=read)
     reader.start()
+    assert reading.wait(10)
     try:
         futures = [writer.write_turn(turn("s1", ten_items(n))) for n in range(200)]
         assert futures[-1].get(timeout=30) == 200

@@ -1,6 +1,7 @@
 """The session store: opening, falling back, and the read API, on real SQLite files.
 
-Rows are written through the real PersistenceActor (the only writer).
+Rows are written through the real PersistenceActor (the only writer); actors are
+stopped after each test by the autouse fixture in ``conftest.py``.
 """
 
 from __future__ import annotations
@@ -17,19 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import pykka
 import pytest
 
 from actors.persistence import PersistenceActor
 from ipc.events import TextItem, ToolItem, TurnRecord
 from storage import SCHEMA_VERSION, SessionInfo, Store, open_store
 from storage.store import encode_cursor
-
-
-@pytest.fixture(autouse=True)
-def _stop_actors() -> Iterator[None]:
-    yield
-    pykka.ActorRegistry.stop_all()
 
 
 @pytest.fixture
@@ -46,7 +40,7 @@ def writer(store: Store) -> Iterator[Any]:
     ref.stop()
 
 
-def session(sid: str, *, cwd: str = "/work/a", last_activity: float = 1000.0) -> SessionInfo:
+def session(sid: str, *, cwd: str = "/src/a", last_activity: float = 1000.0) -> SessionInfo:
     return SessionInfo(
         id=sid,
         agent_alias="main",
@@ -226,7 +220,7 @@ def test_list_pages_over_250_sessions_with_and_without_cwd(store: Store, writer:
     infos = []
     for n in range(380):
         # Groups of three share a timestamp, so ties (ordered by id) cross page borders.
-        cwd = "/work/a" if n % 3 != 2 else "/work/b"
+        cwd = "/src/a" if n % 3 != 2 else "/src/b"
         infos.append(session(f"s{n:04d}", cwd=cwd, last_activity=5000.0 - n // 3))
     create_all(writer, infos)
 
@@ -234,20 +228,20 @@ def test_list_pages_over_250_sessions_with_and_without_cwd(store: Store, writer:
     assert sizes == [100, 100, 100, 80]
     assert [i.id for i in everything] == newest_first(infos)
 
-    under_a = [i for i in infos if i.cwd == "/work/a"]
-    listed_a, sizes_a = walk_pages(store, "/work/a")
+    under_a = [i for i in infos if i.cwd == "/src/a"]
+    listed_a, sizes_a = walk_pages(store, "/src/a")
     assert len(under_a) > 250
     assert sizes_a == [100, 100, len(under_a) - 200]
     assert [i.id for i in listed_a] == newest_first(under_a)
 
-    under_b = [i for i in infos if i.cwd == "/work/b"]
-    listed_b, sizes_b = walk_pages(store, "/work/b")
+    under_b = [i for i in infos if i.cwd == "/src/b"]
+    listed_b, sizes_b = walk_pages(store, "/src/b")
     assert len(under_b) > 100
     assert sizes_b == [100, len(under_b) - 100]
     assert [i.id for i in listed_b] == newest_first(under_b)
 
     assert store.reader.count_sessions() == 380
-    assert store.reader.count_sessions("/work/b") == len(under_b)
+    assert store.reader.count_sessions("/src/b") == len(under_b)
     assert walk_pages(store, "/nowhere") == ([], [0])
 
 
@@ -272,14 +266,14 @@ def test_cursor_from_another_filter_is_rejected(store: Store, writer: Any) -> No
     _, cursor = store.reader.list_sessions(None, None)
     assert cursor is not None
     with pytest.raises(ValueError, match="another cwd filter"):
-        store.reader.list_sessions("/work/a", cursor)
-    _, cursor_a = store.reader.list_sessions("/work/a", None)
+        store.reader.list_sessions("/src/a", cursor)
+    _, cursor_a = store.reader.list_sessions("/src/a", None)
     assert cursor_a is not None
     with pytest.raises(ValueError, match="another cwd filter"):
         store.reader.list_sessions(None, cursor_a)
     with pytest.raises(ValueError, match="another cwd filter"):
-        store.reader.list_sessions("/work/b", cursor_a)
-    assert len(store.reader.list_sessions("/work/a", cursor_a)[0]) == 50
+        store.reader.list_sessions("/src/b", cursor_a)
+    assert len(store.reader.list_sessions("/src/a", cursor_a)[0]) == 50
 
 
 def b64(value: bytes) -> str:
@@ -308,7 +302,7 @@ def test_malformed_cursor_is_rejected(store: Store, cursor: str) -> None:
 
 def test_relative_cwd_filter_is_rejected(store: Store) -> None:
     with pytest.raises(ValueError, match="absolute"):
-        store.reader.list_sessions("work/a")
+        store.reader.list_sessions("src/a")
 
 
 def test_cursor_round_trips_exact_float(store: Store, writer: Any) -> None:

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
+from actors.bridge import call
 from ipc.errors import InvalidParams, SessionBusy, SessionLimitReached, SessionNotFound
-from supervisor.bridge import call
 from supervisor.supervisor import Limits, SupervisorActor
 
 

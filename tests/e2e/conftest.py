@@ -34,7 +34,7 @@ class SdkHostFactory(Protocol):
 class RawHostFactory(Protocol):
     def __call__(
         self, cfg: Path | None = None, *extra_args: str,
-        env_extra: dict[str, str] | None = None,
+        env_extra: dict[str, str] | None = None, config_flag: bool = True,
     ) -> RawHost: ...
 
 
@@ -109,10 +109,14 @@ def raw_hosts(
     started: list[RawHost] = []
 
     def factory(
-        cfg: Path | None = None, *extra_args: str, env_extra: dict[str, str] | None = None
+        cfg: Path | None = None, *extra_args: str, env_extra: dict[str, str] | None = None,
+        config_flag: bool = True,
     ) -> RawHost:
         stderr_path = tmp_path / f"raw-host-{len(started) + 1}.stderr"
-        raw = RawHost(cfg or config_dir, stderr_path, *extra_args, env=host_env(env_extra))
+        flag_dir = (cfg or config_dir) if config_flag else None
+        env = {"HOME": str(tmp_path)} if flag_dir is None else {}  # never the real ~/.zeroclaw
+        env.update(env_extra or {})
+        raw = RawHost(flag_dir, stderr_path, *extra_args, env=host_env(env))
         started.append(raw)
         _register(request, raw.diagnostics)
         return raw

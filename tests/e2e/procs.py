@@ -34,9 +34,10 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 _ENTRY_POINT = "import sys; from supervisor.cli import main; sys.exit(main())"
 
 
-def host_argv(config_dir: Path, *extra: str) -> list[str]:
-    """``zeroclaw acp --config-dir DIR [extra...]`` run by this interpreter."""
-    return [sys.executable, "-c", _ENTRY_POINT, "acp", "--config-dir", str(config_dir), *extra]
+def host_argv(config_dir: Path | None, *extra: str) -> list[str]:
+    """``zeroclaw acp [--config-dir DIR] [extra...]`` run by this interpreter."""
+    flag = ["--config-dir", str(config_dir)] if config_dir is not None else []
+    return [sys.executable, "-c", _ENTRY_POINT, "acp", *flag, *extra]
 
 
 def host_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -41,8 +41,9 @@ class RawError(Exception):
 class RawHost:
     """One ``zeroclaw acp`` process, spoken to byte by byte."""
 
-    def __init__(self, config_dir: Path, stderr_path: Path, *extra_args: str,
+    def __init__(self, config_dir: Path | None, stderr_path: Path, *extra_args: str,
                  env: dict[str, str] | None = None) -> None:
+        """``config_dir`` None: no ``--config-dir`` flag (the env or the default decides)."""
         self.config_dir = config_dir
         self.stderr_path = stderr_path
         self._stderr = stderr_path.open("ab")

@@ -14,7 +14,7 @@ import asyncio
 import json
 import signal
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager, suppress
+from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -255,21 +255,37 @@ async def spawn_sdk_host(
         wire.append((event.direction.value, event.message))
 
     with stderr_path.open("ab") as stderr_file:
-        async with spawn_agent_process(
+        stack = AsyncExitStack()
+        conn, process = await stack.enter_async_context(spawn_agent_process(
             cast(Client, client), argv[0], *argv[1:], env=env or host_env(),
             transport_kwargs={"stderr": stderr_file, "limit": STREAM_LIMIT,
                               "shutdown_timeout": EXIT_GRACE_SECS},
             observers=[observe],
-        ) as (conn, process):
-            host = SdkHost(conn, process, client, config_dir, stderr_path, wire)
-            if on_start is not None:
-                on_start(host)
-            try:
-                yield host
-            finally:
-                if not host.killed:
-                    host.children_snapshot = descendants(host.pid)
+        ))
+        host = SdkHost(conn, process, client, config_dir, stderr_path, wire)
+        if on_start is not None:
+            on_start(host)
+        try:
+            yield host
+        finally:
+            if not host.killed:
+                host.children_snapshot = descendants(host.pid)
+            await _shut_down(host, stack)
         await _check_exit(host)
+
+
+async def _shut_down(host: SdkHost, stack: AsyncExitStack) -> None:
+    """EOF, then the SDK's wait/terminate/kill; bounded, because asyncio also waits for
+    the pipes to close, which never happens if a leaked child inherited the host's stdout."""
+    try:
+        await asyncio.wait_for(stack.aclose(), 2 * EXIT_GRACE_SECS + 5)
+    except TimeoutError:
+        host.problems.append(
+            f"host pid {host.pid}: its stdout stayed open after shutdown "
+            "(a leftover child process still holds the pipe?)"
+        )
+        if host.process.returncode is None:
+            host.process.kill()
 
 
 async def _check_exit(host: SdkHost) -> None:

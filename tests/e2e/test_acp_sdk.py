@@ -67,23 +67,6 @@ async def test_initialize_answers_version_1_to_a_version_0_client(
         assert response.protocol_version == 1
 
 
-async def test_settings_precedence_file_then_env_then_flag(
-    sdk_hosts: SdkHostFactory, config_dir: Path
-) -> None:
-    write_config(config_dir, "[acp]\nmax_sessions = 5\nsession_timeout_secs = 77\n")
-    cases: list[tuple[tuple[str, ...], dict[str, str], int]] = [
-        ((), {}, 5),
-        ((), {"ZEROCLAW_acp__max_sessions": "7"}, 7),
-        (("--max-sessions", "3"), {"ZEROCLAW_acp__max_sessions": "7"}, 3),
-    ]
-    for args, env, expected in cases:
-        async with sdk_hosts(config_dir, *args, env_extra=env) as host:
-            response = await host.initialize()
-            meta = (response.field_meta or {})["zeroclaw"]
-            assert meta["maxSessions"] == expected, (args, env)
-            assert meta["sessionTimeoutSecs"] == 77
-
-
 # --- session/new -----------------------------------------------------------------
 
 

@@ -103,3 +103,18 @@ async def test_killed_worker_fails_only_its_running_turn(host: SdkHost, workspac
     assert replay[0] == ("alpha completed turn", ["alpha", "completed", "turn"])
     out = await host.prompt(alpha, "alpha again")
     assert out.stop_reason == "end_turn" and words(out.content) == ["alpha", "again"]
+
+
+async def test_a_new_session_is_on_disk_before_its_reply(
+    sdk_hosts: SdkHostFactory, workspace: Path
+) -> None:
+    async with sdk_hosts() as first:
+        await first.initialize()
+        sid = await first.new_session(workspace)
+        first.kill9()
+        await asyncio.wait_for(first.process.wait(), 5)
+    async with sdk_hosts() as second:
+        await second.initialize()
+        assert await load_turns(second, sid, workspace) == []
+        out = await second.prompt(sid, "first words after the crash")
+        assert out.stop_reason == "end_turn"
