@@ -235,7 +235,10 @@ def _claim_stdio() -> tuple[int, int]:
 
 
 def _is_regular_file(fd: int) -> bool:
-    return stat.S_ISREG(os.fstat(fd).st_mode)
+    """True for anything epoll cannot watch: regular files and devices such as /dev/null."""
+    mode = os.fstat(fd).st_mode
+    pollable = stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or os.isatty(fd)
+    return not pollable
 
 
 async def _connect_input(fd: int, frame_limit: int) -> asyncio.StreamReader:

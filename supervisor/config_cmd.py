@@ -143,10 +143,9 @@ def _exit_code(code: object) -> int:
 def _get(config_path: Path, key: str, *, as_json: bool) -> None:
     segments = parse_key(key)
     value: Any = _load(config_path)
-    for depth, segment in enumerate(segments):
+    for segment in segments:
         if not isinstance(value, Mapping) or segment not in value:
-            shown = _join_key(segments[: depth + 1])
-            raise ConfigCommandError(f"key not found: {shown} (in {config_path})")
+            raise ConfigCommandError(f"key not found: {_join_key(segments)} (in {config_path})")
         value = value[segment]
     if as_json:
         print(_to_json(value))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import signal
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager, suppress
@@ -225,6 +226,18 @@ class SdkHost:
         )
 
 
+class _StdoutJunkCounter(logging.Handler):
+    """Counts lines the SDK could not parse: stdout must carry only JSON-RPC frames."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("Error parsing JSON-RPC message"):
+            self.count += 1
+
+
 def _short(message: dict[str, Any], limit: int = 600) -> str:
     text = json.dumps(message, ensure_ascii=False)
     return text if len(text) <= limit else text[:limit] + f"...(+{len(text) - limit} chars)"
@@ -254,6 +267,8 @@ async def spawn_sdk_host(
     def observe(event: StreamEvent) -> None:
         wire.append((event.direction.value, event.message))
 
+    junk = _StdoutJunkCounter()
+    logging.getLogger().addHandler(junk)
     with stderr_path.open("ab") as stderr_file:
         stack = AsyncExitStack()
         conn, process = await stack.enter_async_context(spawn_agent_process(
@@ -271,6 +286,9 @@ async def spawn_sdk_host(
             if not host.killed:
                 host.children_snapshot = descendants(host.pid)
             await _shut_down(host, stack)
+            logging.getLogger().removeHandler(junk)
+        if junk.count:
+            host.problems.append(f"{junk.count} non-JSON line(s) on the host's stdout")
         await _check_exit(host)
 
 

@@ -78,7 +78,8 @@ class Acpx:
 def acpx_command() -> list[str]:
     raw = os.environ.get(ACPX_ENV)
     if not raw:
-        pytest.skip(f"{ACPX_ENV} is not set (path to the acpx CLI; scripts/test installs it)")
+        why = os.environ.get(f"{ACPX_ENV}_SKIP") or "path to the acpx CLI; scripts/test installs it"
+        pytest.skip(f"{ACPX_ENV} is not set ({why})")
     path = Path(raw)
     if not path.exists():
         pytest.skip(f"{ACPX_ENV}={raw} does not exist")
