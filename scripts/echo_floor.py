@@ -7,7 +7,9 @@ Every request line is answered at once from the asyncio loop thread, with the
 same shapes the ACP host returns, so a benchmark client can drive both alike:
 
 - ``session/new``    -> ``{"sessionId": "floor-<n>"}``
-- ``session/prompt`` -> ``{"sessionId": ..., "stopReason": "end_turn", "content": "hello world"}``
+- ``session/prompt`` -> the prompt echoed back word by word as ``session/update``
+  ``agent_message_chunk`` notifications (as the echo agent streams it), then
+  ``{"sessionId": ..., "stopReason": "end_turn", "content": <the prompt>}``
 - anything else      -> ``{}``
 
 Notifications and responses get no reply; an unparsable line gets -32700.
@@ -39,8 +41,33 @@ def _result_for(method: object, params: object) -> dict[str, Any]:
         return {"sessionId": f"floor-{next(_session_numbers)}"}
     if method == "session/prompt":
         session_id = params.get("sessionId") if isinstance(params, dict) else None
-        return {"sessionId": session_id, "stopReason": "end_turn", "content": "hello world"}
+        text = params.get("prompt") if isinstance(params, dict) else None
+        text = text if isinstance(text, str) else "hello world"
+        return {"sessionId": session_id, "stopReason": "end_turn", "content": text}
     return {}
+
+
+def _echo_chunks(session_id: Any, text: str) -> bytes:
+    """The prompt's words as ``agent_message_chunk`` notifications, one frame each."""
+    words = text.split(" ")
+    frames = []
+    for index, word in enumerate(words):
+        chunk = word if index == len(words) - 1 else word + " "
+        update = {
+            "sessionUpdate": "agent_message_chunk",
+            "content": {"type": "text", "text": chunk},
+        }
+        frames.append(
+            orjson.dumps(
+                {
+                    "jsonrpc": "2.0",
+                    "method": "session/update",
+                    "params": {"sessionId": session_id, "update": update},
+                },
+                option=orjson.OPT_APPEND_NEWLINE,
+            )
+        )
+    return b"".join(frames)
 
 
 def answer_line(line: bytes) -> bytes | None:
@@ -57,12 +84,14 @@ def answer_line(line: bytes) -> bytes | None:
         )
     if not isinstance(message, dict) or "method" not in message or "id" not in message:
         return None
-    reply = {
-        "jsonrpc": "2.0",
-        "id": message["id"],
-        "result": _result_for(message["method"], message.get("params")),
-    }
-    return orjson.dumps(reply, option=orjson.OPT_APPEND_NEWLINE)
+    result = _result_for(message["method"], message.get("params"))
+    reply = orjson.dumps(
+        {"jsonrpc": "2.0", "id": message["id"], "result": result},
+        option=orjson.OPT_APPEND_NEWLINE,
+    )
+    if message["method"] == "session/prompt":
+        return _echo_chunks(result["sessionId"], result["content"]) + reply
+    return reply
 
 
 async def _echo(reader: asyncio.StreamReader, write: Any, drain: Any) -> None:
