@@ -149,6 +149,16 @@ def _extension(mime_type: str, uri: str) -> str:
     return mimetypes.guess_extension(mime_type or "") or ".bin"
 
 
+def _b64decode(text: str) -> bytes:
+    """Strict base64, also accepting MIME-style line breaks."""
+    try:
+        return base64.b64decode(text, validate=True)
+    except binascii.Error:
+        if not any(c in text for c in " \t\r\n"):
+            raise
+        return base64.b64decode("".join(text.split()), validate=True)
+
+
 def _decode_blob(index: int, resource: Mapping[str, Any]) -> Blob:
     blob = resource.get("blob")
     if not isinstance(blob, str):
@@ -156,7 +166,7 @@ def _decode_blob(index: int, resource: Mapping[str, Any]) -> Blob:
     if len(blob) > (MAX_BLOB_BYTES * 4) // 3 + 8:
         raise InvalidParams(f"prompt[{index}]: blob larger than 10 MiB")
     try:
-        data = base64.b64decode(blob, validate=True)
+        data = _b64decode(blob)
     except (binascii.Error, ValueError):
         raise InvalidParams(f"prompt[{index}].resource.blob is not valid base64") from None
     if len(data) > MAX_BLOB_BYTES:

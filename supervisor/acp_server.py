@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ipc import acp_handshake
-from ipc.errors import InvalidParams, RpcError
+from ipc.errors import InvalidParams, RpcError, SessionNotFound
 from ipc.jsonrpc import ConnectionLost, Endpoint, RemoteError
 
 if TYPE_CHECKING:
@@ -47,15 +47,26 @@ if not TYPE_CHECKING:
 log = logging.getLogger("zeroclaw.acp")
 
 
+_SQLITE_HEADER = b"SQLite format 3\x00"
+
+
 def probe_store(path: os.PathLike[str]) -> bool:
-    """Cheap check (no SQLite) that the store file can be created and written."""
+    """Cheap check (no SQLite import) that the store can be created, written and read.
+
+    An existing file must be empty or start with the SQLite header; the host opens
+    the store for real right after ``initialize`` and, should that still fail,
+    refuses load/list/resume rather than pretending (see :meth:`AcpServer.stored`).
+    """
     try:
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        os.close(fd)
+        try:
+            header = os.read(fd, len(_SQLITE_HEADER))
+        finally:
+            os.close(fd)
     except OSError:
         return False
-    return True
+    return header in (b"", _SQLITE_HEADER)
 
 
 class AcpPeer:
@@ -150,6 +161,13 @@ class AcpServer:
             log.exception("host failed to start")
             raise RpcError(f"host failed to start: {type(exc).__name__}") from None
 
+    async def stored(self) -> Sessions:
+        """The sessions, for methods that need the store to outlive this process."""
+        sessions = await self.sessions()
+        if not sessions.host.store.persistent:
+            raise SessionNotFound("the session store is not available (sessions are in memory)")
+        return sessions
+
     async def shutdown(self) -> None:
         if self._starting is None:
             return
@@ -205,7 +223,7 @@ class AcpServer:
         sid = acp.session_id(params)
         if isinstance(params, Mapping):
             acp.optional_str(params, "cwd")
-        sessions = await self.sessions()
+        sessions = await self.stored()
         route = await sessions.restore(endpoint.state["peer"], sid, replay=replay)
         return {"modes": acp_handshake.modes_state(route.mode)}
 
@@ -220,7 +238,7 @@ class AcpServer:
             raise InvalidParams("params must be an object")
         cwd = acp.optional_str(params, "cwd")
         cursor = acp.optional_str(params, "cursor")
-        sessions = await self.sessions()
+        sessions = await self.stored()
         rows, next_cursor = sessions.list(cwd, cursor)
         result: dict[str, Any] = {"sessions": [_listed(row) for row in rows]}
         if next_cursor:

@@ -26,6 +26,7 @@ __all__ = [
     "Settings",
     "load_settings",
     "resolve_config_dir",
+    "settings_from_document",
 ]
 
 log = logging.getLogger("zeroclaw.config")
@@ -111,6 +112,9 @@ def _apply_env(doc: dict[str, Any], env: Mapping[str, str]) -> None:
         path = name[len("ZEROCLAW_") :].split("__")
         if not all(path):
             continue
+        path[0] = path[0].lower()  # sections are lower case: ZEROCLAW_ACP__X works too
+        if path[0] != "agents":
+            path = [part.lower() for part in path]
         node = doc
         for part in path[:-1]:
             child = node.setdefault(part, {})
@@ -130,15 +134,15 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"cannot read {path}: {exc}") from None
 
 
-def _agents(doc: dict[str, Any], config_dir: Path) -> dict[str, AgentConfig]:
+def _agents(doc: Mapping[str, Any], config_dir: Path) -> dict[str, AgentConfig]:
     sections = doc.get("agents") or {}
-    if not isinstance(sections, dict):
+    if not isinstance(sections, Mapping):
         raise ConfigError("[agents] must be a table of [agents.<alias>] sections")
     if not sections:
         sections = {DEFAULT_AGENT_ALIAS: {"provider": "echo", "model": "echo"}}
     agents = {}
     for alias, section in sections.items():
-        if not isinstance(section, dict):
+        if not isinstance(section, Mapping):
             raise ConfigError(f"[agents.{alias}] must be a table")
         workspace = section.get("workspace") or str(config_dir / "agents" / alias / "workspace")
         agents[alias] = AgentConfig(
@@ -175,26 +179,47 @@ def load_settings(
         if value is not None:
             section, key = dotted.split(".", 1)
             doc.setdefault(section, {})[key] = value
-    acp, autonomy, workers = (doc.get(k) or {} for k in ("acp", "autonomy", "workers"))
+    return settings_from_document(doc, config_dir, data_dir, env)
+
+
+def settings_from_document(
+    doc: Mapping[str, Any], config_dir: Path, data_dir: Path, env: Mapping[str, str]
+) -> Settings:
+    """Check a parsed configuration and build :class:`Settings`; raises :class:`ConfigError`."""
+    acp, autonomy, workers = (_section(doc, k) for k in ("acp", "autonomy", "workers"))
     level = str(autonomy.get("level", "supervised"))
     if level not in AUTONOMY_LEVELS:
         raise ConfigError(f"autonomy.level must be one of {', '.join(AUTONOMY_LEVELS)}")
     timeout = acp.get("session_timeout_secs", 3600)
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
         raise ConfigError(f"session_timeout_secs must be a positive number, got {timeout!r}")
+    forbidden = autonomy.get("forbidden_paths", ["/etc", "~/.ssh"])
+    if not isinstance(forbidden, list) or not all(isinstance(p, str) for p in forbidden):
+        raise ConfigError("autonomy.forbidden_paths must be an array of strings")
+    agents = _agents(doc, config_dir)
+    default_agent = acp.get("default_agent")
+    if default_agent is not None and default_agent not in agents:
+        raise ConfigError(f"acp.default_agent names no configured agent: {default_agent!r}")
     return Settings(
         config_dir=config_dir,
         data_dir=data_dir,
         socket_path=Path(env.get("ZEROCLAW_SOCKET") or data_dir / "daemon.sock"),
         store_path=data_dir / "sessions" / "acp-sessions.db",
-        default_agent=acp.get("default_agent"),
+        default_agent=default_agent,
         max_sessions=_int(acp, "max_sessions", 10, 1),
         session_timeout_secs=float(timeout),
-        agents=_agents(doc, config_dir),
+        agents=agents,
         autonomy_level=level,
-        forbidden_paths=tuple(str(p) for p in autonomy.get("forbidden_paths", ["/etc", "~/.ssh"])),
+        forbidden_paths=tuple(forbidden),
         workers_max=_int(workers, "max", os.cpu_count() or 2, 1),
         sessions_per_worker=_int(workers, "sessions_per_worker", 0, 0),
         frame_limit=_int(acp, "frame_limit", 32 * 1024 * 1024, 1024),
-        log_level=str(env.get("ZEROCLAW_LOG") or doc.get("log", {}).get("level", "warning")),
+        log_level=str(env.get("ZEROCLAW_LOG") or _section(doc, "log").get("level", "warning")),
     )
+
+
+def _section(doc: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    section = doc.get(name) or {}
+    if not isinstance(section, Mapping):
+        raise ConfigError(f"[{name}] must be a table")
+    return section

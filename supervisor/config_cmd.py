@@ -36,6 +36,8 @@ import tomlkit
 from tomlkit.exceptions import TOMLKitError
 from tomlkit.items import InlineTable, Item, Table
 
+from supervisor.config import ConfigError, settings_from_document
+
 __all__ = ["ConfigCommandError", "format_value", "parse_key", "parse_value", "run"]
 
 CONFIG_FILE_NAME = "config.toml"
@@ -170,7 +172,17 @@ def _set(config_path: Path, key: str, raw_value: str) -> None:
     parent[leaf] = parse_value(raw_value)
     if created and isinstance(parent, Table):
         parent.add(tomlkit.nl())  # a blank line before whatever section follows
+    _check(config_path, document)
     _save(config_path, document)
+
+
+def _check(config_path: Path, document: tomlkit.TOMLDocument) -> None:
+    """Refuse an edit that would stop ``zeroclaw acp`` from starting (exit 2)."""
+    config_dir = config_path.parent
+    try:
+        settings_from_document(document.unwrap(), config_dir, config_dir / "data", {})
+    except ConfigError as error:
+        raise ConfigCommandError(f"not saved: {error}", exit_code=2) from None
 
 
 def _parent_table(document: tomlkit.TOMLDocument, segments: list[str]) -> tuple[Any, bool]:

@@ -46,3 +46,14 @@ def test_bad_config_is_a_clear_error(tmp_path, text):
     (tmp_path / "config.toml").write_text(text)
     with pytest.raises(ConfigError):
         load_settings(str(tmp_path), env={})
+
+
+def test_env_override_is_case_insensitive_for_sections_and_keys(tmp_path):
+    settings = load_settings(str(tmp_path), env={"ZEROCLAW_ACP__MAX_SESSIONS": "7"})
+    assert settings.max_sessions == 7
+
+
+def test_default_agent_must_name_a_configured_agent(tmp_path):
+    (tmp_path / "config.toml").write_text('[acp]\ndefault_agent = "ghost"\n')
+    with pytest.raises(ConfigError, match="ghost"):
+        load_settings(str(tmp_path), env={})

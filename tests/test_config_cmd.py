@@ -330,3 +330,15 @@ def test_parse_value_and_format_value_round_trip() -> None:
         assert format_value(parse_value(raw)) == raw
     assert format_value(parse_value("plain words")) == '"plain words"'
     assert format_value({"a": [1, {"b": True}]}) == "{a = [1, {b = true}]}"
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("acp.max_sessions", "0"), ("acp.max_sessions", "abc"), ("autonomy.level", "yolo")],
+)
+def test_set_refuses_a_value_the_host_could_not_start_with(tmp_path, capsys, key, value):
+    config = tmp_path / "config.toml"
+    config.write_text("# mine\n[acp]\nmax_sessions = 3\n")
+    assert run(["set", key, value], tmp_path) == 2
+    assert config.read_text() == "# mine\n[acp]\nmax_sessions = 3\n"
+    assert "not saved" in capsys.readouterr().err
