@@ -237,3 +237,14 @@ def test_default_tools_kinds_and_mutation() -> None:
         "file_write": ("edit", True),
     }
     assert os.path.basename(tools["shell"].title({"command": "ls"})) == "shell: ls"
+
+
+def test_file_read_refuses_a_fifo_instead_of_blocking(dirs: tuple[Path, Path]) -> None:
+    cwd, workspace = dirs
+    os.mkfifo(cwd / "pipe")
+    started = time.monotonic()
+    with pytest.raises(ToolError, match="not a regular file"):
+        FileReadTool().run({"path": "pipe"}, make_env(cwd, workspace))
+    assert time.monotonic() - started < 2
+    with pytest.raises(ToolError, match="is a directory"):
+        FileReadTool().run({"path": "."}, make_env(cwd, workspace))

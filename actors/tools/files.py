@@ -47,8 +47,7 @@ class FileReadTool(Tool):
     def run(self, args: dict[str, Any], env: ToolEnv) -> ToolResult:
         path = _confined(args, env)
         try:
-            with path.open("rb") as handle:
-                data = handle.read(self.max_bytes + 1)
+            data = _read_regular_file(path, self.max_bytes + 1)
         except FileNotFoundError:
             raise ToolError(f"no such file: {path}") from None
         except IsADirectoryError:
@@ -85,6 +84,21 @@ class FileWriteTool(Tool):
             raise ToolError(f"cannot write {path}: {exc.strerror or exc}") from None
         raw = {"path": str(path), "bytes": len(data)}
         return ToolResult(text=f"wrote {len(data)} bytes to {path}", raw_output=raw)
+
+
+def _read_regular_file(path: Path, limit: int) -> bytes:
+    """Up to ``limit`` bytes of a regular file; a FIFO or device could block the turn forever."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(path)
+        if not stat.S_ISREG(mode):
+            raise ToolError(f"not a regular file: {path}")
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            return handle.read(limit)
+    finally:
+        os.close(fd)
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
