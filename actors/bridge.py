@@ -15,13 +15,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import queue
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 import pykka
 
-__all__ = ["Call", "CallableActor", "ReplyCallback", "call", "loop_reply"]
+__all__ = [
+    "Call",
+    "CallableActor",
+    "ReplyCallback",
+    "SimpleInboxActor",
+    "call",
+    "loop_reply",
+    "tell",
+]
 
 logger = logging.getLogger("zeroclaw.actors.bridge")
 
@@ -64,7 +73,20 @@ class Call:
     reply: ReplyCallback | None = None
 
 
-class CallableActor(pykka.ThreadingActor):
+class SimpleInboxActor(pykka.ThreadingActor):
+    """A threading actor whose inbox is a ``queue.SimpleQueue``.
+
+    pykka's default inbox is a ``queue.Queue`` (a lock and two conditions per
+    put and get); the C ``SimpleQueue`` makes a ``tell`` several times cheaper,
+    which matters on the per-turn path. Everything else is pykka's.
+    """
+
+    @staticmethod
+    def _create_actor_inbox() -> Any:
+        return queue.SimpleQueue()
+
+
+class CallableActor(SimpleInboxActor):
     """An actor whose public methods the loop runs with :func:`call`.
 
     A method that raises answers the caller with the exception; the actor lives on
@@ -87,6 +109,14 @@ class CallableActor(pykka.ThreadingActor):
         if message.reply is not None:
             message.reply(None, result)
         return None
+
+
+def tell(ref: pykka.ActorRef[Any], method: str, *args: Any) -> None:
+    """From any thread: run ``method`` on a :class:`CallableActor`, no answer wanted.
+
+    A failure is logged by the actor.
+    """
+    ref.tell(Call(method, args))
 
 
 def call(ref: pykka.ActorRef[Any], method: str, *args: Any) -> asyncio.Future[Any]:

@@ -2,8 +2,14 @@
 
 Every write of the host goes through this actor, which runs on its own pykka
 thread and owns :attr:`storage.Store.writer`. A finished turn arrives as one
-:class:`ipc.events.TurnRecord` and is written in one transaction (never one row
-per chunk). Readers use :attr:`storage.Store.reader` on their own threads.
+:class:`ipc.events.TurnRecord` and is written inside one transaction (never one
+row per chunk, never split across transactions); turns and new sessions that
+queue up share one transaction (group commit, see :class:`PersistenceActor`).
+The hot writes use prepared SQL (:mod:`storage.prepared_writes`). Readers use
+:attr:`storage.Store.reader` on their own threads.
+
+The host sends :class:`PersistRequest` messages (``tell``, no pykka future);
+the methods can also be called through a proxy (tests, tools).
 
 Every public method takes a last keyword argument ``reply`` (see
 :mod:`actors.bridge`), called on this actor's thread once the write is
@@ -17,26 +23,39 @@ Stopping the actor (``stop()``) queues behind pending writes, so they finish.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import peewee
-import pykka
 
-from actors.bridge import ReplyCallback, loop_reply
-from ipc.events import TextItem, TurnRecord
+from actors.bridge import ReplyCallback, SimpleInboxActor, loop_reply
+from ipc.events import TurnRecord
 from storage.models import MessageRow, SessionEventRow, SessionInfo, SessionRow, ToolCallRow
+from storage.prepared_writes import TITLE_MAX_CHARS, MissingSession, PreparedWrites, title_of
 from storage.store import Store, write_transaction
 
-__all__ = ["TITLE_MAX_CHARS", "PersistenceActor", "StoreWriteError", "loop_reply", "title_of"]
+__all__ = [
+    "TITLE_MAX_CHARS",
+    "PersistRequest",
+    "PersistenceActor",
+    "StoreWriteError",
+    "loop_reply",
+    "title_of",
+]
 
 logger = logging.getLogger("zeroclaw.actors.persistence")
 
-TITLE_MAX_CHARS = 80
-_INSERT_BATCH = 500  # rows per INSERT, well below SQLite's bound-variable limit
+MAX_GROUP = 256  # queued writes committed together, at most
+_BATCHED = frozenset({"create_session", "write_turn"})
+_OPERATIONS = frozenset({
+    "touch", "set_mode", "set_title", "mark_closed", "mark_killed", "reopen", "update_meta",
+    "record_event", "delete_session",
+})
 
 T = TypeVar("T")
 
@@ -50,13 +69,118 @@ class StoreWriteError(RuntimeError):
         super().__init__(f"store write failed: {reason}")
 
 
-class PersistenceActor(pykka.ThreadingActor):
-    """Serialises every write to the store. All methods run on the actor's thread."""
+@dataclass(frozen=True, slots=True)
+class PersistRequest:
+    """Actor message (``tell``): run ``method(*args)``; ``reply(error, value)`` after commit.
+
+    The cheap way in from the loop (no pykka future). ``create_session`` and
+    ``write_turn`` requests that queue up are committed together (group commit).
+    """
+
+    method: str
+    args: tuple[Any, ...]
+    reply: ReplyCallback | None = None
+
+
+class PersistenceActor(SimpleInboxActor):
+    """Serialises every write to the store. All methods run on the actor's thread.
+
+    Group commit: a :class:`PersistRequest` for ``create_session`` or
+    ``write_turn`` is held while more messages wait in the inbox (up to
+    :data:`MAX_GROUP`); the group is then written in one transaction and every
+    caller is answered after its commit. Any other message writes the held
+    group first, so writes keep their arrival order. When one write of a group
+    fails, the group is rolled back and each write is redone alone (so only
+    the bad one fails); when the commit itself fails, every caller gets the error.
+    """
 
     def __init__(self, store: Store) -> None:
         super().__init__()
         self._store = store
         self._db = store.writer
+        self._prepared = PreparedWrites(self._db)
+        self._held: list[PersistRequest] = []
+
+    # --- messages and group commit -----------------------------------------------
+
+    def on_receive(self, message: Any) -> Any:
+        if not isinstance(message, PersistRequest):
+            logger.warning("unexpected message %s; dropped", type(message).__name__)
+            return None
+        if message.method in _BATCHED:
+            self._held.append(message)
+            if len(self._held) >= MAX_GROUP or self.actor_inbox.empty():
+                self.flush()
+            return None
+        if message.method not in _OPERATIONS:
+            _deliver(message.reply, StoreWriteError(f"unknown operation {message.method}"),
+                     None, message.method)
+            return None
+        try:
+            getattr(self, message.method)(*message.args, reply=message.reply)
+        except TypeError as exc:  # wrong arguments: a caller bug, answered, never fatal
+            _deliver(message.reply, _write_error(exc), None, message.method)
+        return None
+
+    def on_stop(self) -> None:
+        self.flush()
+
+    def _handle_receive(self, message: Any) -> Any:
+        # Safety net over pykka's dispatcher: whatever message came last (a proxy
+        # attribute read, say), a held group is written once the inbox is empty.
+        try:
+            return super()._handle_receive(message)
+        finally:
+            if self._held and self.actor_inbox.empty():
+                self.flush()
+
+    def flush(self) -> None:
+        """Write the held group in one transaction, then answer its callers."""
+        held, self._held = self._held, []
+        if not held:
+            return
+        if len(held) == 1:
+            self._run_request(held[0])
+            return
+        db = self._db
+        try:
+            db.begin()
+            results = [self._apply(request) for request in held]
+        except Exception:
+            self._abandon()
+            for request in held:  # one of them is bad: each on its own
+                self._run_request(request)
+            return
+        try:
+            db.commit()
+        except Exception as exc:
+            self._abandon()
+            error = _write_error(exc)
+            logger.warning("store group commit of %d writes failed: %s", len(held), error.reason)
+            for request in held:
+                _deliver(request.reply, error, None, request.method)
+            return
+        self._prepared.commit_staged()
+        for request, result in zip(held, results, strict=True):
+            _deliver(request.reply, None, result, request.method)
+
+    def _abandon(self) -> None:
+        """Roll back the open group transaction (if SQLite has not already)."""
+        self._prepared.discard_staged()
+        if self._db.connection().in_transaction:
+            with contextlib.suppress(peewee.PeeweeException, sqlite3.Error):
+                self._db.rollback()
+
+    def _run_request(self, request: PersistRequest) -> None:
+        """One held write in its own transaction (the method's usual path)."""
+        getattr(self, request.method)(*request.args, reply=request.reply)
+
+    def _apply(self, request: PersistRequest) -> Any:
+        """One batched write inside the group's transaction (actor thread)."""
+        if request.method == "create_session":
+            self._prepared.insert_session(request.args[0])
+            return None
+        return self._prepared.write_turn(request.args[0])
 
     # --- sessions -------------------------------------------------------------
 
@@ -64,13 +188,30 @@ class PersistenceActor(pykka.ThreadingActor):
         """Insert the session's row (a duplicate id fails)."""
 
         def insert() -> None:
-            SessionRow.insert(info.to_row()).execute(self._db)
+            with self._transaction():
+                self._prepared.insert_session(info)
 
         self._run("create_session", info.id, insert, reply)
 
     def write_turn(self, record: TurnRecord, reply: ReplyCallback | None = None) -> int | None:
         """Write a finished turn in one transaction; returns the session's new turn count."""
-        return self._run("write_turn", record.session_id, lambda: self._write_turn(record), reply)
+
+        def write() -> int:
+            with self._transaction():
+                return self._prepared.write_turn(record)
+
+        return self._run("write_turn", record.session_id, write, reply)
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """A write transaction whose staged turn state is kept only once committed."""
+        try:
+            with write_transaction(self._db):
+                yield
+        except BaseException:
+            self._prepared.discard_staged()
+            raise
+        self._prepared.commit_staged()
 
     def touch(
         self, session_id: str, when: float, reply: ReplyCallback | None = None
@@ -148,49 +289,6 @@ class PersistenceActor(pykka.ThreadingActor):
 
     # --- work (actor thread) --------------------------------------------------
 
-    def _write_turn(self, record: TurnRecord) -> int:
-        session_id = record.session_id
-        with write_transaction(self._db):
-            turn_count, title, next_seq = self._turn_state(session_id)
-            turn = turn_count + 1
-            messages, tool_calls = _turn_rows(record, turn, next_seq)
-            for batch in peewee.chunked(messages, _INSERT_BATCH):
-                MessageRow.insert_many(batch, fields=_MESSAGE_FIELDS).execute(self._db)
-            for batch in peewee.chunked(tool_calls, _INSERT_BATCH):
-                ToolCallRow.insert_many(batch, fields=_TOOL_CALL_FIELDS).execute(self._db)
-            changes: dict[Any, Any] = {
-                SessionRow.last_activity: record.finished_at,
-                SessionRow.turn_count: turn,
-                SessionRow.token_count: SessionRow.token_count + int(record.tokens),
-            }
-            new_title = title_of(record) if title is None else None
-            if new_title:
-                changes[SessionRow.title] = new_title
-            SessionRow.update(changes).where(SessionRow.id == session_id).execute(self._db)
-        return turn
-
-    def _turn_state(self, session_id: str) -> tuple[int, str | None, int]:
-        """(turn count, title, next free ``seq``) of a session, in one query.
-
-        ``seq`` is shared by messages and tool calls. It is read inside the
-        write transaction, not cached: another host process may share the file.
-        """
-        highest = [
-            model.select(peewee.fn.MAX(model.seq)).where(model.session == session_id)
-            for model in (MessageRow, ToolCallRow)
-        ]
-        query = (
-            SessionRow.select(SessionRow.turn_count, SessionRow.title, *highest)
-            .where(SessionRow.id == session_id)
-            .tuples()
-        )
-        found = list(query.execute(self._db))
-        if not found:
-            raise StoreWriteError(f"no session {session_id}")
-        turn_count, title, *seqs = found[0]
-        next_seq = max((int(seq) for seq in seqs if seq is not None), default=-1) + 1
-        return int(turn_count), title, next_seq
-
     def _merge_meta(self, session_id: str, changes: dict[str, Any]) -> bool:
         with write_transaction(self._db):
             query = SessionRow.select(SessionRow.meta).where(SessionRow.id == session_id).tuples()
@@ -209,6 +307,7 @@ class PersistenceActor(pykka.ThreadingActor):
         return True
 
     def _delete(self, session_id: str) -> bool:
+        self._prepared.forget(session_id)
         with write_transaction(self._db):
             for model in (MessageRow, ToolCallRow, SessionEventRow):
                 model.delete().where(model.session == session_id).execute(self._db)
@@ -235,7 +334,9 @@ class PersistenceActor(pykka.ThreadingActor):
         work: Callable[[], T],
         reply: ReplyCallback | None,
     ) -> T | None:
-        """Do ``work``; report to ``reply``; never raise."""
+        """Write what is held first (arrival order), then do ``work``; report; never raise."""
+        if self._held:
+            self.flush()
         try:
             result = work()
         except Exception as exc:
@@ -249,72 +350,12 @@ class PersistenceActor(pykka.ThreadingActor):
         return result
 
 
-def title_of(record: TurnRecord) -> str | None:
-    """The first non-blank line of the turn's user text, trimmed to 80 characters."""
-    for item in record.items:
-        if isinstance(item, TextItem) and item.role == "user":
-            for line in item.text.splitlines():
-                if line.strip():
-                    return line.strip()[:TITLE_MAX_CHARS]
-    return None
-
-
-_MESSAGE_FIELDS = [
-    MessageRow.session,
-    MessageRow.turn,
-    MessageRow.seq,
-    MessageRow.role,
-    MessageRow.content,
-    MessageRow.reasoning,
-    MessageRow.created_at,
-]
-_TOOL_CALL_FIELDS = [
-    ToolCallRow.session,
-    ToolCallRow.turn,
-    ToolCallRow.seq,
-    ToolCallRow.tool_call_id,
-    ToolCallRow.name,
-    ToolCallRow.arguments,
-    ToolCallRow.result,
-    ToolCallRow.outcome,
-    ToolCallRow.title,
-    ToolCallRow.kind,
-]
-
-
-def _turn_rows(
-    record: TurnRecord, turn: int, first_seq: int
-) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
-    """Rows for ``messages`` and ``tool_calls`` (in ``_*_FIELDS`` order), numbered in item order."""
-    messages: list[tuple[Any, ...]] = []
-    tool_calls: list[tuple[Any, ...]] = []
-    session_id = record.session_id
-    for seq, item in enumerate(record.items, start=first_seq):
-        if isinstance(item, TextItem):
-            created = record.started_at if item.role == "user" else record.finished_at
-            messages.append((session_id, turn, seq, item.role, item.text, None, created))
-        else:
-            tool_calls.append(
-                (
-                    session_id,
-                    turn,
-                    seq,
-                    item.tool_call_id,
-                    item.name,
-                    item.arguments,
-                    item.result,
-                    item.outcome,
-                    item.title,
-                    item.kind,
-                )
-            )
-    return messages, tool_calls
-
-
 def _write_error(exc: Exception) -> StoreWriteError:
     """``exc`` as a :class:`StoreWriteError` whose message carries no session content."""
     if isinstance(exc, StoreWriteError):
         return exc
+    if isinstance(exc, MissingSession):
+        return StoreWriteError(f"no session {exc}")
     if isinstance(exc, peewee.PeeweeException | sqlite3.Error):
         reason = str(exc) or type(exc).__name__  # SQLite's own words, e.g. "database is locked"
     else:

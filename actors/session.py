@@ -21,9 +21,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-import pykka
-
-from actors.agents.base import Agent, AgentFailure
+from actors.agents.base import Agent, AgentFailure, history_tokens
+from actors.bridge import SimpleInboxActor
 from actors.tools import PathPolicy, Tool, default_tools
 from actors.turn import ActorTurnContext, TurnRecorder
 from ipc.events import TurnItem, item_from_wire
@@ -179,7 +178,7 @@ class CloseActor:
     """Actor message: answer SessionClosed and stop (queued behind any running turn)."""
 
 
-class SessionActor(pykka.ThreadingActor):
+class SessionActor(SimpleInboxActor):
     """One session: runs turns one at a time on its own (daemon) thread."""
 
     use_daemon_thread = True
@@ -202,6 +201,7 @@ class SessionActor(pykka.ThreadingActor):
         self.permissions = permissions
         self.tools = tools if tools is not None else default_tools()
         self.history: list[TurnItem] = list(config.history)
+        self.history_tokens = history_tokens(self.history)
         self.always_allowed: set[str] = set()
 
     def on_receive(self, message: Any) -> Any:
@@ -236,4 +236,5 @@ class SessionActor(pykka.ThreadingActor):
             return
         record = recorder.build(sid, cancelled=cancelled, started_at=started)
         self.history.extend(record.items)
+        self.history_tokens += history_tokens(record.items)
         self.send(TurnEnded(sid=sid, turn_id=turn.turn_id, record=record.to_wire()))

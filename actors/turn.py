@@ -159,6 +159,10 @@ class ActorTurnContext:
     def history(self) -> Sequence[TurnItem]:
         return self._session.history
 
+    @property
+    def history_tokens(self) -> int:
+        return self._session.history_tokens
+
     def emit(self, event: Event) -> None:
         self._recorder.add(event)
         wire = event_to_wire(event)

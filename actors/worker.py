@@ -6,7 +6,9 @@ Threads:
   none of them waits behind a running turn in an actor's mailbox;
 - one :class:`actors.session.SessionActor` thread per session runs turns. Actor
   threads never touch the socket: they hand messages to :class:`Outbox`, which
-  wakes the IO thread through an eventfd it polls next to the socket.
+  wakes the IO thread through an eventfd it polls next to the socket (once per
+  burst). The IO thread sends what is queued as the parts of one zmq message
+  (one envelope per part), so a turn's events cost one send, not one each.
 
 The worker says WorkerReady at start and Heartbeat every period, and exits on
 Shutdown, or when its host is gone: the parent pid changed (the host was killed
@@ -20,7 +22,6 @@ import collections
 import contextlib
 import logging
 import os
-import queue
 import signal
 import sys
 import threading
@@ -68,16 +69,22 @@ logger = logging.getLogger("zeroclaw.worker")
 
 HOST_SILENCE_BEATS = 5
 _HWM = 10_000
+_FRAMES_PER_SEND = 256  # envelopes sent as the parts of one zmq message
 _STOP_ACTORS_SECS = 2.0
 
 
 class Outbox:
-    """Messages from any thread to the IO thread: a queue plus an eventfd wake-up."""
+    """Messages from any thread to the IO thread: a list plus an eventfd wake-up.
+
+    The eventfd is written once per batch (until the IO thread takes it), not
+    once per message: a turn's burst of events costs one wake-up.
+    """
 
     def __init__(self) -> None:
-        self._frames: queue.SimpleQueue[bytes] = queue.SimpleQueue()
+        self._frames: list[bytes] = []
         self._lock = threading.Lock()
         self._closed = False
+        self._signalled = False
         self.fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
 
     def put(self, message: WorkerMessage) -> None:
@@ -90,19 +97,20 @@ class Outbox:
         with self._lock:
             if self._closed:
                 return
-            self._frames.put(frame)
-            os.eventfd_write(self.fd, 1)
+            self._frames.append(frame)
+            if not self._signalled:
+                self._signalled = True
+                os.eventfd_write(self.fd, 1)
 
     def take_all(self) -> list[bytes]:
         """Everything queued so far, oldest first (IO thread)."""
-        with contextlib.suppress(BlockingIOError):
-            os.eventfd_read(self.fd)
-        frames = []
-        while True:
-            try:
-                frames.append(self._frames.get_nowait())
-            except queue.Empty:
-                return frames
+        with self._lock:
+            frames, self._frames = self._frames, []
+            if self._signalled:
+                self._signalled = False
+                with contextlib.suppress(BlockingIOError):
+                    os.eventfd_read(self.fd)
+        return frames
 
     def close(self) -> None:
         with self._lock:
@@ -184,12 +192,17 @@ class WorkerProcess:
             self._exit_code = 3
 
     def _flush(self) -> None:
-        while self._backlog:
+        """Send the backlog, up to :data:`_FRAMES_PER_SEND` envelopes per zmq message."""
+        backlog = self._backlog
+        while backlog:
+            count = min(len(backlog), _FRAMES_PER_SEND)
+            frames = [backlog[i] for i in range(count)]
             try:
-                self._dealer.send(self._backlog[0], zmq.NOBLOCK)
+                self._dealer.send_multipart(frames, zmq.NOBLOCK)
             except zmq.Again:
                 return  # back-pressure: poll for POLLOUT and try again
-            self._backlog.popleft()
+            for _ in range(count):
+                backlog.popleft()
 
     def _receive_all(self) -> None:
         while True:

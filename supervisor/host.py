@@ -14,11 +14,10 @@ import contextlib
 import logging
 import os
 import time
-from pathlib import Path
 from typing import Any
 
-from actors.bridge import call, loop_reply
-from actors.persistence import PersistenceActor
+from actors.bridge import call, loop_reply, tell
+from actors.persistence import PersistenceActor, PersistRequest
 from ipc.errors import InternalError, SessionNotFound
 from ipc.events import SessionInfo, TurnRecord, event_from_wire
 from ipc.worker_wire import (
@@ -67,7 +66,6 @@ class Host:
         self.store = await asyncio.to_thread(open_store, settings.store_path)
         self.reader = self.store.reader
         self.persistence = PersistenceActor.start(self.store)
-        self._writer = self.persistence.proxy()
         limits = Limits(settings.max_sessions, settings.session_timeout_secs,
                         settings.sessions_per_worker)
         self.supervisor = SupervisorActor.start(limits)
@@ -109,11 +107,16 @@ class Host:
     async def supervise(self, method: str, *args: Any) -> Any:
         return await call(self.supervisor, method, *args)
 
-    async def persist(self, method: str, *args: Any) -> Any:
+    def inform(self, method: str, *args: Any) -> None:
+        """Tell the supervisor something without waiting (a failure is logged there)."""
+        tell(self.supervisor, method, *args)
+
+    def persist(self, method: str, *args: Any) -> asyncio.Future[Any]:
+        """Run a PersistenceActor write; the future settles once it is committed."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        getattr(self._writer, method)(*args, reply=loop_reply(loop, future))
-        return await future
+        self.persistence.tell(PersistRequest(method, args, loop_reply(loop, future)))
+        return future
 
     # --- workers ------------------------------------------------------------------------
 
@@ -252,12 +255,13 @@ class Host:
         return SessionInfo(title=title, updated_at=stamp)
 
 
-def canonical_dir(path: str, base: Path | None = None) -> Path | None:
-    """``path`` resolved (symlinks, ``..``) when it is a usable directory, else None."""
-    candidate = Path(path)
-    if not candidate.is_absolute():
-        candidate = (base or Path.cwd()) / candidate
-    resolved = Path(os.path.realpath(candidate))
-    if not resolved.is_dir() or not os.access(resolved, os.R_OK | os.X_OK):
+def canonical_dir(path: str, base: str | None = None) -> str | None:
+    """``path`` resolved (symlinks, ``..``) when it is a usable directory, else None.
+
+    Plain ``os.path`` strings: this is on the way of every ``session/new``.
+    """
+    candidate = path if os.path.isabs(path) else os.path.join(base or os.getcwd(), path)
+    resolved = os.path.realpath(candidate)
+    if not os.path.isdir(resolved) or not os.access(resolved, os.R_OK | os.X_OK):
         return None
     return resolved

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import secrets
@@ -34,6 +35,8 @@ __all__ = ["Sessions", "TurnOutcome"]
 log = logging.getLogger("zeroclaw.sessions")
 
 INSTALL_ROOT = Path(__file__).resolve().parent.parent
+_INSTALL_ROOT_TEXT = str(INSTALL_ROOT)
+_TURN_IDS = itertools.count(1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,17 +70,18 @@ class Sessions:
             raise InvalidParams(f"agent {alias} is disabled")
         return agent
 
-    def resolve_cwd(self, cwd: str | None, agent: AgentConfig) -> Path:
+    def resolve_cwd(self, cwd: str | None, agent: AgentConfig) -> str:
+        """The session's canonical working directory (the agent's workspace by default)."""
         workspace = agent.workspace
         if cwd is None or cwd.strip() in ("", "."):
             workspace.mkdir(parents=True, exist_ok=True)
-            return Path(os.path.realpath(workspace))
+            return os.path.realpath(workspace)
         resolved = canonical_dir(cwd)
         if resolved is None:
             raise InvalidParams(f"cwd is not a usable directory: {cwd}")
-        if resolved == INSTALL_ROOT:
+        if resolved == _INSTALL_ROOT_TEXT:
             workspace.mkdir(parents=True, exist_ok=True)
-            return Path(os.path.realpath(workspace))
+            return os.path.realpath(workspace)
         return resolved
 
     async def new(self, peer: Peer, request: NewSessionRequest) -> Route:
@@ -89,7 +93,7 @@ class Sessions:
                      len(request.mcp_servers))
         now = time.time()
         info = StoredSession(
-            id=sid, agent_alias=agent.alias, workspace_dir=str(cwd), cwd=str(cwd),
+            id=sid, agent_alias=agent.alias, workspace_dir=cwd, cwd=cwd,
             mode=self.settings.autonomy_level, created_at=now, last_activity=now,
             mcp_servers=list(request.mcp_servers),
         )
@@ -158,7 +162,8 @@ class Sessions:
         host = self.host
         route = await self.live_route(request.session_id, peer)
         await host.supervise("begin_turn", route.sid)
-        turn = RunningTurn(secrets.token_hex(8), peer, asyncio.get_running_loop().create_future())
+        turn_id = f"t{next(_TURN_IDS)}"  # unique per host process; no syscall
+        turn = RunningTurn(turn_id, peer, asyncio.get_running_loop().create_future())
         route.turn = turn
         completed = False
         try:
@@ -171,7 +176,7 @@ class Sessions:
             if route.turn is turn:
                 route.turn = None
             turn.finished.set()
-            host.spawn(host.supervise("end_turn", route.sid, completed))
+            host.inform("end_turn", route.sid, completed)
         if turns == 1:
             peer.send_event(route.sid, host.session_info_event(_title(record)))
         return TurnOutcome(route.sid, record.stop_reason, record.content)
@@ -269,7 +274,7 @@ class Sessions:
     async def client_event(self, sid: str, kind: str, payload: dict[str, Any]) -> None:
         if sid not in self.host.routes and self.host.reader.get_session(sid) is None:
             raise SessionNotFound(f"Session not found: {sid}")
-        self.host.spawn(self.host.supervise("touch", sid))
+        self.host.inform("touch", sid)
         await self.host.persist("record_event", sid, kind, payload)
 
 

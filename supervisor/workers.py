@@ -3,7 +3,9 @@
 Everything here runs on the host's asyncio loop thread. The pool binds one zmq
 ROUTER (``ipc://`` under ``run_dir``, unique per host process) and reads it with
 ``loop.add_reader`` on the socket's (edge-triggered) FD; sends never block
-(``zmq.Again`` is back-pressure: :meth:`WorkerPool.send` returns False).
+(``zmq.Again`` is back-pressure: :meth:`WorkerPool.send` returns False). A
+message from a worker is its identity followed by one or more envelopes
+(a worker sends what it has queued in one message).
 
 Workers are started with ``subprocess.Popen`` in the loop's executor (a start
 costs 70-100 ms before the worker says WorkerReady; it never sits on a
@@ -414,16 +416,19 @@ class WorkerPool:
         sock = self._sock
         if sock is None:
             return
-        for _ in range(_DRAIN_BATCH):
+        budget = _DRAIN_BATCH  # envelopes, not zmq messages (one may carry many)
+        while budget > 0:
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
+            budget -= max(1, len(frames) - 1)
             self._on_frames(frames)
         self._schedule_drain_if_pending()
 
     def _on_frames(self, frames: list[bytes]) -> None:
-        if len(frames) != 2:
+        """One zmq message: the worker's identity, then one or more envelopes."""
+        if len(frames) < 2:
             log.warning("dropped a malformed message (%d frames)", len(frames))
             return
         worker_id = frames[0].decode("utf-8", errors="replace")
@@ -431,8 +436,14 @@ class WorkerPool:
         if worker is None or not worker.alive:
             log.debug("dropped a message from unknown or dead worker %r", worker_id)
             return
+        for frame in frames[1:]:
+            if not worker.alive:
+                return
+            self._on_envelope(worker, worker_id, frame)
+
+    def _on_envelope(self, worker: _Worker, worker_id: str, frame: bytes) -> None:
         try:
-            message = decode(frames[1])
+            message = decode(frame)
         except WireError as exc:
             log.warning("worker %s: dropped a malformed frame: %s", worker_id, exc)
             return

@@ -54,6 +54,11 @@ class TurnContext(Protocol):
         """The session's earlier turns, oldest first (not the current one)."""
         ...
 
+    @property
+    def history_tokens(self) -> int:
+        """:func:`history_tokens` of :attr:`history`, kept up to date (no rescan per turn)."""
+        ...
+
     def emit(self, event: Event) -> None:
         """Stream one event to the client (and into the turn's record)."""
         ...

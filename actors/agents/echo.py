@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 
 import orjson
 
-from actors.agents.base import Agent, AgentFailure, TurnContext, estimate_tokens, history_tokens
+from actors.agents.base import Agent, AgentFailure, TurnContext, estimate_tokens
 from ipc.events import MessageChunk, PlanEntry, PlanUpdate, ThoughtChunk, UsageUpdate
 
 __all__ = ["CONTEXT_WINDOW", "EchoAgent"]
@@ -42,7 +42,7 @@ class EchoAgent(Agent):
             if ctx.cancelled.is_set():
                 break
             turn.handle_line(line.removesuffix("\r"))
-        used = history_tokens(ctx.history) + estimate_tokens(prompt) + turn.tokens()
+        used = ctx.history_tokens + estimate_tokens(prompt) + turn.tokens()
         ctx.emit(UsageUpdate(used=used, size=CONTEXT_WINDOW))
 
 

@@ -270,6 +270,10 @@ async def test_all_sessions_busy_means_limit_reached(
             await host.client.wait_text(s, "now")
         exc = await expect_error(host.conn.new_session(cwd=str(workspace)), -32001)
         assert "Maximum session limit reached (2)" in str(exc)
+        listed = await host.conn.list_sessions()
+        assert {s.session_id for s in listed.sessions} == {*sids, spare}, (
+            "the refused session's row was not removed"
+        )
         await expect_error(host.conn.resume_session(session_id=spare, cwd=str(workspace)),
                            -32001)
         for s in sids:

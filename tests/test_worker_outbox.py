@@ -1,0 +1,58 @@
+"""The worker's Outbox: messages from actor threads to the IO thread."""
+
+from __future__ import annotations
+
+import os
+import select
+import threading
+
+from actors.worker import Outbox
+from ipc.worker_wire import SessionClosed, decode
+
+
+def test_a_burst_wakes_the_io_thread_once_and_keeps_order() -> None:
+    outbox = Outbox()
+    try:
+        for n in range(5):
+            outbox.put(SessionClosed(sid=f"s{n}"))
+        assert select.select([outbox.fd], [], [], 0)[0] == [outbox.fd]
+        assert os.eventfd_read(outbox.fd) == 1  # one signal for the whole burst
+        os.eventfd_write(outbox.fd, 1)  # put it back for take_all
+        frames = outbox.take_all()
+        assert [decode(f) for f in frames] == [SessionClosed(sid=f"s{n}") for n in range(5)]
+        assert select.select([outbox.fd], [], [], 0)[0] == []  # nothing left to wake for
+        outbox.put(SessionClosed(sid="later"))
+        assert select.select([outbox.fd], [], [], 0)[0] == [outbox.fd]  # signalled again
+        assert [decode(f) for f in outbox.take_all()] == [SessionClosed(sid="later")]
+    finally:
+        outbox.close()
+
+
+def test_puts_from_many_threads_all_arrive() -> None:
+    outbox = Outbox()
+    try:
+        def produce(k: int) -> None:
+            for n in range(200):
+                outbox.put(SessionClosed(sid=f"{k}-{n}"))
+
+        threads = [threading.Thread(target=produce, args=(k,)) for k in range(4)]
+        for thread in threads:
+            thread.start()
+        received: list[str] = []
+        while len(received) < 800:
+            assert select.select([outbox.fd], [], [], 10)[0], "lost a wake-up"
+            received += [decode(f).sid for f in outbox.take_all()]  # type: ignore[union-attr]
+        for thread in threads:
+            thread.join(10)
+        assert sorted(received) == sorted(f"{k}-{n}" for k in range(4) for n in range(200))
+        for k in range(4):  # each thread's messages stay in order
+            mine = [s for s in received if s.startswith(f"{k}-")]
+            assert mine == [f"{k}-{n}" for n in range(200)]
+    finally:
+        outbox.close()
+
+
+def test_put_after_close_is_dropped() -> None:
+    outbox = Outbox()
+    outbox.close()
+    outbox.put(SessionClosed(sid="late"))  # must not raise
