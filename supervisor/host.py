@@ -21,7 +21,6 @@ from actors.persistence import PersistenceActor, PersistRequest
 from ipc.errors import InternalError, SessionNotFound
 from ipc.events import SessionInfo, TurnRecord, event_from_wire
 from ipc.worker_wire import (
-    CancelTurn,
     CloseSession,
     OpenFailed,
     PermissionAsk,
@@ -35,8 +34,10 @@ from ipc.worker_wire import (
 )
 from storage.store import Store, open_store
 from supervisor.config import Settings
+from supervisor.orphans import become_subreaper, end_orphans
 from supervisor.routes import Route, RunningTurn
 from supervisor.supervisor import Eviction, Limits, SupervisorActor
+from supervisor.turns import TurnBook
 from supervisor.workers import WorkerPool
 
 __all__ = ["Host"]
@@ -44,6 +45,7 @@ __all__ = ["Host"]
 log = logging.getLogger("zeroclaw.host")
 
 WORKER_READY_TIMEOUT = 30.0
+ORPHAN_SWEEP_SECS = 2.0
 
 
 class Host:
@@ -57,7 +59,9 @@ class Host:
         self.pool: WorkerPool
         self._tasks: set[asyncio.Task[Any]] = set()
         self._sweeper: asyncio.Task[None] | None = None
+        self._orphan_sweeper: asyncio.Task[None] | None = None
         self._closing: dict[str, asyncio.Future[None]] = {}
+        self.turns = TurnBook(self)
 
     # --- lifecycle ----------------------------------------------------------------
 
@@ -75,19 +79,19 @@ class Host:
             on_worker_exit=self._on_worker_exit,
             max_workers=settings.workers_max,
         )
+        become_subreaper()
         await self.pool.start()
         self.pool.scale_to(2)
         self._sweeper = asyncio.create_task(self._sweep_idle())
+        self._orphan_sweeper = asyncio.create_task(self._sweep_orphans())
 
     async def stop(self) -> None:
         """Cancel running turns, let them persist, then stop workers and actors."""
-        for route in list(self.routes.values()):
-            self.cancel_turn(route)
-        pending = [r.turn.finished.wait() for r in self.routes.values() if r.turn]
-        if pending:
-            await asyncio.wait_for(asyncio.gather(*pending), timeout=10)
-        if self._sweeper:
-            self._sweeper.cancel()
+        self.turns.cancel_all()
+        await self.turns.wait_all(timeout=10)
+        for sweeper in (self._sweeper, self._orphan_sweeper):
+            if sweeper is not None:
+                sweeper.cancel()
         await self.pool.close()
         await asyncio.to_thread(self._stop_actors)
 
@@ -135,12 +139,10 @@ class Host:
 
     def apply_evictions(self, evictions: list[Eviction] | tuple[Eviction, ...]) -> None:
         for eviction in evictions:
-            route = self.routes.pop(eviction.sid, None)
+            self.routes.pop(eviction.sid, None)
             if eviction.worker_id:
                 self.pool.send(eviction.worker_id, CloseSession(eviction.sid))
             log.info("evicted idle session %s", eviction.sid)
-            if route and route.turn:  # cannot happen (busy sessions are never evicted)
-                route.turn.result.set_exception(InternalError("session evicted"))
 
     async def _sweep_idle(self) -> None:
         period = max(0.5, min(self.settings.session_timeout_secs / 4, 30.0))
@@ -151,15 +153,22 @@ class Host:
             except Exception:
                 log.exception("idle sweep failed")
 
+    async def _sweep_orphans(self) -> None:
+        while True:
+            await asyncio.sleep(ORPHAN_SWEEP_SECS)
+            end_orphans()
+
     def _on_worker_exit(self, worker_id: str) -> None:
+        end_orphans()
         self.spawn(self._fail_worker_sessions(worker_id))
 
     async def _fail_worker_sessions(self, worker_id: str) -> None:
         sids = await self.supervise("worker_exited", worker_id)
         for sid in sids:
             route = self.routes.pop(sid, None)
-            if route and route.turn and not route.turn.result.done():
-                route.turn.result.set_exception(InternalError("session worker exited"))
+            turn = self.turns.get(sid)
+            if turn is not None and turn.route is route and turn.started:
+                self.turns.settle(turn, error=InternalError("session worker exited"))
             waiter = self._closing.pop(sid, None)
             if waiter and not waiter.done():
                 waiter.set_result(None)
@@ -172,17 +181,17 @@ class Host:
     def _on_worker_message(self, worker_id: str, message: WorkerMessage) -> None:
         match message:
             case TurnEvent(sid=sid, turn_id=turn_id, event=wire):
-                turn = self._turn(sid, turn_id)
+                turn = self.turns.get(sid, turn_id)
                 if turn is not None:
                     turn.peer.send_event(sid, event_from_wire(wire))
             case TurnEnded(sid=sid, turn_id=turn_id, record=wire):
-                turn = self._turn(sid, turn_id)
-                if turn is not None and not turn.result.done():
-                    turn.result.set_result(TurnRecord.from_wire(wire))
+                turn = self.turns.get(sid, turn_id)
+                if turn is not None:
+                    self.spawn(self.turns.complete(turn, TurnRecord.from_wire(wire)))
             case TurnFailed(sid=sid, turn_id=turn_id, message=text):
-                turn = self._turn(sid, turn_id)
-                if turn is not None and not turn.result.done():
-                    turn.result.set_exception(InternalError(text))
+                turn = self.turns.get(sid, turn_id)
+                if turn is not None:
+                    self.turns.settle(turn, error=InternalError(text))
             case PermissionAsk():
                 self._ask_permission(worker_id, message)
             case SessionClosed(sid=sid):
@@ -195,15 +204,9 @@ class Host:
             case SessionOpened():
                 pass
 
-    def _turn(self, sid: str, turn_id: str) -> RunningTurn | None:
-        route = self.routes.get(sid)
-        if route is None or route.turn is None or route.turn.turn_id != turn_id:
-            return None
-        return route.turn
-
     def _ask_permission(self, worker_id: str, ask: PermissionAsk) -> None:
-        turn = self._turn(ask.sid, ask.turn_id)
-        if turn is None:
+        turn = self.turns.get(ask.sid, ask.turn_id)
+        if turn is None or turn.cancel_requested:
             self.pool.send(worker_id, PermissionReply(ask.sid, ask.request_id, None))
             return
         task = self.spawn(self._relay_permission(worker_id, turn, ask))
@@ -223,21 +226,13 @@ class Host:
 
     async def _drop_broken(self, sid: str, text: str) -> None:
         route = self.routes.pop(sid, None)
-        if route and route.turn and not route.turn.result.done():
-            route.turn.result.set_exception(InternalError(f"session could not start: {text}"))
+        turn = self.turns.get(sid)
+        if route is not None and turn is not None and turn.route is route:
+            self.turns.settle(turn, error=InternalError(f"session could not start: {text}"))
         with contextlib.suppress(SessionNotFound):
             await self.supervise("release", sid)
 
     # --- helpers for session operations --------------------------------------------------
-
-    def cancel_turn(self, route: Route) -> bool:
-        """Ask the worker to stop the running turn and withdraw its permission requests."""
-        if route.turn is None:
-            return False
-        self.pool.send(route.worker_id, CancelTurn(route.sid))
-        for task in list(route.turn.permission_tasks):
-            task.cancel()
-        return True
 
     async def close_on_worker(self, route: Route) -> None:
         """Drop the session's actor and wait (bounded) for the worker to confirm."""

@@ -30,15 +30,6 @@ class Peer(Protocol):
 
 
 @dataclass(slots=True)
-class RunningTurn:
-    turn_id: str
-    peer: Peer
-    result: asyncio.Future[TurnRecord]
-    finished: asyncio.Event = field(default_factory=asyncio.Event)
-    permission_tasks: set[asyncio.Task[Any]] = field(default_factory=set)
-
-
-@dataclass(slots=True)
 class Route:
     sid: str
     worker_id: str
@@ -47,4 +38,25 @@ class Route:
     workspace_dir: str
     cwd: str
     mode: str
-    turn: RunningTurn | None = None
+
+
+@dataclass(slots=True)
+class RunningTurn:
+    """One prompt from the moment it arrives until its outcome is settled.
+
+    Registered before the first ``await`` of ``session/prompt``, so a cancel or a
+    close that arrives right behind the prompt always finds it. ``result`` settles
+    with ``(record, completed_turns)`` once the record is committed, or with the
+    error the prompt answers.
+    """
+
+    sid: str
+    turn_id: str
+    peer: Peer
+    result: asyncio.Future[tuple[TurnRecord, int]]
+    route: Route | None = None
+    admitted: bool = False  # the supervisor marked the session busy
+    started: bool = False  # StartTurn went to the worker
+    cancel_requested: bool = False
+    finished: asyncio.Event = field(default_factory=asyncio.Event)
+    permission_tasks: set[asyncio.Task[Any]] = field(default_factory=set)

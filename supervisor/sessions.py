@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import os
 import secrets
@@ -22,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ipc.acp import Blob, NewSessionRequest, PromptRequest, blob_marker
-from ipc.errors import InternalError, InvalidParams, SessionNotFound
+from ipc.errors import InternalError, InvalidParams, RpcError, SessionNotFound
 from ipc.events import CurrentMode, TurnRecord, item_to_wire
 from ipc.worker_wire import OpenSession, SetMode, StartTurn
 from storage.models import SessionInfo as StoredSession
@@ -36,7 +35,7 @@ log = logging.getLogger("zeroclaw.sessions")
 
 INSTALL_ROOT = Path(__file__).resolve().parent.parent
 _INSTALL_ROOT_TEXT = str(INSTALL_ROOT)
-_TURN_IDS = itertools.count(1)
+_ADMIT_ATTEMPTS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,35 +158,67 @@ class Sessions:
         return await self._open(peer, info, history=True)
 
     async def prompt(self, peer: Peer, request: PromptRequest) -> TurnOutcome:
-        host = self.host
-        route = await self.live_route(request.session_id, peer)
-        await host.supervise("begin_turn", route.sid)
-        turn_id = f"t{next(_TURN_IDS)}"  # unique per host process; no syscall
-        turn = RunningTurn(turn_id, peer, asyncio.get_running_loop().create_future())
-        route.turn = turn
-        completed = False
-        try:
-            text = await self._materialise(route, request)
-            host.pool.send(route.worker_id, StartTurn(route.sid, turn.turn_id, text))
-            record = await turn.result
-            turns = await self._persist_turn(record)
-            completed = True
-        finally:
-            if route.turn is turn:
-                route.turn = None
-            turn.finished.set()
-            host.inform("end_turn", route.sid, completed)
-        if turns == 1:
-            peer.send_event(route.sid, host.session_info_event(_title(record)))
-        return TurnOutcome(route.sid, record.stop_reason, record.content)
+        """Run one turn; its record is committed before this returns.
 
-    async def _persist_turn(self, record: TurnRecord) -> int:
+        The turn is registered before the first ``await``, so a cancel or close
+        right behind the prompt finds it. If this request is cancelled (its client
+        went away), the turn is cancelled too and still persisted by the host.
+        """
+        turns = self.host.turns
+        turn = turns.begin(request.session_id, peer)
         try:
-            turns: int = await self.host.persist("write_turn", record)
+            await self._start(turn, request)
+            record, count = await asyncio.shield(turn.result)
+        except asyncio.CancelledError:
+            if turn.started:
+                turns.cancel(turn.sid)  # the worker ends it; the host persists it
+            else:
+                turns.settle(turn, error=InternalError("prompt withdrawn"))
+            raise
         except Exception as exc:
-            log.error("turn of %s not persisted: %s", record.session_id, exc)
-            raise InternalError(str(exc)) from None
-        return turns
+            log.debug("turn of %s failed: %r", turn.sid, exc)
+            turns.settle(turn, error=exc if isinstance(exc, RpcError) else InternalError())
+            raise
+        if count == 1:
+            peer.send_event(turn.sid, self.host.session_info_event(_title(record)))
+        return TurnOutcome(turn.sid, record.stop_reason, record.content)
+
+    async def _start(self, turn: RunningTurn, request: PromptRequest) -> None:
+        """Restore if needed, mark busy, store attachments, then hand the turn to the worker."""
+        host = self.host
+        route = await self._admit_turn(turn)
+        text = await self._materialise(route, request)
+        if turn.cancel_requested:
+            host.spawn(host.turns.complete_unstarted(turn, text))
+            return
+        if not host.pool.send(route.worker_id, StartTurn(turn.sid, turn.turn_id, text)):
+            raise InternalError("session worker exited")
+        turn.started = True
+
+    async def _admit_turn(self, turn: RunningTurn) -> Route:
+        """The live route, marked busy by the supervisor (restoring an evicted session).
+
+        A session evicted by a concurrent ``session/new`` between the two steps is
+        restored and tried again, so eviction stays transparent.
+        """
+        for _ in range(_ADMIT_ATTEMPTS):
+            route = await self.live_route(turn.sid, turn.peer)
+            try:
+                await self.host.supervise("begin_turn", turn.sid)
+            except SessionNotFound:
+                await self._until_forgotten(route)
+                continue
+            turn.route, turn.admitted = route, True
+            return route
+        raise SessionNotFound(f"Session not found: {turn.sid}")
+
+    async def _until_forgotten(self, route: Route) -> None:
+        """Let the loop drop a route the supervisor already evicted (a few iterations)."""
+        for _ in range(100):
+            if self.host.routes.get(route.sid) is not route:
+                return
+            await asyncio.sleep(0)
+        self.host.routes.pop(route.sid, None)
 
     async def _materialise(self, route: Route, request: PromptRequest) -> str:
         if not request.blobs:
@@ -203,26 +234,23 @@ class Sessions:
     # --- cancel, close, stop -------------------------------------------------------------
 
     def cancel(self, sid: str) -> None:
-        route = self.host.routes.get(sid)
-        if route is not None:
-            self.host.cancel_turn(route)
+        self.host.turns.cancel(sid)
 
     def cancel_peer_turns(self, peer: Peer) -> None:
         """Cancel every running turn that ``peer`` started (it went away)."""
-        for route in list(self.host.routes.values()):
-            if route.turn is not None and route.turn.peer is peer:
-                self.host.cancel_turn(route)
+        self.host.turns.cancel_all(peer)
 
     async def close(self, sid: str, *, wait_for_turn: bool = False) -> None:
+        """Cancel (or, for ``session/stop``, await) the running turn, then drop the session."""
+        turn = self.host.turns.running.get(sid)
+        if turn is not None:
+            if not wait_for_turn:
+                self.host.turns.cancel(sid)
+            await turn.finished.wait()
         route = self.host.routes.get(sid)
         if route is None:
             raise SessionNotFound(f"Session not found: {sid}")
-        if route.turn is not None:
-            if not wait_for_turn:
-                self.host.cancel_turn(route)
-            await route.turn.finished.wait()
-        if self.host.routes.get(sid) is route:
-            await self._forget(route)
+        await self._forget(route)
         await self.host.persist("mark_closed", sid, time.time())
 
     # --- load, resume -------------------------------------------------------------------

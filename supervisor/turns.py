@@ -1,0 +1,132 @@
+"""The running turns of one host, keyed by session id.
+
+Runs on the asyncio loop thread. The host, not the request that started a turn,
+owns its ending: a turn that ends is persisted and settled here even when the
+client that asked for it is gone, so a completed or cancelled turn is never lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from ipc.errors import InternalError, RpcError, SessionBusy
+from ipc.events import TextItem, TurnRecord
+from ipc.worker_wire import CancelTurn
+from supervisor.routes import Peer, RunningTurn
+
+if TYPE_CHECKING:
+    from supervisor.host import Host
+
+__all__ = ["CANCEL_MARKER", "TurnBook"]
+
+log = logging.getLogger("zeroclaw.turns")
+
+CANCEL_MARKER = "[turn cancelled via client]"
+_TURN_IDS = itertools.count(1)
+
+
+class TurnBook:
+    """Registry and lifecycle of running turns (one per session at most)."""
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+        self.running: dict[str, RunningTurn] = {}
+
+    def begin(self, sid: str, peer: Peer) -> RunningTurn:
+        """Register a new turn now (no await); -32002 when one is already running."""
+        if sid in self.running:
+            raise SessionBusy(f"Session busy: a turn is already running in {sid}")
+        future: asyncio.Future[tuple[TurnRecord, int]] = asyncio.get_running_loop().create_future()
+        future.add_done_callback(_retrieve)  # its client may be gone: never "unretrieved"
+        turn = RunningTurn(sid, f"t{next(_TURN_IDS)}", peer, future)
+        self.running[sid] = turn
+        return turn
+
+    def get(self, sid: str, turn_id: str | None = None) -> RunningTurn | None:
+        turn = self.running.get(sid)
+        if turn is None or (turn_id is not None and turn.turn_id != turn_id):
+            return None
+        return turn
+
+    def cancel(self, sid: str) -> bool:
+        """Stop the turn of ``sid`` (also one not yet started); withdraw its permission asks."""
+        turn = self.running.get(sid)
+        if turn is None:
+            return False
+        turn.cancel_requested = True
+        if turn.started and turn.route is not None:
+            self.host.pool.send(turn.route.worker_id, CancelTurn(sid))
+        for task in list(turn.permission_tasks):
+            task.cancel()
+        return True
+
+    def cancel_all(self, peer: Peer | None = None) -> None:
+        for sid, turn in list(self.running.items()):
+            if peer is None or turn.peer is peer:
+                self.cancel(sid)
+
+    async def wait_all(self, timeout: float) -> bool:
+        """Wait (bounded) for every running turn to settle; False on timeout."""
+        waits = [turn.finished.wait() for turn in self.running.values()]
+        if not waits:
+            return True
+        try:
+            await asyncio.wait_for(asyncio.gather(*waits), timeout)
+        except TimeoutError:
+            log.warning("%d turn(s) did not end in %.0f s", len(self.running), timeout)
+            return False
+        return True
+
+    # --- endings ------------------------------------------------------------------
+
+    async def complete(self, turn: RunningTurn, record: TurnRecord) -> None:
+        """Commit the turn's record, then settle it (also when its client is gone)."""
+        try:
+            turns: int = await self.host.persist("write_turn", record)
+        except Exception as exc:
+            log.error("turn of %s not persisted: %s", turn.sid, exc)
+            self.settle(turn, error=InternalError(str(exc)))
+            return
+        self.settle(turn, value=(record, turns))
+
+    async def complete_unstarted(self, turn: RunningTurn, prompt: str) -> None:
+        """A turn cancelled before it reached the worker: kept as a cancelled turn."""
+        now = time.time()
+        record = TurnRecord(
+            session_id=turn.sid,
+            items=(TextItem("user", prompt), TextItem("assistant", CANCEL_MARKER)),
+            stop_reason="cancelled", content=CANCEL_MARKER, started_at=now, finished_at=now,
+        )
+        await self.complete(turn, record)
+
+    def settle(
+        self,
+        turn: RunningTurn,
+        *,
+        value: tuple[TurnRecord, int] | None = None,
+        error: RpcError | None = None,
+    ) -> None:
+        """End the turn exactly once: free the session, then answer the prompt."""
+        if turn.finished.is_set():
+            return
+        if self.running.get(turn.sid) is turn:
+            del self.running[turn.sid]
+        if turn.admitted:
+            self.host.inform("end_turn", turn.sid, value is not None)
+        for task in list(turn.permission_tasks):
+            task.cancel()
+        if not turn.result.done():
+            if value is not None:
+                turn.result.set_result(value)
+            else:
+                turn.result.set_exception(error or InternalError("turn ended without a result"))
+        turn.finished.set()
+
+
+def _retrieve(future: asyncio.Future[tuple[TurnRecord, int]]) -> None:
+    if not future.cancelled():
+        future.exception()
