@@ -38,7 +38,9 @@ class _LazyModule:
     def __getattr__(self, attr: str) -> Any:
         import importlib
 
-        return getattr(importlib.import_module(self._name), attr)
+        module = importlib.import_module(self._name)
+        self.__dict__.update(vars(module))  # later lookups never come back here
+        return getattr(module, attr)
 
 
 if not TYPE_CHECKING:

@@ -256,7 +256,9 @@ def canonical_dir(path: str, base: str | None = None) -> str | None:
     Plain ``os.path`` strings: this is on the way of every ``session/new``.
     """
     candidate = path if os.path.isabs(path) else os.path.join(base or os.getcwd(), path)
-    resolved = os.path.realpath(candidate)
-    if not os.path.isdir(resolved) or not os.access(resolved, os.R_OK | os.X_OK):
+    try:
+        resolved = os.path.realpath(candidate)
+        usable = os.path.isdir(resolved) and os.access(resolved, os.R_OK | os.X_OK)
+    except (ValueError, OSError):  # an embedded NUL, a name too long
         return None
-    return resolved
+    return resolved if usable else None

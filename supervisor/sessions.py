@@ -75,9 +75,11 @@ class Sessions:
         if cwd is None or cwd.strip() in ("", "."):
             workspace.mkdir(parents=True, exist_ok=True)
             return os.path.realpath(workspace)
+        if not os.path.isabs(cwd):
+            raise InvalidParams(f"cwd must be an absolute path: {cwd[:200]}")
         resolved = canonical_dir(cwd)
         if resolved is None:
-            raise InvalidParams(f"cwd is not a usable directory: {cwd}")
+            raise InvalidParams(f"cwd is not a usable directory: {cwd[:200]}")
         if resolved == _INSTALL_ROOT_TEXT:
             workspace.mkdir(parents=True, exist_ok=True)
             return os.path.realpath(workspace)
@@ -124,7 +126,7 @@ class Sessions:
         if agent is None:
             await host.supervise("release", info.id)
             raise InvalidParams(f"agent {info.agent_alias} is no longer configured")
-        items = host.reader.load_items(info.id) if history else []
+        items = await asyncio.to_thread(host.reader.load_items, info.id) if history else []
         host.pool.send(worker_id, OpenSession(
             sid=info.id, agent=agent.to_wire(), workspace_dir=str(agent.workspace),
             cwd=info.cwd, mode=info.mode, forbidden_paths=list(self.settings.forbidden_paths),
@@ -266,7 +268,8 @@ class Sessions:
         if replay:
             from ipc.acp import replay_events
 
-            for event in replay_events(self.host.reader.load_items(sid)):
+            items = await asyncio.to_thread(self.host.reader.load_items, sid)
+            for event in replay_events(items):
                 peer.send_event(sid, event)
         return route
 

@@ -220,3 +220,11 @@ def test_stdout_is_only_frames_and_logs_go_to_stderr(
     assert raw.unparsable == []
     assert all(json.loads(line)["jsonrpc"] == "2.0" for line in raw.stdout_lines)
     assert raw.stderr_path.read_text(errors="replace").strip(), "no logs on stderr at debug level"
+
+
+@pytest.mark.parametrize("cwd", ["relative/dir", "..", "/tmp/with\u0000nul", "/no/such/dir/here"])
+def test_unusable_cwd_is_invalid_params(ready: RawHost, workspace: Path, cwd: str) -> None:
+    response = ready.request("session/new", {"cwd": cwd})
+    assert response["error"]["code"] == -32602
+    assert "cwd" in response["error"]["message"]
+    ready.assert_alive(workspace)
