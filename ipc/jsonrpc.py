@@ -177,11 +177,7 @@ class Endpoint:
         self._input_closed = True
         self._fail_pending()
         callbacks, self.on_eof = self.on_eof, []
-        for callback in callbacks:
-            try:
-                callback()
-            except Exception:
-                log.exception("%s: on_eof callback failed", self.name)
+        self._run_callbacks("on_eof", callbacks)
 
     def _dispatch(self, message: Any) -> None:
         if type(message) is not dict:
@@ -399,19 +395,18 @@ class Endpoint:
         self._input_closed = True
         self._fail_pending()
         callbacks, self.on_eof = self.on_eof, []
-        for callback in callbacks:
-            try:
-                callback()
-            except Exception:
-                log.exception("%s: on_eof callback failed", self.name)
+        self._run_callbacks("on_eof", callbacks)
         for task in list(self._tasks):
             task.cancel()
         callbacks, self.on_close = self.on_close, []
+        self._run_callbacks("on_close", callbacks)
+
+    def _run_callbacks(self, kind: str, callbacks: list[Callable[[], None]]) -> None:
         for callback in callbacks:
             try:
                 callback()
             except Exception:
-                log.exception("%s: on_close callback failed", self.name)
+                log.exception("%s: %s callback failed", self.name, kind)
 
     def _fail_pending(self) -> None:
         pending, self._pending = self._pending, {}

@@ -74,11 +74,12 @@ class BenchSizes:
     prompts: int = 500
     concurrent_sessions: int = 8
     concurrent_turns_each: int = 100
+    min_seconds: float = 2.0  # every rate runs at least this long: fast peers get more steps
 
     @classmethod
     def quick(cls) -> BenchSizes:
         return cls(cold_starts=3, initializes=200, session_news=100, prompts=50,
-                   concurrent_sessions=8, concurrent_turns_each=10)
+                   concurrent_sessions=8, concurrent_turns_each=10, min_seconds=0.3)
 
 
 @dataclass
@@ -234,11 +235,17 @@ async def measure_cold_start(
     return 1.0 / statistics.median(durations), sizes.cold_starts
 
 
-async def _timed(count: int, step: Callable[[], Awaitable[object]]) -> float:
+async def _timed(
+    count: int, step: Callable[[], Awaitable[object]], min_seconds: float = 0.0
+) -> tuple[float, int]:
+    """Run ``step`` at least ``count`` times and for at least ``min_seconds``: (rate, steps)."""
     started = time.perf_counter()
-    for _ in range(count):
-        await step()
-    return count / (time.perf_counter() - started)
+    done = 0
+    while done < count or time.perf_counter() - started < min_seconds:
+        for _ in range(count):
+            await step()
+        done += count
+    return done / (time.perf_counter() - started), done
 
 
 async def measure_initialize(
@@ -250,7 +257,7 @@ async def measure_initialize(
             return peer.request("initialize", {"protocolVersion": 1})
 
         await _timed(20, step)
-        return await _timed(sizes.initializes, step), sizes.initializes
+        return await _timed(sizes.initializes, step, sizes.min_seconds)
     finally:
         await peer.close()
 
@@ -264,7 +271,7 @@ async def measure_session_new(
             return _new_session(peer, workdir)
 
         await _timed(5, step)
-        return await _timed(sizes.session_news, step), sizes.session_news
+        return await _timed(sizes.session_news, step, sizes.min_seconds)
     finally:
         await peer.close()
 
@@ -280,7 +287,7 @@ async def measure_prompts(
             return _prompt(peer, session_id)
 
         await _timed(5, step)
-        return await _timed(sizes.prompts, step), sizes.prompts
+        return await _timed(sizes.prompts, step, sizes.min_seconds)
     finally:
         await peer.close()
 
@@ -293,14 +300,18 @@ async def measure_concurrent(
         sessions = [await _new_session(peer, workdir) for _ in range(sizes.concurrent_sessions)]
         await asyncio.gather(*(_prompt(peer, sid) for sid in sessions))  # warm every session
 
-        async def prompt_loop(session_id: str) -> None:
-            for _ in range(sizes.concurrent_turns_each):
-                await _prompt(peer, session_id)
-
-        total = sizes.concurrent_sessions * sizes.concurrent_turns_each
         started = time.perf_counter()
-        await asyncio.gather(*(prompt_loop(sid) for sid in sessions))
-        return total / (time.perf_counter() - started), total
+
+        async def prompt_loop(session_id: str) -> int:
+            done = 0
+            while (done < sizes.concurrent_turns_each
+                   or time.perf_counter() - started < sizes.min_seconds):
+                await _prompt(peer, session_id)
+                done += 1
+            return done
+
+        counts = await asyncio.gather(*(prompt_loop(sid) for sid in sessions))
+        return sum(counts) / (time.perf_counter() - started), sum(counts)
     finally:
         await peer.close()
 
