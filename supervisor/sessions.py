@@ -109,6 +109,9 @@ class Sessions:
     async def _open(self, peer: Peer, info: StoredSession, *, history: bool) -> Route:
         """Admit, place and open a session actor for a stored or new session."""
         host = self.host
+        # Everything that waits comes before the admission, so that an admitted
+        # session always has its route (eviction and restore rely on that).
+        items = await asyncio.to_thread(host.reader.load_items, info.id) if history else []
         ready = await host.ready_workers()
         admission = await host.supervise("admit", info.id, info.agent_alias, info.turn_count,
                                          ready)
@@ -126,7 +129,6 @@ class Sessions:
         if agent is None:
             await host.supervise("release", info.id)
             raise InvalidParams(f"agent {info.agent_alias} is no longer configured")
-        items = await asyncio.to_thread(host.reader.load_items, info.id) if history else []
         host.pool.send(worker_id, OpenSession(
             sid=info.id, agent=agent.to_wire(), workspace_dir=str(agent.workspace),
             cwd=info.cwd, mode=info.mode, forbidden_paths=list(self.settings.forbidden_paths),
