@@ -230,6 +230,7 @@ class ActorTurnContext:
 
     def _execute(self, tool: Tool, call_id: str, args: dict[str, Any]) -> ToolCallOutcome:
         env = ToolEnv(paths=self._session.config.paths, cancelled=self._cancelled)
+        self.emit(ToolCallFinished(call_id, tool.name, "in_progress", None, ""))
         try:
             result = tool.run(args, env)
         except ToolError as exc:

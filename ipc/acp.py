@@ -303,14 +303,18 @@ def _update(event: Event) -> dict[str, Any]:
                 "rawInput": event.raw_input,
             }
         case ToolCallFinished():
-            return {
+            update: dict[str, Any] = {
                 "sessionUpdate": "tool_call_update",
                 "toolCallId": event.tool_call_id,
                 "status": event.status,
-                "rawOutput": event.raw_output,
-                "content": [{"type": "content", "content": {"type": "text", "text": event.text}}],
                 "name": event.name,
             }
+            if event.status != "in_progress":
+                update["rawOutput"] = event.raw_output
+                update["content"] = [
+                    {"type": "content", "content": {"type": "text", "text": event.text}}
+                ]
+            return update
         case PlanUpdate(entries=entries):
             plan = [{"content": e.content, "priority": e.priority, "status": e.status}
                     for e in entries]

@@ -155,8 +155,10 @@ def test_directives_cover_every_update_kind_in_order(
     record = session.run(prompt)
     kinds = [e.KIND for e in session.inbox.events("t1")]
     assert kinds == ["thought", "thought", "plan", "message", "message", "tool_call",
-                     "tool_call_update", "tool_call", "tool_call_update", "message", "message",
-                     "usage"]
+                     "tool_call_update", "tool_call_update", "tool_call", "tool_call_update",
+                     "tool_call_update", "message", "message", "usage"]
+    statuses = [e.status for e in session.inbox.events("t1") if e.KIND == "tool_call_update"]
+    assert statuses == ["in_progress", "completed", "in_progress", "completed"]
     assert (session.cwd / "out.txt").read_text() == "data"
     plan = next(e for e in session.inbox.events("t1") if e.KIND == "plan")
     assert [(p.content, p.status) for p in plan.entries] == [
