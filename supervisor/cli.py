@@ -35,8 +35,18 @@ def _parser() -> argparse.ArgumentParser:
     config = commands.add_parser("config", help="get, set or list config.toml keys")
     config.add_argument("--config-dir", help="configuration directory (default ~/.zeroclaw)")
     config.add_argument("args", nargs=argparse.REMAINDER)
-    for name in ("daemon", "status"):
-        commands.add_parser(name, help="(planned)")
+    daemon = commands.add_parser("daemon", help="shared host on a Unix socket (daemon.sock)")
+    daemon.add_argument("--ephemeral", action="store_true",
+                        help="exit 1 s after the last client disconnects")
+    daemon.add_argument("--config-dir", help="configuration directory (default ~/.zeroclaw)")
+    daemon.add_argument("--log-level", choices=LOG_LEVELS, help="stderr log level (default info)")
+    status = commands.add_parser(
+        "status", help="the daemon's sessions, workers and limits",
+        description="exit codes: 0 running, 1 degraded, 2 usage, 3 not running, 4 no answer",
+    )
+    status.add_argument("--json", action="store_true", help="print the exact wire result")
+    status.add_argument("--watch", action="store_true", help="redraw every second until Ctrl-C")
+    status.add_argument("--config-dir", help="configuration directory (default ~/.zeroclaw)")
     return parser
 
 
@@ -57,9 +67,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from supervisor.config_cmd import run
 
         return run(list(args.args), resolve_config_dir(args.config_dir))
-    if args.command in ("daemon", "status"):
-        print(f"zeroclaw {args.command}: not available yet", file=sys.stderr)
-        return 2
+    if args.command == "daemon":
+        return _run_daemon(args)
+    if args.command == "status":
+        return _run_status(args)
     _parser().print_help(sys.stderr)
     return 2
 
@@ -86,6 +97,33 @@ def _run_acp(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def _run_daemon(args: argparse.Namespace) -> int:
+    from supervisor.config import ConfigError, load_settings
+
+    _configure_logging(args.log_level or os.environ.get("ZEROCLAW_LOG") or "info")
+    try:
+        settings = load_settings(args.config_dir)
+    except ConfigError as exc:
+        logging.getLogger("zeroclaw").error("configuration error: %s", exc)
+        return 2
+    from supervisor.daemon import run_daemon
+
+    return run_daemon(settings, ephemeral=args.ephemeral)
+
+
+def _run_status(args: argparse.Namespace) -> int:
+    from supervisor.config import ConfigError, load_settings
+
+    try:
+        settings = load_settings(args.config_dir)
+    except ConfigError as exc:
+        print(f"zeroclaw status: configuration error: {exc}", file=sys.stderr)
+        return 2
+    from supervisor.status_cmd import run_status
+
+    return run_status(settings.socket_path, as_json=args.json, watch=args.watch)
 
 
 if __name__ == "__main__":

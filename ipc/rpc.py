@@ -1,0 +1,176 @@
+"""The daemon RPC dialect (SPEC §4, ``daemon.sock``): decode params, encode results and events.
+
+Flat ``session/update`` notifications ``{sessionId, type, ...}`` instead of ACP's
+nested ``update`` objects, an ``initialize`` that negotiates a protocol version,
+and approvals answered by ``session/approve`` instead of a host-initiated request.
+
+Nothing here knows about actors, workers or sockets. Pure functions: safe from
+any thread (the daemon calls them on the asyncio loop thread).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from ipc.acp import NewSessionRequest, optional_str
+from ipc.errors import InvalidParams, ProtocolVersionMismatch
+from ipc.events import (
+    Event,
+    MessageChunk,
+    PlanUpdate,
+    ThoughtChunk,
+    ToolCallFinished,
+    ToolCallStarted,
+    UserChunk,
+)
+
+__all__ = [
+    "DECISIONS",
+    "PROTOCOL_VERSION",
+    "Approval",
+    "RpcNewSession",
+    "approval_request",
+    "approve_request",
+    "encode_event",
+    "initialize_result",
+    "new_session_request",
+    "protocol_version",
+    "turn_complete",
+    "turn_outcome",
+]
+
+PROTOCOL_VERSION: Final = 1
+DECISIONS: Final = ("allow_once", "allow_always", "reject_once")
+_DECISION_ALIASES: Final = {d.replace("_", "-"): d for d in DECISIONS} | {d: d for d in DECISIONS}
+
+
+def _params(params: Any) -> Mapping[str, Any]:
+    if not isinstance(params, Mapping):
+        raise InvalidParams("params must be an object")
+    return params
+
+
+# --- initialize ---------------------------------------------------------------
+
+
+def protocol_version(params: Any) -> int:
+    """The client's ``protocolVersion`` (alias ``protocol_version``); -32011 unless it is 1."""
+    p = _params(params)
+    version = p.get("protocolVersion", p.get("protocol_version"))
+    if version is None:
+        raise InvalidParams("missing protocolVersion")
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise InvalidParams("protocolVersion must be an integer")
+    if version != PROTOCOL_VERSION:
+        shown = str(version)[:40]
+        raise ProtocolVersionMismatch(
+            f"Protocol version mismatch: server={PROTOCOL_VERSION}, client={shown}"
+        )
+    return version
+
+
+def initialize_result(server_version: str, pid: int) -> dict[str, Any]:
+    return {"protocolVersion": PROTOCOL_VERSION, "serverVersion": server_version,
+            "serverPid": pid}
+
+
+# --- session/new ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RpcNewSession:
+    """``session/new`` of the daemon dialect: the ACP request plus ``keep_siblings``."""
+
+    request: NewSessionRequest
+    keep_siblings: bool
+
+
+def new_session_request(params: Any) -> RpcNewSession:
+    p = _params(params)
+    keep = p.get("keep_siblings", p.get("keepSiblings", False))
+    if not isinstance(keep, bool):
+        raise InvalidParams("keep_siblings must be a boolean")
+    if optional_str(p, "sessionId", "session_id") is not None:
+        raise InvalidParams("sessionId: choosing the session id is not supported yet")
+    request = NewSessionRequest(
+        cwd=optional_str(p, "cwd", "workspaceDir", "workspace_dir"),
+        agent_alias=optional_str(p, "agentAlias", "agent_alias", "agent"),
+        mcp_servers=[],
+    )
+    return RpcNewSession(request, keep)
+
+
+# --- approvals ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Approval:
+    session_id: str
+    request_id: str
+    decision: str
+
+
+def approve_request(params: Any) -> Approval:
+    """``session/approve {sessionId, requestId, decision}``."""
+    p = _params(params)
+    sid = optional_str(p, "sessionId", "session_id")
+    if not sid:
+        raise InvalidParams("missing sessionId")
+    request_id = optional_str(p, "requestId", "request_id")
+    if not request_id:
+        raise InvalidParams("missing requestId")
+    raw = optional_str(p, "decision")
+    decision = _DECISION_ALIASES.get(raw) if raw is not None else None
+    if decision is None:
+        raise InvalidParams(f"decision must be one of {', '.join(DECISIONS)}")
+    return Approval(sid, request_id, decision)
+
+
+def approval_request(
+    sid: str, request_id: str, tool_name: str, summary: str, timeout_secs: float
+) -> dict[str, Any]:
+    """``session/update`` params announcing that a tool call waits for ``session/approve``."""
+    return {"sessionId": sid, "type": "approval_request", "requestId": request_id,
+            "toolName": tool_name, "summary": summary, "timeoutSecs": timeout_secs}
+
+
+# --- events -------------------------------------------------------------------
+
+
+def encode_event(sid: str, event: Event) -> dict[str, Any] | None:
+    """Flat ``session/update`` params for ``event``; None for kinds this dialect lacks."""
+    match event:
+        case MessageChunk(text=text):
+            return {"sessionId": sid, "type": "agent_message_chunk", "text": text}
+        case ThoughtChunk(text=text):
+            return {"sessionId": sid, "type": "agent_thought_chunk", "text": text}
+        case UserChunk(text=text):
+            return {"sessionId": sid, "type": "user_message_chunk", "text": text}
+        case ToolCallStarted():
+            return {"sessionId": sid, "type": "tool_call", "toolCallId": event.tool_call_id,
+                    "name": event.name, "rawInput": event.raw_input}
+        case ToolCallFinished(status="in_progress"):
+            return None  # the flat dialect reports a tool call's result only
+        case ToolCallFinished():
+            return {"sessionId": sid, "type": "tool_result", "toolCallId": event.tool_call_id,
+                    "name": event.name, "rawOutput": event.raw_output, "status": event.status}
+        case PlanUpdate(entries=entries):
+            plan = [{"content": e.content, "priority": e.priority, "status": e.status}
+                    for e in entries]
+            return {"sessionId": sid, "type": "plan", "entries": plan}
+    return None  # mode, session info and usage updates are ACP-only for now
+
+
+def turn_outcome(stop_reason: str | None) -> str:
+    """``turn_complete.outcome``: ``cancelled``, ``failed`` (None: the turn errored) or
+    ``completed``."""
+    if stop_reason is None:
+        return "failed"
+    return "cancelled" if stop_reason == "cancelled" else "completed"
+
+
+def turn_complete(sid: str, stop_reason: str | None, content: str) -> dict[str, Any]:
+    return {"sessionId": sid, "type": "turn_complete", "outcome": turn_outcome(stop_reason),
+            "content": content}

@@ -1,0 +1,230 @@
+"""``zeroclaw daemon [--ephemeral]``: one shared host serving many clients on ``daemon.sock``.
+
+Everything runs on the asyncio loop (main thread) except the host's actors and
+workers. Start: claim the socket (:mod:`supervisor.daemon_socket`), listen,
+start the host in the background (``initialize`` is answered before it is up;
+other methods wait for it). Stop, on SIGTERM/SIGINT or when an ephemeral daemon
+is left alone: stop accepting, cancel the running turns (persisted as
+cancelled) and let their prompts answer, close the connections, stop workers
+and actors (queued writes finish), remove the socket if it is still ours, exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import signal
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ipc.jsonrpc import Endpoint
+from ipc.transports import serve_stream
+from supervisor import __version__
+from supervisor.config import Settings
+from supervisor.daemon_socket import (
+    DaemonAlreadyRunning,
+    SocketClaim,
+    SocketUnusable,
+    claim_socket,
+    peer_credentials,
+)
+from supervisor.rpc_server import RpcServer
+
+if TYPE_CHECKING:
+    from supervisor.sessions import Sessions
+
+__all__ = ["EPHEMERAL_GRACE_SECS", "HostHandle", "Lifetime", "run_daemon"]
+
+log = logging.getLogger("zeroclaw.daemon")
+
+EPHEMERAL_GRACE_SECS = 1.0
+_DRAIN_SECS = 5.0
+_CLOSE_SECS = 6.0
+
+
+class Lifetime:
+    """Counts connected clients; an ephemeral daemon stops ``grace`` s after the last leaves.
+
+    It never stops before a first client has connected, and a client connecting
+    within the grace period cancels the pending stop.
+    """
+
+    def __init__(self, stop: asyncio.Event, *, ephemeral: bool,
+                 grace: float = EPHEMERAL_GRACE_SECS) -> None:
+        self.clients = 0
+        self._stop = stop
+        self._ephemeral = ephemeral
+        self._grace = grace
+        self._timer: asyncio.TimerHandle | None = None
+
+    def connected(self) -> None:
+        self.clients += 1
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+            log.info("client reconnected within the grace period: staying up")
+
+    def disconnected(self) -> None:
+        self.clients -= 1
+        if self._ephemeral and self.clients == 0 and self._timer is None:
+            loop = asyncio.get_running_loop()
+            self._timer = loop.call_later(self._grace, self._expire)
+
+    def _expire(self) -> None:
+        self._timer = None
+        if self.clients == 0:
+            log.info("ephemeral daemon: last client left %.1f s ago, stopping", self._grace)
+            self._stop.set()
+
+
+class HostHandle:
+    """The one host of this daemon, started in the background, shared by every connection."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.starting: asyncio.Task[Sessions] | None = None
+
+    def start(self) -> asyncio.Task[Sessions]:
+        if self.starting is None:
+            self.starting = asyncio.ensure_future(self._start())
+        return self.starting
+
+    async def _start(self) -> Sessions:
+        from supervisor.host import Host
+        from supervisor.sessions import Sessions
+
+        host = Host(self.settings)
+        await host.start()
+        return Sessions(host)
+
+    async def sessions(self) -> Sessions:
+        from ipc.errors import RpcError
+
+        try:
+            return await asyncio.shield(self.start())
+        except Exception as exc:
+            raise RpcError(f"host failed to start: {type(exc).__name__}") from None
+
+    async def settled(self) -> Sessions | None:
+        """The host once its start finished (None if it never started or failed)."""
+        if self.starting is not None and not self.starting.done():
+            await asyncio.wait((self.starting,), timeout=60)
+        return self.started()
+
+    def started(self) -> Sessions | None:
+        task = self.starting
+        if task is None or not task.done() or task.cancelled() or task.exception():
+            return None
+        return task.result()
+
+
+class Daemon:
+    """One daemon process: the listener, its connections and the host."""
+
+    def __init__(self, settings: Settings, *, ephemeral: bool) -> None:
+        self.settings = settings
+        self.ephemeral = ephemeral
+        self.stop = asyncio.Event()
+        self.lifetime = Lifetime(self.stop, ephemeral=ephemeral)
+        self.host = HostHandle(settings)
+        self.rpc = RpcServer(__version__, self.host.sessions)
+        self._connection_ids = itertools.count(1)
+        self._connections: dict[asyncio.Task[None], tuple[asyncio.StreamWriter, list[Endpoint]]]
+        self._connections = {}
+
+    async def serve(self, claim: SocketClaim) -> int:
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, self._on_signal, signum)
+        listener = await asyncio.start_unix_server(
+            self._on_connect, sock=claim.sock, limit=self.settings.frame_limit + 1)
+        log.info("zeroclaw daemon %s listening on %s (pid %d%s)", __version__, claim.path,
+                 os.getpid(), ", ephemeral" if self.ephemeral else "")
+        starting = self.host.start()
+        stopping = asyncio.ensure_future(self.stop.wait())
+        await asyncio.wait((starting, stopping), return_when=asyncio.FIRST_COMPLETED)
+        code = 0
+        if starting.done() and (starting.cancelled() or starting.exception() is not None):
+            log.error("host failed to start: %r", None if starting.cancelled()
+                      else starting.exception())
+            code = 1
+        else:
+            await stopping
+        stopping.cancel()
+        await self._shutdown(listener)
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+        return code
+
+    def _on_signal(self, signum: int) -> None:
+        log.info("received %s: stopping", signal.Signals(signum).name)
+        self.stop.set()
+
+    async def _on_connect(self, reader: asyncio.StreamReader,
+                          writer: asyncio.StreamWriter) -> None:
+        creds = peer_credentials(writer.get_extra_info("socket"))
+        number = next(self._connection_ids)
+        name = f"rpc#{number}" + (f"(pid {creds[0]})" if creds else "")
+        if creds:
+            log.info("connection #%d from pid %d uid %d", number, creds[0], creds[1])
+        else:
+            log.info("connection #%d from an unknown peer", number)
+        task = asyncio.current_task()
+        assert task is not None
+        endpoints: list[Endpoint] = []
+        self._connections[task] = (writer, endpoints)
+        self.lifetime.connected()
+
+        def make_endpoint(send: Callable[[bytes], None]) -> Endpoint:
+            endpoint = self.rpc.make_endpoint(send, name)
+            endpoints.append(endpoint)
+            return endpoint
+
+        try:
+            await serve_stream(reader, writer, make_endpoint, frame_limit=self.settings.frame_limit)
+        except asyncio.CancelledError:
+            log.debug("connection #%d cancelled", number)  # not re-raised: see serve_unix
+        except Exception:
+            log.exception("connection #%d failed", number)
+        finally:
+            self._connections.pop(task, None)
+            self.lifetime.disconnected()
+            log.info("connection #%d closed", number)
+
+    async def _shutdown(self, listener: asyncio.Server) -> None:
+        listener.close()  # stop accepting; open connections go on for now
+        sessions = await self.host.settled()
+        if sessions is not None:
+            sessions.host.turns.cancel_all()
+            await sessions.host.turns.wait_all(timeout=10)
+        endpoints = [e for _, eps in self._connections.values() for e in eps]
+        if endpoints:  # let in-flight requests (the cancelled prompts) answer
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_DRAIN_SECS):
+                    await asyncio.gather(*(e.drain() for e in endpoints))
+        for writer, _ in list(self._connections.values()):
+            writer.close()
+        if self._connections:
+            await asyncio.wait(list(self._connections), timeout=_CLOSE_SECS)
+        if sessions is not None:
+            await sessions.host.stop()
+
+
+async def _run(settings: Settings, ephemeral: bool) -> int:
+    try:
+        claim = claim_socket(settings.socket_path, private_dir=settings.data_dir)
+    except (DaemonAlreadyRunning, SocketUnusable) as exc:
+        log.error("zeroclaw daemon: %s", exc)
+        return 1
+    try:
+        return await Daemon(settings, ephemeral=ephemeral).serve(claim)
+    finally:
+        claim.release()
+
+
+def run_daemon(settings: Settings, *, ephemeral: bool = False) -> int:
+    """Run the daemon until it is told to stop; the process exit code."""
+    return asyncio.run(_run(settings, ephemeral))

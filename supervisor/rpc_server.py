@@ -1,0 +1,240 @@
+"""The daemon RPC server: binds the dialect of :mod:`ipc.rpc` (SPEC §4) to the host's
+session operations (:mod:`supervisor.sessions`), for every ``daemon.sock`` connection.
+
+Everything here runs on the asyncio loop thread. Each connection gets a
+:class:`DaemonPeer`; the server remembers which connection owns each session it
+created or adopted, so that another connection's ``session/cancel``, ``close``,
+``prompt`` or ``approve`` is refused with -32003. A session whose connection went
+away is unowned and the next connection that prompts it adopts it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from ipc import rpc
+from ipc.acp import prompt_request, session_id
+from ipc.errors import InternalError, InvalidParams, SessionNotFound, SessionNotOwned
+from ipc.jsonrpc import Endpoint
+from supervisor.status import host_status
+
+if TYPE_CHECKING:
+    from ipc.events import Event
+    from ipc.worker_wire import PermissionAsk
+    from supervisor.sessions import Sessions
+
+__all__ = ["DaemonPeer", "RpcServer"]
+
+log = logging.getLogger("zeroclaw.rpc")
+
+_SILENT_BEATS = 2.0  # a worker silent this many heartbeats is reported unresponsive
+
+
+class DaemonPeer:
+    """One ``daemon.sock`` connection as the host sees it (a :class:`supervisor.routes.Peer`).
+
+    Approvals: the request is announced as an ``approval_request`` update and waits
+    for ``session/approve`` on this connection; no answer in time, a cancelled turn
+    or a closed connection denies the tool call.
+    """
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.endpoint = endpoint
+        self.name = endpoint.name
+        self._approvals: dict[str, tuple[str, asyncio.Future[str | None]]] = {}
+        self._request_ids = itertools.count()
+
+    def send_event(self, sid: str, event: Event) -> None:
+        params = rpc.encode_event(sid, event)
+        if params is not None:
+            self.endpoint.notify("session/update", params)
+
+    async def ask_permission(self, sid: str, ask: PermissionAsk, timeout: float) -> str | None:
+        if self.endpoint.closed:
+            return None
+        request_id = f"apr-{next(self._request_ids)}"
+        future: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        self._approvals[request_id] = (sid, future)
+        self.endpoint.notify("session/update", rpc.approval_request(
+            sid, request_id, ask.tool_name, ask.title, timeout))
+        try:
+            async with asyncio.timeout(timeout):
+                return await future
+        except TimeoutError:
+            log.info("%s: approval %s for %s timed out: denied", self.name, request_id,
+                     ask.tool_name)
+            return None
+        finally:
+            self._approvals.pop(request_id, None)
+
+    def answer(self, approval: rpc.Approval) -> bool:
+        """Settle a pending approval of this connection; False if there is none."""
+        pending = self._approvals.get(approval.request_id)
+        if pending is None or pending[0] != approval.session_id or pending[1].done():
+            return False
+        pending[1].set_result(approval.decision)
+        return True
+
+    def withdraw_all(self) -> None:
+        """The connection is gone: every pending approval is denied."""
+        for _, future in self._approvals.values():
+            if not future.done():
+                future.set_result(None)
+
+
+class RpcServer:
+    """Handler table shared by every ``daemon.sock`` connection of one host."""
+
+    def __init__(self, version: str, sessions: Callable[[], Awaitable[Sessions]]) -> None:
+        self.version = version
+        self._sessions = sessions
+        self._handshake = rpc.initialize_result(version, os.getpid())
+        self.owners: dict[str, DaemonPeer] = {}
+        self._connections = itertools.count(1)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.methods: dict[str, Callable[[Any, Endpoint], Any]] = {
+            "initialize": self.initialize,
+            "status": self.status,
+            "session/new": self.new_session,
+            "session/prompt": self.prompt,
+            "session/cancel": self.cancel,
+            "session/close": self.close,
+            "session/approve": self.approve,
+        }
+
+    def make_endpoint(self, send: Callable[[bytes], None], name: str = "") -> Endpoint:
+        endpoint = Endpoint(send, self.methods, name=name or f"rpc#{next(self._connections)}")
+        peer = DaemonPeer(endpoint)
+        endpoint.state["peer"] = peer
+        endpoint.on_eof.append(lambda: self._peer_gone(peer))
+        return endpoint
+
+    def _peer_gone(self, peer: DaemonPeer) -> None:
+        """Input ended: deny its approvals, cancel its turns (persisted), drop ownership."""
+        peer.withdraw_all()
+        for sid in [s for s, owner in self.owners.items() if owner is peer]:
+            del self.owners[sid]
+        task = asyncio.ensure_future(self._cancel_turns_of(peer))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _cancel_turns_of(self, peer: DaemonPeer) -> None:
+        try:
+            sessions = await self._sessions()
+        except Exception:
+            return
+        sessions.cancel_peer_turns(peer)
+
+    # --- ownership ------------------------------------------------------------------
+
+    def _check_owner(self, sid: str, peer: DaemonPeer, *, adopt: bool = False) -> None:
+        owner = self.owners.get(sid)
+        if owner is None:
+            if adopt:
+                self.owners[sid] = peer
+            return
+        if owner is not peer:
+            raise SessionNotOwned(f"Session {sid} is owned by another connection")
+
+    def owned_count(self, sid: str) -> int:
+        return 1 if sid in self.owners else 0
+
+    # --- handlers -------------------------------------------------------------------
+
+    def initialize(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
+        rpc.protocol_version(params)
+        caps = params.get("clientCapabilities") if isinstance(params, dict) else None
+        endpoint.state["client"] = caps if isinstance(caps, dict) else {}
+        return self._handshake
+
+    async def status(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
+        sessions = await self._sessions()
+        result = await host_status(sessions)
+        for entry in result["sessions"]:
+            entry["clients"] = self.owned_count(entry["sessionId"])
+        pool = sessions.host.pool
+        now = time.monotonic()
+        silent_after = _SILENT_BEATS * pool.heartbeat_secs
+        responsive = {w.pid: w.alive and (not w.ready or now - w.last_beat <= silent_after)
+                      for w in pool.info()}
+        for worker in result["workers"]:
+            worker["responsive"] = responsive.get(worker["pid"], False)
+        return result
+
+    async def new_session(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
+        request = rpc.new_session_request(params)
+        peer: DaemonPeer = endpoint.state["peer"]
+        sessions = await self._sessions()
+        agent = sessions.resolve_agent(request.request.agent_alias)
+        if not request.keep_siblings:
+            await self._evict_siblings(sessions, peer, agent.alias)
+        route = await sessions.new(peer, request.request)
+        if endpoint.closed:
+            log.info("%s: went away while creating %s", endpoint.name, route.sid)
+        else:
+            self.owners[route.sid] = peer
+        return {"sessionId": route.sid, "agentAlias": route.agent_alias,
+                "workspaceDir": route.workspace_dir}
+
+    async def _evict_siblings(self, sessions: Sessions, peer: DaemonPeer, alias: str) -> None:
+        """Drop this connection's idle live sessions of ``alias`` (kept in the store)."""
+        host = sessions.host
+        for sid in [s for s, owner in self.owners.items() if owner is peer]:
+            route = host.routes.get(sid)
+            if route is None or route.agent_alias != alias or sid in host.turns.running:
+                continue
+            from supervisor.supervisor import Eviction
+
+            host.apply_evictions([Eviction(sid, route.worker_id)])  # no await before this
+            with contextlib.suppress(SessionNotFound):
+                await host.supervise("release", sid)
+
+    async def prompt(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
+        request = prompt_request(params)
+        peer: DaemonPeer = endpoint.state["peer"]
+        sid = request.session_id
+        self._check_owner(sid, peer, adopt=True)
+        sessions = await self._sessions()
+        try:
+            outcome = await sessions.prompt(peer, request)
+        except SessionNotFound:
+            if self.owners.get(sid) is peer:
+                del self.owners[sid]
+            raise
+        except InternalError as exc:
+            endpoint.notify("session/update", rpc.turn_complete(sid, None, exc.message))
+            raise
+        endpoint.notify("session/update",
+                        rpc.turn_complete(sid, outcome.stop_reason, outcome.content))
+        return {"sessionId": outcome.sid, "stopReason": outcome.stop_reason,
+                "content": outcome.content}
+
+    async def cancel(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
+        sid = session_id(params)
+        self._check_owner(sid, endpoint.state["peer"])
+        (await self._sessions()).cancel(sid)
+        return {}
+
+    async def close(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
+        sid = session_id(params)
+        peer: DaemonPeer = endpoint.state["peer"]
+        self._check_owner(sid, peer)
+        await (await self._sessions()).close(sid)
+        if self.owners.get(sid) is peer:
+            del self.owners[sid]
+        return {}
+
+    def approve(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
+        approval = rpc.approve_request(params)
+        peer: DaemonPeer = endpoint.state["peer"]
+        if peer.answer(approval):
+            return {}
+        self._check_owner(approval.session_id, peer)
+        raise InvalidParams(f"requestId: no pending approval request {approval.request_id[:80]}")

@@ -1,0 +1,209 @@
+"""Harness for daemon tests: a real ``zeroclaw daemon`` process and a blocking NDJSON client.
+
+Config dirs are short ``/tmp`` directories, since a Unix socket path must stay
+under 107 bytes. Every wait is bounded; the client reads frames with deadlines.
+Runs on the test's main thread.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from tests.e2e.procs import alive, descendants, host_env, reap_leaks, tail
+
+__all__ = ["DaemonProc", "RpcClient", "RpcFailure", "short_dir", "zeroclaw_argv"]
+
+_ENTRY_POINT = "import sys; from supervisor.cli import main; sys.exit(main())"
+FRAME_TIMEOUT = 15.0
+
+
+def zeroclaw_argv(*args: str) -> list[str]:
+    return [sys.executable, "-c", _ENTRY_POINT, *args]
+
+
+def short_dir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="zc", dir="/tmp"))
+
+
+class RpcFailure(Exception):
+    def __init__(self, error: dict[str, Any]) -> None:
+        self.code = error.get("code")
+        self.message = str(error.get("message"))
+        super().__init__(f"{self.code}: {self.message}")
+
+
+class RpcClient:
+    """A blocking client on ``daemon.sock``; notifications are kept in order."""
+
+    def __init__(self, path: Path, *, initialize: bool = True) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(FRAME_TIMEOUT)
+        self.sock.connect(str(path))
+        self.notifications: list[dict[str, Any]] = []
+        self.frames: list[dict[str, Any]] = []  # everything, in arrival order
+        self._buffer = b""
+        self._next_id = 1
+        if initialize:
+            self.request("initialize", {"protocolVersion": 1})
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> RpcClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def send(self, method: str, params: Any = None, *, notify: bool = False) -> int | None:
+        frame: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
+        if params is not None:
+            frame["params"] = params
+        request_id = None
+        if not notify:
+            request_id = self._next_id
+            self._next_id += 1
+            frame["id"] = request_id
+        self.sock.sendall(json.dumps(frame).encode() + b"\n")
+        return request_id
+
+    def read_frame(self, timeout: float = FRAME_TIMEOUT) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError("no frame from the daemon")
+            self.sock.settimeout(remaining)
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("the daemon closed the connection")
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        frame: dict[str, Any] = json.loads(line)
+        self.frames.append(frame)
+        if "method" in frame and "id" not in frame:
+            self.notifications.append(frame)
+        return frame
+
+    def wait_response(self, request_id: int, timeout: float = FRAME_TIMEOUT) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            frame = self.read_frame(max(0.01, deadline - time.monotonic()))
+            if frame.get("id") == request_id and "method" not in frame:
+                return frame
+
+    def wait_update(self, kind: str, timeout: float = FRAME_TIMEOUT) -> dict[str, Any]:
+        """The next ``session/update`` of type ``kind`` (earlier ones stay recorded)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            frame = self.read_frame(max(0.01, deadline - time.monotonic()))
+            if frame.get("method") == "session/update" and frame["params"].get("type") == kind:
+                return frame["params"]
+
+    def request(self, method: str, params: Any = None, timeout: float = FRAME_TIMEOUT) -> Any:
+        request_id = self.send(method, params)
+        assert request_id is not None
+        response = self.wait_response(request_id, timeout)
+        if "error" in response:
+            raise RpcFailure(response["error"])
+        return response["result"]
+
+    def updates(self) -> list[dict[str, Any]]:
+        return [n["params"] for n in self.notifications if n.get("method") == "session/update"]
+
+
+class DaemonProc:
+    """One ``zeroclaw daemon`` process with its own config dir."""
+
+    def __init__(self, config_dir: Path | None = None, *args: str,
+                 env_extra: dict[str, str] | None = None) -> None:
+        self.config_dir = config_dir or short_dir()
+        self.owns_dir = config_dir is None
+        self.env = host_env(env_extra)
+        self.socket_path = Path(self.env.get("ZEROCLAW_SOCKET")
+                                or self.config_dir / "data" / "daemon.sock")
+        self.stderr_path = self.config_dir / f"daemon-{time.monotonic_ns()}.stderr"
+        self._stderr = self.stderr_path.open("ab")
+        self.proc = subprocess.Popen(
+            zeroclaw_argv("daemon", "--config-dir", str(self.config_dir), "--log-level", "debug",
+                          *args),
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._stderr,
+            env=self.env,
+        )
+        self.children: list[psutil.Process] = []
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def stderr(self) -> str:
+        return tail(self.stderr_path)
+
+    def wait_listening(self, timeout: float = 20.0, *, probe: bool = True) -> None:
+        """Until a connection to the socket succeeds (the daemon is accepting).
+
+        ``probe=False`` waits for the daemon's "listening" log line instead, so that
+        no connection is made (an ephemeral daemon counts every connection).
+        """
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"daemon exited {self.proc.returncode}:\n{self.stderr()}")
+            if not probe:
+                if " listening on " in self.stderr():
+                    return
+                time.sleep(0.02)
+                continue
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                probe.connect(str(self.socket_path))
+                return
+            except OSError:
+                time.sleep(0.02)
+            finally:
+                probe.close()
+        raise AssertionError(f"daemon not listening after {timeout} s:\n{self.stderr()}")
+
+    def client(self, **kwargs: Any) -> RpcClient:
+        return RpcClient(self.socket_path, **kwargs)
+
+    def snapshot_children(self) -> None:
+        self.children = descendants(self.pid)
+
+    def terminate(self, timeout: float = 20.0) -> int:
+        """SIGTERM and wait; the exit code."""
+        if self.proc.poll() is None:
+            self.snapshot_children()
+            self.proc.send_signal(signal.SIGTERM)
+        return self.wait(timeout)
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"daemon still running after {timeout} s:\n{self.stderr()}") from None
+
+    def cleanup(self) -> list[str]:
+        """Kill if still running; the descriptions of processes left behind."""
+        if self.proc.poll() is None:
+            self.snapshot_children()
+            self.proc.kill()
+            self.proc.wait(10)
+        leaks = reap_leaks([p for p in self.children if alive(p)], timeout=10)
+        self._stderr.close()
+        if self.owns_dir:
+            shutil.rmtree(self.config_dir, ignore_errors=True)
+        return leaks
+
