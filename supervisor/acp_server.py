@@ -16,8 +16,9 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ipc import acp_handshake
-from ipc.errors import InvalidParams, RpcError, SessionNotFound
+from ipc.errors import InvalidParams, SessionNotFound
 from ipc.jsonrpc import ConnectionLost, Endpoint, RemoteError
+from supervisor.host_handle import HostHandle
 
 if TYPE_CHECKING:
     from ipc import acp
@@ -100,14 +101,16 @@ class AcpPeer:
 class AcpServer:
     """Handler table and lifecycle shared by every ACP connection of one host."""
 
-    def __init__(self, settings: Settings, version: str) -> None:
+    def __init__(self, settings: Settings, version: str, host: HostHandle | None = None) -> None:
+        """``host``: a daemon's shared host; without one the server has its own (embedded)."""
         self.settings = settings
+        self.owns_host = host is None
+        self.host = host if host is not None else HostHandle(settings)
         self.persistent = probe_store(settings.store_path)
         self.handshake = acp_handshake.initialize_result(
             version=version, persistent=self.persistent, default_model=settings.default_model,
             max_sessions=settings.max_sessions, timeout=settings.session_timeout_secs,
         )
-        self._starting: asyncio.Task[Sessions] | None = None
         self.methods: dict[str, Callable[[Any, Endpoint], Any]] = {
             "initialize": self.initialize,
             "session/new": self.new_session,
@@ -137,31 +140,14 @@ class AcpServer:
 
     def _peer_gone(self, peer: AcpPeer) -> None:
         """The client's input ended: its running turns are cancelled (and persisted)."""
-        if self._starting is None or not self._starting.done() or self._starting.exception():
-            return
-        self._starting.result().cancel_peer_turns(peer)
+        sessions = self.host.started()
+        if sessions is not None:
+            sessions.cancel_peer_turns(peer)
 
     # --- lifecycle ----------------------------------------------------------------
 
-    def start_host(self) -> asyncio.Task[Sessions]:
-        if self._starting is None:
-            self._starting = asyncio.ensure_future(self._start())
-        return self._starting
-
-    async def _start(self) -> Sessions:
-        from supervisor.host import Host
-        from supervisor.sessions import Sessions
-
-        host = Host(self.settings)
-        await host.start()
-        return Sessions(host)
-
     async def sessions(self) -> Sessions:
-        try:
-            return await asyncio.shield(self.start_host())
-        except Exception as exc:
-            log.exception("host failed to start")
-            raise RpcError(f"host failed to start: {type(exc).__name__}") from None
+        return await self.host.sessions()
 
     async def stored(self) -> Sessions:
         """The sessions, for methods that need the store to outlive this process."""
@@ -171,13 +157,10 @@ class AcpServer:
         return sessions
 
     async def shutdown(self) -> None:
-        if self._starting is None:
-            return
-        try:
-            sessions = await self._starting
-        except Exception:
-            return
-        await sessions.host.stop()
+        """Stop the host this server owns (a daemon stops its shared host itself)."""
+        sessions = await self.host.settled() if self.owns_host else None
+        if sessions is not None:
+            await sessions.host.stop()
 
     # --- handlers -------------------------------------------------------------------
 
@@ -185,7 +168,7 @@ class AcpServer:
         if not isinstance(params, Mapping):
             raise InvalidParams("params must be an object")
         endpoint.state["client"] = params.get("clientCapabilities") or {}
-        asyncio.get_running_loop().call_soon(self.start_host)
+        asyncio.get_running_loop().call_soon(self.host.start)
         return self.handshake
 
     async def new_session(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:

@@ -31,7 +31,8 @@ def _parser() -> argparse.ArgumentParser:
     acp.add_argument("--session-timeout", type=float, metavar="SECS",
                      help="idle eviction and permission timeout")
     acp.add_argument("--log-level", choices=LOG_LEVELS, help="stderr log level")
-    acp.add_argument("--attach", action="store_true", help="share a daemon (not yet available)")
+    acp.add_argument("--attach", action="store_true",
+                     help="bridge stdio to the shared daemon (started if needed)")
     config = commands.add_parser("config", help="get, set or list config.toml keys")
     config.add_argument("--config-dir", help="configuration directory (default ~/.zeroclaw)")
     config.add_argument("args", nargs=argparse.REMAINDER)
@@ -80,9 +81,6 @@ def _run_acp(args: argparse.Namespace) -> int:
 
     level = args.log_level or os.environ.get("ZEROCLAW_LOG") or "warning"
     _configure_logging(level)
-    if args.attach:
-        logging.getLogger("zeroclaw").error("--attach needs the daemon, which is not built yet")
-        return 2
     overrides = {"acp.max_sessions": args.max_sessions,
                  "acp.session_timeout_secs": args.session_timeout}
     try:
@@ -90,6 +88,13 @@ def _run_acp(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         logging.getLogger("zeroclaw").error("configuration error: %s", exc)
         return 2
+    if args.attach:
+        from supervisor.attach import run_attach
+
+        if args.max_sessions is not None or args.session_timeout is not None:
+            logging.getLogger("zeroclaw").warning(
+                "--attach: limits come from the daemon's configuration; flags ignored")
+        return run_attach(settings)
     from supervisor.stdio import serve_acp_stdio
 
     try:

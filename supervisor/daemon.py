@@ -17,12 +17,14 @@ import itertools
 import logging
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ipc.jsonrpc import Endpoint
 from ipc.transports import serve_stream
 from supervisor import __version__
+from supervisor.acp_server import AcpServer
 from supervisor.config import Settings
 from supervisor.daemon_socket import (
     DaemonAlreadyRunning,
@@ -31,12 +33,16 @@ from supervisor.daemon_socket import (
     claim_socket,
     peer_credentials,
 )
+from supervisor.host_handle import HostHandle
 from supervisor.rpc_server import RpcServer
 
 if TYPE_CHECKING:
-    from supervisor.sessions import Sessions
+    pass
 
-__all__ = ["EPHEMERAL_GRACE_SECS", "HostHandle", "Lifetime", "run_daemon"]
+__all__ = ["EPHEMERAL_GRACE_SECS", "Lifetime", "acp_socket_path", "run_daemon"]
+
+EndpointMaker = Callable[[Callable[[bytes], None], str], Endpoint]
+ConnectionHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 log = logging.getLogger("zeroclaw.daemon")
 
@@ -80,47 +86,6 @@ class Lifetime:
             self._stop.set()
 
 
-class HostHandle:
-    """The one host of this daemon, started in the background, shared by every connection."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self.starting: asyncio.Task[Sessions] | None = None
-
-    def start(self) -> asyncio.Task[Sessions]:
-        if self.starting is None:
-            self.starting = asyncio.ensure_future(self._start())
-        return self.starting
-
-    async def _start(self) -> Sessions:
-        from supervisor.host import Host
-        from supervisor.sessions import Sessions
-
-        host = Host(self.settings)
-        await host.start()
-        return Sessions(host)
-
-    async def sessions(self) -> Sessions:
-        from ipc.errors import RpcError
-
-        try:
-            return await asyncio.shield(self.start())
-        except Exception as exc:
-            raise RpcError(f"host failed to start: {type(exc).__name__}") from None
-
-    async def settled(self) -> Sessions | None:
-        """The host once its start finished (None if it never started or failed)."""
-        if self.starting is not None and not self.starting.done():
-            await asyncio.wait((self.starting,), timeout=60)
-        return self.started()
-
-    def started(self) -> Sessions | None:
-        task = self.starting
-        if task is None or not task.done() or task.cancelled() or task.exception():
-            return None
-        return task.result()
-
-
 class Daemon:
     """One daemon process: the listener, its connections and the host."""
 
@@ -129,20 +94,24 @@ class Daemon:
         self.ephemeral = ephemeral
         self.stop = asyncio.Event()
         self.lifetime = Lifetime(self.stop, ephemeral=ephemeral)
-        self.host = HostHandle(settings)
+        self.host = HostHandle(settings, shared=True)
         self.rpc = RpcServer(__version__, self.host.sessions)
+        self.acp = AcpServer(settings, __version__, self.host)
         self._connection_ids = itertools.count(1)
         self._connections: dict[asyncio.Task[None], tuple[asyncio.StreamWriter, list[Endpoint]]]
         self._connections = {}
 
-    async def serve(self, claim: SocketClaim) -> int:
+    async def serve(self, claim: SocketClaim, acp_claim: SocketClaim) -> int:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self._on_signal, signum)
+        limit = self.settings.frame_limit + 1
         listener = await asyncio.start_unix_server(
-            self._on_connect, sock=claim.sock, limit=self.settings.frame_limit + 1)
-        log.info("zeroclaw daemon %s listening on %s (pid %d%s)", __version__, claim.path,
-                 os.getpid(), ", ephemeral" if self.ephemeral else "")
+            self._handler("rpc", self.rpc.make_endpoint), sock=claim.sock, limit=limit)
+        acp_listener = await asyncio.start_unix_server(
+            self._handler("acp", self.acp.make_endpoint), sock=acp_claim.sock, limit=limit)
+        log.info("zeroclaw daemon %s listening on %s and %s (pid %d%s)", __version__,
+                 claim.path, acp_claim.path, os.getpid(), ", ephemeral" if self.ephemeral else "")
         starting = self.host.start()
         stopping = asyncio.ensure_future(self.stop.wait())
         await asyncio.wait((starting, stopping), return_when=asyncio.FIRST_COMPLETED)
@@ -154,6 +123,7 @@ class Daemon:
         else:
             await stopping
         stopping.cancel()
+        acp_listener.close()
         await self._shutdown(listener)
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
@@ -163,11 +133,19 @@ class Daemon:
         log.info("received %s: stopping", signal.Signals(signum).name)
         self.stop.set()
 
-    async def _on_connect(self, reader: asyncio.StreamReader,
+    def _handler(self, kind: str, make: EndpointMaker) -> ConnectionHandler:
+        """The connection callback of one listener (``rpc``: daemon.sock, ``acp``: acp.sock)."""
+
+        async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await self._on_connect(kind, make, reader, writer)
+
+        return on_connect
+
+    async def _on_connect(self, kind: str, make: EndpointMaker, reader: asyncio.StreamReader,
                           writer: asyncio.StreamWriter) -> None:
         creds = peer_credentials(writer.get_extra_info("socket"))
         number = next(self._connection_ids)
-        name = f"rpc#{number}" + (f"(pid {creds[0]})" if creds else "")
+        name = f"{kind}#{number}" + (f"(pid {creds[0]})" if creds else "")
         if creds:
             log.info("connection #%d from pid %d uid %d", number, creds[0], creds[1])
         else:
@@ -179,7 +157,7 @@ class Daemon:
         self.lifetime.connected()
 
         def make_endpoint(send: Callable[[bytes], None]) -> Endpoint:
-            endpoint = self.rpc.make_endpoint(send, name)
+            endpoint = make(send, name)
             endpoints.append(endpoint)
             return endpoint
 
@@ -213,6 +191,11 @@ class Daemon:
             await sessions.host.stop()
 
 
+def acp_socket_path(settings: Settings) -> Path:
+    """``acp.sock``: beside the RPC socket (``<data_dir>/acp.sock`` by default)."""
+    return settings.socket_path.parent / "acp.sock"
+
+
 async def _run(settings: Settings, ephemeral: bool) -> int:
     try:
         claim = claim_socket(settings.socket_path, private_dir=settings.data_dir)
@@ -220,8 +203,15 @@ async def _run(settings: Settings, ephemeral: bool) -> int:
         log.error("zeroclaw daemon: %s", exc)
         return 1
     try:
-        return await Daemon(settings, ephemeral=ephemeral).serve(claim)
+        acp_claim = claim_socket(acp_socket_path(settings), private_dir=settings.data_dir)
+    except (DaemonAlreadyRunning, SocketUnusable) as exc:
+        claim.release()
+        log.error("zeroclaw daemon: %s", exc)
+        return 1
+    try:
+        return await Daemon(settings, ephemeral=ephemeral).serve(claim, acp_claim)
     finally:
+        acp_claim.release()
         claim.release()
 
 

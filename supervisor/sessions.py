@@ -48,8 +48,9 @@ class TurnOutcome:
 class Sessions:
     """The operations; one instance per host, used by every connection."""
 
-    def __init__(self, host: Host) -> None:
+    def __init__(self, host: Host, *, shared: bool = False) -> None:
         self.host = host
+        self.shared = shared  # a daemon's host: a live session may be loaded elsewhere
         self.settings = host.settings
 
     # --- session/new ------------------------------------------------------------------
@@ -260,12 +261,18 @@ class Sessions:
     # --- load, resume -------------------------------------------------------------------
 
     async def restore(self, peer: Peer, sid: str, *, replay: bool) -> Route:
-        if sid in self.host.routes:
+        """``session/load`` / ``session/resume``; on a shared host a live idle session
+        is handed to ``peer`` (another editor picks it up) instead of refused."""
+        route = self.host.routes.get(sid)
+        if route is not None and not (self.shared and sid not in self.host.turns.running):
             raise InvalidParams(f"session {sid} is already active; call session/close first")
-        info = self.host.reader.get_session(sid)
-        if info is None:
-            raise SessionNotFound(f"Session not found: {sid}")
-        route = await self._open(peer, info, history=True)
+        if route is not None:
+            route.peer = peer
+        else:
+            info = self.host.reader.get_session(sid)
+            if info is None:
+                raise SessionNotFound(f"Session not found: {sid}")
+            route = await self._open(peer, info, history=True)
         await self.host.persist("reopen", sid, time.time())
         if replay:
             from ipc.acp import replay_events
