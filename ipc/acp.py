@@ -101,8 +101,7 @@ def new_session_request(params: Any) -> NewSessionRequest:
     return NewSessionRequest(
         cwd=optional_str(p, "cwd", "workspaceDir", "workspace_dir"),
         agent_alias=optional_str(p, "agentAlias", "agent_alias", "agent"),
-        mcp_servers=mcp,
-        session_id=optional_str(p, "sessionId", "session_id"),
+        mcp_servers=mcp,  # no session_id: on ACP the host always picks the id
     )
 
 

@@ -10,6 +10,7 @@ any thread (the daemon calls them on the asyncio loop thread).
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -28,11 +29,15 @@ from ipc.events import (
 
 __all__ = [
     "DECISIONS",
+    "ELICITATION_ACTIONS",
     "PROTOCOL_VERSION",
     "Approval",
     "RpcNewSession",
     "approval_request",
     "approve_request",
+    "chosen_session_id",
+    "elicitation_reply",
+    "elicitation_request",
     "encode_event",
     "initialize_result",
     "new_session_request",
@@ -43,6 +48,7 @@ __all__ = [
 
 PROTOCOL_VERSION: Final = 1
 DECISIONS: Final = ("allow_once", "allow_always", "reject_once")
+ELICITATION_ACTIONS: Final = ("accept", "decline", "cancel")
 _DECISION_ALIASES: Final = {d.replace("_", "-"): d for d in DECISIONS} | {d: d for d in DECISIONS}
 
 
@@ -92,14 +98,29 @@ def new_session_request(params: Any) -> RpcNewSession:
     keep = p.get("keep_siblings", p.get("keepSiblings", False))
     if not isinstance(keep, bool):
         raise InvalidParams("keep_siblings must be a boolean")
-    if optional_str(p, "sessionId", "session_id") is not None:
-        raise InvalidParams("sessionId: choosing the session id is not supported yet")
     request = NewSessionRequest(
         cwd=optional_str(p, "cwd", "workspaceDir", "workspace_dir"),
         agent_alias=optional_str(p, "agentAlias", "agent_alias", "agent"),
         mcp_servers=[],
+        session_id=chosen_session_id(p.get("sessionId", p.get("session_id"))),
     )
     return RpcNewSession(request, keep)
+
+
+def chosen_session_id(value: Any) -> str | None:
+    """A client-chosen ``sessionId``: None when absent, else a UUID in its canonical
+    8-4-4-4-12 text form (any case), returned lower-case; anything else → -32602."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidParams("sessionId must be a string (a UUID)")
+    try:
+        parsed = uuid.UUID(value)
+    except ValueError:
+        parsed = None
+    if parsed is None or str(parsed) != value.lower():
+        raise InvalidParams(f"sessionId must be a UUID like {uuid.UUID(int=0)}: {value[:80]!r}")
+    return str(parsed)
 
 
 # --- approvals ------------------------------------------------------------------
@@ -134,6 +155,26 @@ def approval_request(
     """``session/update`` params announcing that a tool call waits for ``session/approve``."""
     return {"sessionId": sid, "type": "approval_request", "requestId": request_id,
             "toolName": tool_name, "summary": summary, "timeoutSecs": timeout_secs}
+
+
+# --- elicitation ----------------------------------------------------------------
+
+
+def elicitation_request(sid: str, message: str, schema: Mapping[str, Any]) -> dict[str, Any]:
+    """``elicitation/create`` params: a form question for the user."""
+    return {"sessionId": sid, "mode": "form", "message": message,
+            "requestedSchema": dict(schema)}
+
+
+def elicitation_reply(result: Any) -> dict[str, Any] | None:
+    """``{action, content}`` of a client's answer; None when it is not a valid answer
+    (``action`` outside accept/decline/cancel, or ``content`` not an object)."""
+    if not isinstance(result, Mapping) or result.get("action") not in ELICITATION_ACTIONS:
+        return None
+    content = result.get("content")
+    if content is not None and not isinstance(content, Mapping):
+        return None
+    return {"action": result["action"], "content": dict(content) if content else {}}
 
 
 # --- events -------------------------------------------------------------------

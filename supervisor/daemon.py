@@ -17,12 +17,12 @@ import itertools
 import logging
 import os
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ipc.jsonrpc import Endpoint
-from ipc.transports import serve_stream
+from ipc.transports import DEFAULT_WRITE_HIGH_WATER, serve_stream
 from supervisor import __version__
 from supervisor.acp_server import AcpServer
 from supervisor.config import Settings
@@ -39,7 +39,14 @@ from supervisor.rpc_server import RpcServer
 if TYPE_CHECKING:
     pass
 
-__all__ = ["EPHEMERAL_GRACE_SECS", "Lifetime", "acp_socket_path", "run_daemon"]
+__all__ = [
+    "EPHEMERAL_GRACE_SECS",
+    "WRITE_HIGH_WATER_ENV",
+    "Lifetime",
+    "acp_socket_path",
+    "run_daemon",
+    "write_high_water",
+]
 
 EndpointMaker = Callable[[Callable[[bytes], None], str], Endpoint]
 ConnectionHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -49,6 +56,8 @@ log = logging.getLogger("zeroclaw.daemon")
 EPHEMERAL_GRACE_SECS = 1.0
 _DRAIN_SECS = 5.0
 _CLOSE_SECS = 6.0
+WRITE_HIGH_WATER_ENV = "ZEROCLAW_WRITE_HIGH_WATER"
+"""Env var: unsent bytes per connection before a non-reading client is dropped."""
 
 
 class Lifetime:
@@ -86,6 +95,21 @@ class Lifetime:
             self._stop.set()
 
 
+def write_high_water(env: Mapping[str, str] | None = None) -> int:
+    """The per-connection write high-water mark: ``ZEROCLAW_WRITE_HIGH_WATER`` or 64 MiB."""
+    text = (os.environ if env is None else env).get(WRITE_HIGH_WATER_ENV, "").strip()
+    if not text:
+        return DEFAULT_WRITE_HIGH_WATER
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1024:
+        log.warning("ignoring %s=%r (want an integer >= 1024)", WRITE_HIGH_WATER_ENV, text)
+        return DEFAULT_WRITE_HIGH_WATER
+    return value
+
+
 class Daemon:
     """One daemon process: the listener, its connections and the host."""
 
@@ -97,6 +121,7 @@ class Daemon:
         self.host = HostHandle(settings, shared=True)
         self.rpc = RpcServer(__version__, self.host.sessions)
         self.acp = AcpServer(settings, __version__, self.host)
+        self.write_high_water = write_high_water()
         self._connection_ids = itertools.count(1)
         self._connections: dict[asyncio.Task[None], tuple[asyncio.StreamWriter, list[Endpoint]]]
         self._connections = {}
@@ -162,7 +187,8 @@ class Daemon:
             return endpoint
 
         try:
-            await serve_stream(reader, writer, make_endpoint, frame_limit=self.settings.frame_limit)
+            await serve_stream(reader, writer, make_endpoint, frame_limit=self.settings.frame_limit,
+                               write_high_water=self.write_high_water)
         except asyncio.CancelledError:
             log.debug("connection #%d cancelled", number)  # not re-raised: see serve_unix
         except Exception:
@@ -175,6 +201,7 @@ class Daemon:
     async def _shutdown(self, listener: asyncio.Server) -> None:
         listener.close()  # stop accepting; open connections go on for now
         sessions = await self.host.settled()
+        self.rpc.drop_queued("the daemon is stopping")  # queued prompts start no turn
         if sessions is not None:
             sessions.host.turns.cancel_all()
             await sessions.host.turns.wait_all(timeout=10)

@@ -6,6 +6,13 @@ Everything here runs on the asyncio loop thread. Each connection gets a
 created or adopted, so that another connection's ``session/cancel``, ``close``,
 ``prompt`` or ``approve`` is refused with -32003. A session whose connection went
 away is unowned and the next connection that prompts it adopts it.
+
+Prompts are queued per session (:mod:`supervisor.prompt_queue`, depth 32, then
+-32002): a ``session/prompt`` while a turn runs waits its turn, and prompts run in
+arrival order. ``session/cancel`` cancels the running turn only; the queued
+prompts behind it still run. A connection that goes away has its queued prompts
+dropped (and its running turns cancelled); ``session/close`` drops the session's
+queued prompts (they answer -32000). The ACP dialect keeps its immediate -32002.
 """
 
 from __future__ import annotations
@@ -21,11 +28,18 @@ from typing import TYPE_CHECKING, Any
 
 from ipc import rpc
 from ipc.acp import prompt_request, session_id
-from ipc.errors import InternalError, InvalidParams, SessionNotFound, SessionNotOwned
-from ipc.jsonrpc import Endpoint
+from ipc.errors import (
+    InternalError,
+    InvalidParams,
+    SessionNotFound,
+    SessionNotOwned,
+)
+from ipc.jsonrpc import ConnectionLost, Endpoint, RemoteError
+from supervisor.prompt_queue import PromptQueues, Ticket
 from supervisor.status import host_status
 
 if TYPE_CHECKING:
+    from ipc.acp import PromptRequest
     from ipc.events import Event
     from ipc.worker_wire import PermissionAsk
     from supervisor.sessions import Sessions
@@ -42,12 +56,15 @@ class DaemonPeer:
 
     Approvals: the request is announced as an ``approval_request`` update and waits
     for ``session/approve`` on this connection; no answer in time, a cancelled turn
-    or a closed connection denies the tool call.
+    or a closed connection denies the tool call. Questions to the user
+    (:meth:`ask_user`) are ``elicitation/create`` requests, sent only when the
+    client's ``initialize`` advertised ``clientCapabilities.elicitation``.
     """
 
     def __init__(self, endpoint: Endpoint) -> None:
         self.endpoint = endpoint
         self.name = endpoint.name
+        self.gone = False  # its input ended: queued prompts must not start
         self._approvals: dict[str, tuple[str, asyncio.Future[str | None]]] = {}
         self._request_ids = itertools.count()
 
@@ -74,6 +91,34 @@ class DaemonPeer:
         finally:
             self._approvals.pop(request_id, None)
 
+    @property
+    def elicits(self) -> bool:
+        """The client advertised ``clientCapabilities.elicitation`` (an object or true)."""
+        caps = self.endpoint.state.get("client") or {}
+        advertised = caps.get("elicitation")
+        return advertised is True or isinstance(advertised, dict)
+
+    async def ask_user(self, sid: str, message: str, schema: dict[str, Any],
+                       timeout: float) -> dict[str, Any] | None:
+        """Ask the user a form question (``elicitation/create``); the ``{action,
+        content}`` answer, or None when the client does not elicit, went away, did
+        not answer within ``timeout`` seconds, or answered an error or nonsense."""
+        if not self.elicits or self.gone or self.endpoint.closed:
+            return None
+        params = rpc.elicitation_request(sid, message, schema)
+        try:
+            result = await self.endpoint.request("elicitation/create", params, timeout=timeout)
+        except TimeoutError:
+            log.info("%s: elicitation for %s timed out", self.name, sid)
+            return None
+        except (ConnectionLost, RemoteError) as exc:
+            log.info("%s: elicitation for %s failed: %s", self.name, sid, exc)
+            return None
+        reply = rpc.elicitation_reply(result)
+        if reply is None:
+            log.warning("%s: invalid elicitation answer for %s ignored", self.name, sid)
+        return reply
+
     def answer(self, approval: rpc.Approval) -> bool:
         """Settle a pending approval of this connection; False if there is none."""
         pending = self._approvals.get(approval.request_id)
@@ -97,6 +142,7 @@ class RpcServer:
         self._sessions = sessions
         self._handshake = rpc.initialize_result(version, os.getpid())
         self.owners: dict[str, DaemonPeer] = {}
+        self.queues = PromptQueues()
         self._connections = itertools.count(1)
         self._tasks: set[asyncio.Task[None]] = set()
         self.methods: dict[str, Callable[[Any, Endpoint], Any]] = {
@@ -117,8 +163,14 @@ class RpcServer:
         return endpoint
 
     def _peer_gone(self, peer: DaemonPeer) -> None:
-        """Input ended: deny its approvals, cancel its turns (persisted), drop ownership."""
+        """Input ended: deny its approvals, drop its queued prompts, cancel its turns
+        (persisted), drop ownership."""
+        peer.gone = True
         peer.withdraw_all()
+        dropped = self.queues.drop(InternalError("prompt dropped: the client went away"),
+                                   owner=peer)
+        if dropped:
+            log.info("%s: went away; %d queued prompt(s) dropped", peer.name, dropped)
         for sid in [s for s, owner in self.owners.items() if owner is peer]:
             del self.owners[sid]
         task = asyncio.ensure_future(self._cancel_turns_of(peer))
@@ -142,6 +194,10 @@ class RpcServer:
             return
         if owner is not peer:
             raise SessionNotOwned(f"Session {sid} is owned by another connection")
+
+    def drop_queued(self, reason: str) -> int:
+        """Fail every queued prompt (the daemon is stopping); how many there were."""
+        return self.queues.drop(InternalError(f"prompt dropped: {reason}"))
 
     def owned_count(self, sid: str) -> int:
         return 1 if sid in self.owners else 0
@@ -173,6 +229,8 @@ class RpcServer:
         peer: DaemonPeer = endpoint.state["peer"]
         sessions = await self._sessions()
         agent = sessions.resolve_agent(request.request.agent_alias)
+        if request.request.session_id is not None:
+            sessions.check_unused(request.request.session_id)  # before evicting siblings
         if not request.keep_siblings:
             await self._evict_siblings(sessions, peer, agent.alias)
         route = await sessions.new(peer, request.request)
@@ -197,11 +255,26 @@ class RpcServer:
                 await host.supervise("release", sid)
 
     async def prompt(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
+        """Queue the prompt behind its session's running one (see the module doc)."""
         request = prompt_request(params)
         peer: DaemonPeer = endpoint.state["peer"]
         sid = request.session_id
         self._check_owner(sid, peer, adopt=True)
+        ticket = self.queues.enter(sid, peer)  # before any await: arrival order
+        try:
+            return await self._run_queued(ticket, request, peer)
+        finally:
+            self.queues.leave(ticket)
+
+    async def _run_queued(self, ticket: Ticket, request: PromptRequest,
+                          peer: DaemonPeer) -> dict[str, Any]:
+        await ticket.ready
+        sid = ticket.sid
         sessions = await self._sessions()
+        while (running := sessions.host.turns.running.get(sid)) is not None:
+            await running.finished.wait()  # a turn started on another transport (acp.sock)
+        if peer.gone:
+            raise InternalError("prompt dropped: the client went away")
         try:
             outcome = await sessions.prompt(peer, request)
         except SessionNotFound:
@@ -209,14 +282,15 @@ class RpcServer:
                 del self.owners[sid]
             raise
         except InternalError as exc:
-            endpoint.notify("session/update", rpc.turn_complete(sid, None, exc.message))
+            peer.endpoint.notify("session/update", rpc.turn_complete(sid, None, exc.message))
             raise
-        endpoint.notify("session/update",
-                        rpc.turn_complete(sid, outcome.stop_reason, outcome.content))
+        peer.endpoint.notify("session/update",
+                             rpc.turn_complete(sid, outcome.stop_reason, outcome.content))
         return {"sessionId": outcome.sid, "stopReason": outcome.stop_reason,
                 "content": outcome.content}
 
     async def cancel(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
+        """Cancel the running turn only: prompts queued behind it still run."""
         sid = session_id(params)
         self._check_owner(sid, endpoint.state["peer"])
         (await self._sessions()).cancel(sid)
@@ -226,6 +300,7 @@ class RpcServer:
         sid = session_id(params)
         peer: DaemonPeer = endpoint.state["peer"]
         self._check_owner(sid, peer)
+        self.queues.drop(SessionNotFound(f"Session closed: {sid}"), sid=sid)
         await (await self._sessions()).close(sid)
         if self.owners.get(sid) is peer:
             del self.owners[sid]

@@ -52,6 +52,7 @@ class Sessions:
         self.host = host
         self.shared = shared  # a daemon's host: a live session may be loaded elsewhere
         self.settings = host.settings
+        self._creating: set[str] = set()  # client-chosen ids whose session/new is running
 
     # --- session/new ------------------------------------------------------------------
 
@@ -87,9 +88,29 @@ class Sessions:
         return resolved
 
     async def new(self, peer: Peer, request: NewSessionRequest) -> Route:
+        """Create a session; its id is ``request.session_id`` when the client chose one
+        (only the daemon dialect passes it), else a fresh UUID."""
         agent = self.resolve_agent(request.agent_alias)
         cwd = self.resolve_cwd(request.cwd, agent)
-        sid = str(uuid.uuid4())
+        sid = request.session_id
+        if sid is None:
+            return await self._create(peer, str(uuid.uuid4()), agent, cwd, request)
+        self.check_unused(sid)
+        self._creating.add(sid)
+        try:
+            return await self._create(peer, sid, agent, cwd, request)
+        finally:
+            self._creating.discard(sid)
+
+    def check_unused(self, sid: str) -> None:
+        """-32602 when a client-chosen id is live, being created, or stored."""
+        host = self.host
+        if sid in host.routes or sid in self._creating or host.reader.get_session(sid):
+            raise InvalidParams(f"sessionId: session {sid} already exists; "
+                                "use session/load or session/prompt to continue it")
+
+    async def _create(self, peer: Peer, sid: str, agent: AgentConfig, cwd: str,
+                      request: NewSessionRequest) -> Route:
         if request.mcp_servers:
             log.info("session %s: %d MCP server(s) stored, not used yet", sid,
                      len(request.mcp_servers))

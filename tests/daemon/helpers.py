@@ -165,14 +165,14 @@ class DaemonProc:
                     return
                 time.sleep(0.02)
                 continue
-            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            attempt = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
-                probe.connect(str(self.socket_path))
+                attempt.connect(str(self.socket_path))
                 return
             except OSError:
                 time.sleep(0.02)
             finally:
-                probe.close()
+                attempt.close()
         raise AssertionError(f"daemon not listening after {timeout} s:\n{self.stderr()}")
 
     def client(self, **kwargs: Any) -> RpcClient:

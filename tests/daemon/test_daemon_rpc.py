@@ -162,9 +162,6 @@ def test_cancel_stops_a_running_turn(daemon: DaemonProc) -> None:
         prompt_id = client.send("session/prompt", {"sessionId": sid,
                                                    "prompt": "start\n!sleep 30\nnever"})
         client.wait_update("agent_message_chunk")
-        with pytest.raises(RpcFailure) as info:  # one turn at a time (no queue yet)
-            client.request("session/prompt", {"sessionId": sid, "prompt": "second"})
-        assert info.value.code == -32002
         client.send("session/cancel", {"sessionId": sid}, notify=True)
         response = client.wait_response(prompt_id, timeout=10)
         assert response["result"]["stopReason"] == "cancelled"
