@@ -1,8 +1,9 @@
 """The ``status`` answer (SPEC §4 shape), shared by every transport.
 
-Runs on the asyncio loop thread. Session data comes from the SupervisorActor's
-snapshot, worker data from the pool plus psutil (Process objects are kept, since
-the first ``cpu_percent()`` of a new one is always 0.0).
+Runs on the asyncio loop thread. Session entries come ready-made from the
+SupervisorActor (never from a worker or the writer); worker figures come from the
+pool plus psutil, sampled at most once a second per worker (Process objects are
+kept, since the first ``cpu_percent()`` of a new one is always 0.0).
 """
 
 from __future__ import annotations
@@ -23,25 +24,33 @@ __all__ = ["host_status"]
 _processes: dict[int, psutil.Process] = {}
 
 
+_SAMPLE_SECS = 1.0
+_samples: dict[int, tuple[float, int, float]] = {}  # pid -> (taken at, rss, cpu%)
+
+
 def _process_figures(pid: int) -> tuple[int, float]:
+    """RSS and CPU% of ``pid``, sampled at most once a second (cheap to poll)."""
+    now = time.monotonic()
+    sample = _samples.get(pid)
+    if sample is not None and now - sample[0] < _SAMPLE_SECS:
+        return sample[1], sample[2]
     process = _processes.get(pid)
     try:
         if process is None:
             process = _processes[pid] = psutil.Process(pid)
         with process.oneshot():
-            return process.memory_info().rss, process.cpu_percent(None)
+            rss, cpu = process.memory_info().rss, process.cpu_percent(None)
     except psutil.Error:
         _processes.pop(pid, None)
+        _samples.pop(pid, None)
         return 0, 0.0
+    _samples[pid] = (now, rss, cpu)
+    return rss, cpu
 
 
 async def host_status(sessions: Sessions) -> dict[str, Any]:
     host = sessions.host
-    snapshot = await host.supervise("snapshot")
-    per_worker: dict[str, int] = {}
-    for s in snapshot:
-        if s.worker_id:
-            per_worker[s.worker_id] = per_worker.get(s.worker_id, 0) + 1
+    entries, per_worker = await host.supervise("status_entries")
     workers = []
     for w in host.pool.info():
         rss, cpu = _process_figures(w.pid)
@@ -53,12 +62,8 @@ async def host_status(sessions: Sessions) -> dict[str, Any]:
         "protocolVersion": 1,
         "pid": os.getpid(),
         "uptimeSecs": round(time.time() - host.started_at, 3),
-        "activeSessions": len(snapshot),
-        "sessions": [
-            {"sessionId": s.sid, "agentAlias": s.agent_alias, "state": s.state,
-             "clients": s.clients, "lastActivity": s.last_activity, "turns": s.turns}
-            for s in snapshot
-        ],
+        "activeSessions": len(entries),
+        "sessions": entries,
         "workers": workers,
         "limits": {"maxSessions": settings.max_sessions,
                    "sessionTimeoutSecs": settings.session_timeout_secs},

@@ -16,11 +16,12 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from actors.bridge import CallableActor
 from ipc.errors import InvalidParams, SessionBusy, SessionLimitReached, SessionNotFound
 
-__all__ = ["Admission", "Eviction", "Limits", "SessionStatus", "SupervisorActor"]
+__all__ = ["Admission", "Eviction", "Limits", "SupervisorActor"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,17 +44,6 @@ class Admission:
     """``worker_id`` None: no worker has room yet; call ``place`` once one is ready."""
 
     evicted: tuple[Eviction, ...]
-    worker_id: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class SessionStatus:
-    sid: str
-    agent_alias: str
-    state: str
-    clients: int
-    last_activity: float
-    turns: int
     worker_id: str | None
 
 
@@ -173,12 +163,21 @@ class SupervisorActor(CallableActor):
         stale = [s.sid for s in self.sessions.values() if not s.busy and s.last_used < horizon]
         return [Eviction(sid, self._drop(sid)) for sid in stale]
 
-    def snapshot(self) -> list[SessionStatus]:
-        return [
-            SessionStatus(s.sid, s.agent_alias, "busy" if s.busy else "idle", s.clients,
-                          s.last_activity, s.turns, s.worker_id)
-            for s in self.sessions.values()
-        ]
+    def status_entries(self) -> tuple[list[dict[str, Any]], dict[str, int]]:
+        """The ``status`` wire entries of the live sessions, and sessions per worker.
+
+        Built straight as dicts (no intermediate objects): ``status`` is polled
+        every second by ops tools, with up to thousands of live sessions.
+        """
+        per_worker: dict[str, int] = {}
+        entries = []
+        for s in self.sessions.values():
+            if s.worker_id is not None:
+                per_worker[s.worker_id] = per_worker.get(s.worker_id, 0) + 1
+            entries.append({"sessionId": s.sid, "agentAlias": s.agent_alias,
+                            "state": "busy" if s.busy else "idle", "clients": s.clients,
+                            "lastActivity": s.last_activity, "turns": s.turns})
+        return entries, per_worker
 
     def _get(self, sid: str) -> _Live:
         live = self.sessions.get(sid)

@@ -70,14 +70,14 @@ async def test_sweep_evicts_only_idle_sessions_past_the_timeout(supervisor):
         await asyncio.sleep(0.05)
         evicted = await call(supervisor, "sweep")
     assert [e.sid for e in evicted] == ["a"]
-    assert [s.sid for s in await call(supervisor, "snapshot")] == ["b"]
+    assert [s["sessionId"] for s in (await call(supervisor, "status_entries"))[0]] == ["b"]
 
 
 async def test_worker_exit_drops_its_sessions(supervisor):
     await call(supervisor, "admit", "a", "main", 0, ["w1"])
     await call(supervisor, "admit", "b", "main", 0, ["w2"])
     assert await call(supervisor, "worker_exited", "w1") == ["a"]
-    assert [s.sid for s in await call(supervisor, "snapshot")] == ["b"]
+    assert [s["sessionId"] for s in (await call(supervisor, "status_entries"))[0]] == ["b"]
 
 
 async def test_one_session_per_worker_waits_for_a_worker():
