@@ -161,6 +161,7 @@ class PersistenceActor(SimpleInboxActor):
                 _deliver(request.reply, error, None, request.method)
             return
         self._prepared.commit_staged()
+        self._store.last_commit = time.time()
         for request, result in zip(held, results, strict=True):
             _deliver(request.reply, None, result, request.method)
 
@@ -346,6 +347,7 @@ class PersistenceActor(SimpleInboxActor):
             )
             _deliver(reply, error, None, operation)
             return None
+        self._store.last_commit = time.time()
         _deliver(reply, None, result, operation)
         return result
 

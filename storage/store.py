@@ -85,6 +85,9 @@ class Store:
         self.path = path
         self.requested_path = requested_path
         self.persistent = persistent
+        #: UNIX time of the last successful write, set by the persistence actor's
+        #: thread; read anywhere (a float assignment is atomic).
+        self.last_commit: float | None = None
         self.writer = writer
         self.reader = StoreReader(path, busy_timeout_ms)
         self._temp_dir = temp_dir

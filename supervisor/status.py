@@ -67,5 +67,6 @@ async def host_status(sessions: Sessions) -> dict[str, Any]:
         "workers": workers,
         "limits": {"maxSessions": settings.max_sessions,
                    "sessionTimeoutSecs": settings.session_timeout_secs},
-        "store": {"path": str(host.store.path), "persistent": host.store.persistent},
+        "store": {"path": str(host.store.path), "backend": "sqlite",
+                  "persistent": host.store.persistent, "lastCommit": host.store.last_commit},
     }

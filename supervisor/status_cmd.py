@@ -165,8 +165,10 @@ def render(status: dict[str, Any], now: float | None = None) -> str:
         f"idle timeout {limits.get('sessionTimeoutSecs')} s)",
     ]
     if store:
-        kind = "sqlite" if store.get("persistent") else "in memory"
-        lines.append(f"store: {store.get('path')} ({kind})")
+        kind = store.get("backend", "sqlite") if store.get("persistent") else "in memory"
+        committed = store.get("lastCommit")
+        last = f", last commit {_duration(now - committed)} ago" if committed else ""
+        lines.append(f"store: {store.get('path')} ({kind}{last})")
     lines += ["", f"{'SESSION':<36}  {'AGENT':<12} {'STATE':<5} {'CLIENTS':>7} {'TURNS':>5}  "
               "LAST ACTIVITY"]
     for s in status.get("sessions") or []:

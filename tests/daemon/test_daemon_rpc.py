@@ -220,6 +220,10 @@ def test_status_shape(daemon: DaemonProc) -> None:
         assert worker["rssBytes"] > 0 and worker["responsive"] is True
     assert sum(w["sessions"] for w in status["workers"]) == 1
     assert status["limits"] == {"maxSessions": 10, "sessionTimeoutSecs": 3600.0}
+    store = status["store"]
+    assert store["backend"] == "sqlite" and store["persistent"] is True
+    assert store["path"].endswith("acp-sessions.db")
+    assert isinstance(store["lastCommit"], float)  # the new session's row
 
 
 def test_unknown_method_and_bad_params(daemon: DaemonProc) -> None:
