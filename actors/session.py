@@ -102,20 +102,25 @@ class SessionState:
 
 
 class PermissionBoard:
-    """Pending permission waits of one worker, by request id. Thread-safe."""
+    """Pending waits on the user (permissions, questions) of one worker, by request id.
+
+    Thread-safe: opened on session threads, resolved on the IO thread. A wait's
+    value is the client's answer (an option id, or an ``{action, content}`` map);
+    None means no answer (cancelled, withdrawn, or the client is gone).
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._waits: dict[str, tuple[str, Future[str | None]]] = {}
+        self._waits: dict[str, tuple[str, Future[Any]]] = {}
 
-    def open(self, sid: str, request_id: str) -> Future[str | None]:
-        future: Future[str | None] = Future()
+    def open(self, sid: str, request_id: str) -> Future[Any]:
+        future: Future[Any] = Future()
         with self._lock:
             self._waits[request_id] = (sid, future)
         return future
 
-    def resolve(self, request_id: str, option_id: str | None) -> bool:
-        """Complete one wait with the client's choice; False if it is not pending."""
+    def resolve(self, request_id: str, option_id: Any) -> bool:
+        """Complete one wait with the client's answer; False if it is not pending."""
         with self._lock:
             entry = self._waits.pop(request_id, None)
         if entry is None:

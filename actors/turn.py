@@ -31,7 +31,7 @@ from ipc.events import (
     TurnRecord,
     event_to_wire,
 )
-from ipc.worker_wire import PermissionAsk, TurnEvent
+from ipc.worker_wire import PermissionAsk, TurnEvent, UserAsk
 
 if TYPE_CHECKING:
     from actors.session import SessionActor
@@ -188,6 +188,24 @@ class ActorTurnContext:
             board.discard(request_id)
             logger.info("session %s: permission %s timed out", self._sid, request_id)
             return None
+
+    def ask_user(self, message: str, schema: dict[str, Any]) -> dict[str, Any] | None:
+        """Ask the user a question; ``{action, content}``, or None when no answer came."""
+        board = self._session.permissions
+        request_id = f"ask-{uuid.uuid4().hex[:16]}"
+        future = board.open(self._sid, request_id)
+        if self._cancelled.is_set():
+            board.discard(request_id)
+            return None
+        self._session.send(UserAsk(sid=self._sid, turn_id=self._turn_id, request_id=request_id,
+                                   message=message, schema=schema))
+        try:
+            answer = future.result(timeout=self._session.config.permission_timeout)
+        except TimeoutError:
+            board.discard(request_id)
+            logger.info("session %s: question %s timed out", self._sid, request_id)
+            return None
+        return answer if isinstance(answer, dict) else None
 
     def run_tool(self, name: str, raw_input: Any) -> ToolCallOutcome:
         call_id = f"call_{uuid.uuid4().hex[:16]}"

@@ -56,6 +56,7 @@ from ipc.worker_wire import (
     Shutdown,
     StartTurn,
     TurnFailed,
+    UserAnswer,
     WireError,
     WorkerMessage,
     WorkerReady,
@@ -229,6 +230,8 @@ class WorkerProcess:
                 self._start_turn(message)
             case CancelTurn(sid=sid):
                 self._cancel(sid)
+            case UserAnswer(request_id=request_id, answer=answer):
+                self.permissions.resolve(request_id, answer)
             case PermissionReply(request_id=request_id, option_id=option_id):
                 self.permissions.resolve(request_id, option_id)
             case SetMode(sid=sid, mode=mode):

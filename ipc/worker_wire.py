@@ -34,6 +34,8 @@ __all__ = [
     "TurnEnded",
     "TurnEvent",
     "TurnFailed",
+    "UserAnswer",
+    "UserAsk",
     "WireError",
     "WorkerMessage",
     "WorkerReady",
@@ -94,6 +96,16 @@ class PermissionReply:
     sid: str
     request_id: str
     option_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class UserAnswer:
+    """The user's answer to a :class:`UserAsk`: ``{action, content}``, or None (none came)."""
+
+    T: ClassVar[str] = "user_answer"
+    sid: str
+    request_id: str
+    answer: dict[str, Any] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +191,18 @@ class PermissionAsk:
 
 
 @dataclass(frozen=True, slots=True)
+class UserAsk:
+    """The agent asks the user a question (``ask_user``): a message and a JSON schema."""
+
+    T: ClassVar[str] = "user_ask"
+    sid: str
+    turn_id: str
+    request_id: str
+    message: str
+    schema: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
 class TurnEnded:
     """The turn finished (completed or cancelled); ``record`` is a TurnRecord wire dict."""
 
@@ -209,6 +233,7 @@ HostMessage: TypeAlias = (
     | StartTurn
     | CancelTurn
     | PermissionReply
+    | UserAnswer
     | SetMode
     | CloseSession
     | Ping
@@ -221,6 +246,7 @@ WorkerMessage: TypeAlias = (
     | OpenFailed
     | TurnEvent
     | PermissionAsk
+    | UserAsk
     | TurnEnded
     | TurnFailed
     | SessionClosed
@@ -233,6 +259,7 @@ _TYPES: dict[str, type[Any]] = {
         StartTurn,
         CancelTurn,
         PermissionReply,
+        UserAnswer,
         SetMode,
         CloseSession,
         Ping,
@@ -243,6 +270,7 @@ _TYPES: dict[str, type[Any]] = {
         OpenFailed,
         TurnEvent,
         PermissionAsk,
+        UserAsk,
         TurnEnded,
         TurnFailed,
         SessionClosed,

@@ -98,6 +98,14 @@ class AcpPeer:
         return acp.selected_option(result)
 
 
+    async def ask_user(
+        self, sid: str, message: str, schema: dict[str, Any], timeout: float
+    ) -> dict[str, Any] | None:
+        """ACP v1 has no question request for agents: the agent gets no answer."""
+        log.info("session %s: the agent asked the user a question; ACP cannot ask it", sid)
+        return None
+
+
 class AcpServer:
     """Handler table and lifecycle shared by every ACP connection of one host."""
 

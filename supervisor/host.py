@@ -30,6 +30,8 @@ from ipc.worker_wire import (
     TurnEnded,
     TurnEvent,
     TurnFailed,
+    UserAnswer,
+    UserAsk,
     WorkerMessage,
 )
 from storage.store import Store, open_store
@@ -194,6 +196,8 @@ class Host:
                     self.turns.settle(turn, error=InternalError(text))
             case PermissionAsk():
                 self._ask_permission(worker_id, message)
+            case UserAsk():
+                self._ask_user(worker_id, message)
             case SessionClosed(sid=sid):
                 waiter = self._closing.pop(sid, None)
                 if waiter and not waiter.done():
@@ -212,6 +216,24 @@ class Host:
         task = self.spawn(self._relay_permission(worker_id, turn, ask))
         turn.permission_tasks.add(task)
         task.add_done_callback(turn.permission_tasks.discard)
+
+    def _ask_user(self, worker_id: str, ask: UserAsk) -> None:
+        turn = self.turns.get(ask.sid, ask.turn_id)
+        if turn is None or turn.cancel_requested:
+            self.pool.send(worker_id, UserAnswer(ask.sid, ask.request_id, None))
+            return
+        task = self.spawn(self._relay_question(worker_id, turn, ask))
+        turn.permission_tasks.add(task)
+        task.add_done_callback(turn.permission_tasks.discard)
+
+    async def _relay_question(self, worker_id: str, turn: RunningTurn, ask: UserAsk) -> None:
+        answer: dict[str, Any] | None = None
+        try:
+            answer = await turn.peer.ask_user(
+                ask.sid, ask.message, ask.schema, self.settings.session_timeout_secs
+            )
+        finally:  # cancelled or failed: the agent gets no answer
+            self.pool.send(worker_id, UserAnswer(ask.sid, ask.request_id, answer))
 
     async def _relay_permission(
         self, worker_id: str, turn: RunningTurn, ask: PermissionAsk

@@ -28,6 +28,11 @@ class Peer(Protocol):
     async def ask_permission(self, sid: str, ask: PermissionAsk, timeout: float) -> str | None:
         """Ask the user; ``allow_once``/``allow_always``/``reject_once`` or None (denied)."""
 
+    async def ask_user(
+        self, sid: str, message: str, schema: dict[str, Any], timeout: float
+    ) -> dict[str, Any] | None:
+        """Ask the user a question (``elicitation/create``); None if it cannot be asked."""
+
 
 @dataclass(slots=True)
 class Route:

@@ -45,6 +45,7 @@ from ipc.worker_wire import (
     TurnEnded,
     TurnEvent,
     TurnFailed,
+    UserAsk,
     WireError,
     WorkerMessage,
     WorkerReady,
@@ -62,8 +63,8 @@ _HWM = 10_000
 _DRAIN_BATCH = 1000
 _SHUTDOWN_GRACE_SECS = 1.0
 _PROJECT_ROOT = Path(__file__).resolve().parent.parent
-_FORWARDED = (SessionOpened, OpenFailed, TurnEvent, PermissionAsk, TurnEnded, TurnFailed,
-              SessionClosed)
+_FORWARDED = (SessionOpened, OpenFailed, TurnEvent, PermissionAsk, UserAsk, TurnEnded,
+              TurnFailed, SessionClosed)
 
 
 @dataclass(frozen=True, slots=True)

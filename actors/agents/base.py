@@ -69,6 +69,14 @@ class TurnContext(Protocol):
         """Ask the client; the chosen option id, or None if cancelled, timed out or gone."""
         ...
 
+    def ask_user(self, message: str, schema: dict[str, Any]) -> dict[str, Any] | None:
+        """Ask the user (``elicitation/create`` where the client supports it).
+
+        The answer is ``{action: accept|decline|cancel, content}``; None when the
+        client cannot be asked, does not answer in time, or the turn is cancelled.
+        """
+        ...
+
     def run_tool(self, name: str, raw_input: Any) -> ToolCallOutcome:
         """Announce, authorise (session mode), run and report one tool call."""
         ...

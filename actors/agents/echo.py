@@ -9,6 +9,7 @@ exercise the rest of the agent loop:
 ``!plan A; B; C``   a plan (the first entry in progress)
 ``!tool NAME JSON`` a tool call through the session's approval and path rules
 ``!fail TEXT``      fail the turn with TEXT
+``!ask QUESTION``   ask the user (``ask_user``) and echo the answer
 
 Runs on the session actor's thread.
 """
@@ -25,9 +26,15 @@ import orjson
 from actors.agents.base import Agent, AgentFailure, TurnContext, estimate_tokens
 from ipc.events import MessageChunk, PlanEntry, PlanUpdate, ThoughtChunk, UsageUpdate
 
-__all__ = ["CONTEXT_WINDOW", "EchoAgent"]
+__all__ = ["ASK_SCHEMA", "CONTEXT_WINDOW", "EchoAgent"]
 
 CONTEXT_WINDOW = 128_000
+#: The form ``!ask`` sends: one free-text answer.
+ASK_SCHEMA = {
+    "type": "object",
+    "properties": {"answer": {"type": "string", "title": "Answer"}},
+    "required": ["answer"],
+}
 _WORD = re.compile(r"\s*\S+\s*|\s+")
 
 
@@ -61,6 +68,7 @@ class _EchoTurn:
             "!plan": self.plan,
             "!tool": self.tool,
             "!fail": self.fail,
+            "!ask": self.ask,
         }
 
     def tokens(self) -> int:
@@ -115,6 +123,22 @@ class _EchoTurn:
         if not name:
             raise AgentFailure("!tool needs a tool name")
         self.ctx.run_tool(name, _tool_arguments(name, json_text.strip()))
+
+    def ask(self, question: str) -> None:
+        """Ask the user and say what came back: the answer, or why there is none."""
+        reply = self.ctx.ask_user(question or "?", ASK_SCHEMA)
+        if reply is None:
+            text = "(no answer)"
+        elif reply.get("action") != "accept":
+            text = f"({reply.get('action', 'no answer')})"
+        else:
+            content = reply.get("content")
+            answer = content.get("answer") if isinstance(content, dict) else None
+            text = str(answer) if answer is not None else "(empty answer)"
+        if self.echoed_lines:
+            self.say("\n")
+        self.echoed_lines += 1
+        self.say(text)
 
     def fail(self, text: str) -> None:
         raise AgentFailure(text or "echo agent failed as asked")

@@ -35,3 +35,11 @@ def test_stdout_to_dev_null_still_serves(tmp_path):
     done = subprocess.run(host_argv(tmp_path), input=INIT, stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE, env=host_env(), timeout=20)
     assert done.returncode == 0
+
+
+def test_ask_directive_gets_no_answer_over_acp(raw_host, workspace):
+    """ACP v1 has no question request for agents: ``!ask`` answers at once, unanswered."""
+    raw_host.initialize()
+    sid = raw_host.new_session(workspace)
+    result = raw_host.call("session/prompt", {"sessionId": sid, "prompt": "!ask anyone?"})
+    assert result == {"sessionId": sid, "stopReason": "end_turn", "content": "(no answer)"}
