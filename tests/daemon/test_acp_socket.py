@@ -88,6 +88,11 @@ def test_attach_starts_an_ephemeral_daemon_that_editors_share() -> None:
             if u["sessionUpdate"] == "user_message_chunk"] == ["first editor"]
     assert two.request("session/prompt", {"sessionId": sid, "prompt": "second"})[
         "content"] == "second"
+    status = subprocess.run(zeroclaw_argv("status", "--json", "--config-dir", str(config_dir)),
+                            capture_output=True, env=env, timeout=20)
+    assert status.returncode == 0, status.stderr
+    listed = json.loads(status.stdout)["sessions"]
+    assert [(s["sessionId"], s["turns"]) for s in listed] == [(sid, 2)]
     assert one.quit() == 0 and two.quit() == 0
     deadline = time.monotonic() + 10
     while psutil.pid_exists(daemon_pid) and psutil.Process(daemon_pid).status() != "zombie":
