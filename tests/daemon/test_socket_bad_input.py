@@ -1,4 +1,4 @@
-"""SPEC §2 on ``daemon.sock``: bad input gets its answer (or none) and the next request is served."""
+"""SPEC §2 on ``daemon.sock``: bad input gets its answer (or none); the next request is served."""
 
 from __future__ import annotations
 
