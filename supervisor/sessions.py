@@ -123,9 +123,11 @@ class Sessions:
         route = await self._open(peer, info, history=False)
         try:
             await self.host.persist("create_session", info)
-        except Exception:
+        except Exception as exc:
             await self._forget(route)
-            raise
+            if isinstance(exc, RpcError):
+                raise
+            raise InternalError(str(exc)) from None  # e.g. "store write failed: ..."
         return route
 
     async def _open(self, peer: Peer, info: StoredSession, *, history: bool) -> Route:
