@@ -219,8 +219,9 @@ class Daemon:
 
 
 def acp_socket_path(settings: Settings) -> Path:
-    """``acp.sock``: beside the RPC socket (``<data_dir>/acp.sock`` by default)."""
-    return settings.socket_path.parent / "acp.sock"
+    """``<data_dir>/acp.sock`` (SPEC §6), whatever ``ZEROCLAW_SOCKET`` says: two daemons
+    with different config dirs never meet on it."""
+    return settings.data_dir / "acp.sock"
 
 
 async def _run(settings: Settings, ephemeral: bool) -> int:
