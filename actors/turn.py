@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +31,7 @@ from ipc.events import (
     TurnRecord,
     event_to_wire,
 )
-from ipc.worker_wire import PermissionAsk, TurnEvent, UserAsk
+from ipc.worker_wire import PermissionAsk, TurnEvent, UserAsk, WorkerMessage
 
 if TYPE_CHECKING:
     from actors.session import SessionActor
@@ -171,41 +171,37 @@ class ActorTurnContext:
     def ask_permission(
         self, tool_call_id: str, tool_name: str, title: str, kind: str, raw_input: Any
     ) -> str | None:
-        board = self._session.permissions
-        request_id = f"perm-{uuid.uuid4().hex[:16]}"
-        future = board.open(self._sid, request_id)
-        if self._cancelled.is_set():
-            board.discard(request_id)
-            return None
-        self._session.send(PermissionAsk(
+        answer = self._wait_for_user("perm", lambda request_id: PermissionAsk(
             sid=self._sid, turn_id=self._turn_id, request_id=request_id,
             tool_call_id=tool_call_id, tool_name=tool_name, title=title, kind=kind,
             raw_input=raw_input,
         ))
-        try:
-            return future.result(timeout=self._session.config.permission_timeout)
-        except TimeoutError:
-            board.discard(request_id)
-            logger.info("session %s: permission %s timed out", self._sid, request_id)
-            return None
+        return answer if isinstance(answer, str) else None
 
     def ask_user(self, message: str, schema: dict[str, Any]) -> dict[str, Any] | None:
         """Ask the user a question; ``{action, content}``, or None when no answer came."""
+        answer = self._wait_for_user("ask", lambda request_id: UserAsk(
+            sid=self._sid, turn_id=self._turn_id, request_id=request_id,
+            message=message, schema=schema,
+        ))
+        return answer if isinstance(answer, dict) else None
+
+    def _wait_for_user(self, kind: str, ask: Callable[[str], WorkerMessage]) -> Any:
+        """Send ``ask(request_id)`` and block (this turn's thread) until the IO thread
+        resolves the wait with the client's answer; None if cancelled or timed out."""
         board = self._session.permissions
-        request_id = f"ask-{uuid.uuid4().hex[:16]}"
+        request_id = f"{kind}-{uuid.uuid4().hex[:16]}"
         future = board.open(self._sid, request_id)
         if self._cancelled.is_set():
             board.discard(request_id)
             return None
-        self._session.send(UserAsk(sid=self._sid, turn_id=self._turn_id, request_id=request_id,
-                                   message=message, schema=schema))
+        self._session.send(ask(request_id))
         try:
-            answer = future.result(timeout=self._session.config.permission_timeout)
+            return future.result(timeout=self._session.config.permission_timeout)
         except TimeoutError:
             board.discard(request_id)
-            logger.info("session %s: question %s timed out", self._sid, request_id)
+            logger.info("session %s: %s timed out", self._sid, request_id)
             return None
-        return answer if isinstance(answer, dict) else None
 
     def run_tool(self, name: str, raw_input: Any) -> ToolCallOutcome:
         call_id = f"call_{uuid.uuid4().hex[:16]}"

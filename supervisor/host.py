@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from actors.bridge import call, loop_reply, tell
@@ -22,6 +23,7 @@ from ipc.errors import InternalError, SessionNotFound
 from ipc.events import SessionInfo, TurnRecord, event_from_wire
 from ipc.worker_wire import (
     CloseSession,
+    HostMessage,
     OpenFailed,
     PermissionAsk,
     PermissionReply,
@@ -37,7 +39,7 @@ from ipc.worker_wire import (
 from storage.store import Store, open_store
 from supervisor.config import Settings
 from supervisor.orphans import become_subreaper, end_orphans
-from supervisor.routes import Route, RunningTurn
+from supervisor.routes import Peer, Route
 from supervisor.supervisor import Eviction, Limits, SupervisorActor
 from supervisor.turns import TurnBook
 from supervisor.workers import WorkerPool
@@ -209,42 +211,54 @@ class Host:
                 pass
 
     def _ask_permission(self, worker_id: str, ask: PermissionAsk) -> None:
-        turn = self.turns.get(ask.sid, ask.turn_id)
-        if turn is None or turn.cancel_requested:
-            self.pool.send(worker_id, PermissionReply(ask.sid, ask.request_id, None))
-            return
-        task = self.spawn(self._relay_permission(worker_id, turn, ask))
-        turn.permission_tasks.add(task)
-        task.add_done_callback(turn.permission_tasks.discard)
+        timeout = self.settings.session_timeout_secs
+        self._relay_to_user(
+            worker_id, ask.sid, ask.turn_id,
+            lambda peer: peer.ask_permission(ask.sid, ask, timeout),
+            lambda option: PermissionReply(ask.sid, ask.request_id, option),
+        )
 
     def _ask_user(self, worker_id: str, ask: UserAsk) -> None:
-        turn = self.turns.get(ask.sid, ask.turn_id)
+        timeout = self.settings.session_timeout_secs
+        self._relay_to_user(
+            worker_id, ask.sid, ask.turn_id,
+            lambda peer: peer.ask_user(ask.sid, ask.message, ask.schema, timeout),
+            lambda answer: UserAnswer(ask.sid, ask.request_id, answer),
+        )
+
+    def _relay_to_user(
+        self,
+        worker_id: str,
+        sid: str,
+        turn_id: str,
+        ask_peer: Callable[[Peer], Awaitable[Any]],
+        reply: Callable[[Any], HostMessage],
+    ) -> None:
+        """Ask the turn's client; the worker always gets a reply (None: no answer).
+
+        The asking task is one of the turn's ``permission_tasks``, so a cancel
+        withdraws it and the agent is answered at once.
+        """
+        turn = self.turns.get(sid, turn_id)
         if turn is None or turn.cancel_requested:
-            self.pool.send(worker_id, UserAnswer(ask.sid, ask.request_id, None))
+            self.pool.send(worker_id, reply(None))
             return
-        task = self.spawn(self._relay_question(worker_id, turn, ask))
+        task = self.spawn(self._relay(worker_id, turn.peer, ask_peer, reply))
         turn.permission_tasks.add(task)
         task.add_done_callback(turn.permission_tasks.discard)
 
-    async def _relay_question(self, worker_id: str, turn: RunningTurn, ask: UserAsk) -> None:
-        answer: dict[str, Any] | None = None
-        try:
-            answer = await turn.peer.ask_user(
-                ask.sid, ask.message, ask.schema, self.settings.session_timeout_secs
-            )
-        finally:  # cancelled or failed: the agent gets no answer
-            self.pool.send(worker_id, UserAnswer(ask.sid, ask.request_id, answer))
-
-    async def _relay_permission(
-        self, worker_id: str, turn: RunningTurn, ask: PermissionAsk
+    async def _relay(
+        self,
+        worker_id: str,
+        peer: Peer,
+        ask_peer: Callable[[Peer], Awaitable[Any]],
+        reply: Callable[[Any], HostMessage],
     ) -> None:
-        option: str | None = None
+        answer: Any = None
         try:
-            option = await turn.peer.ask_permission(
-                ask.sid, ask, self.settings.session_timeout_secs
-            )
-        finally:  # cancelled (session/cancel) or failed: the tool call is denied
-            self.pool.send(worker_id, PermissionReply(ask.sid, ask.request_id, option))
+            answer = await ask_peer(peer)
+        finally:  # cancelled (session/cancel) or failed: no answer
+            self.pool.send(worker_id, reply(answer))
 
     async def _drop_broken(self, sid: str, text: str) -> None:
         route = self.routes.pop(sid, None)
