@@ -13,6 +13,7 @@ Pure data: safe to use from any thread.
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Literal, TypeAlias
 
@@ -34,6 +35,7 @@ __all__ = [
     "UserChunk",
     "event_from_wire",
     "event_to_wire",
+    "iso_utc",
     "item_from_wire",
     "item_to_wire",
 ]
@@ -158,6 +160,12 @@ _EVENT_TYPES: dict[str, type[Any]] = {
         UsageUpdate,
     )
 }
+
+
+def iso_utc(timestamp: float) -> str:
+    """A UNIX time as ISO 8601 in UTC with a ``Z`` (ACP's ``updatedAt``)."""
+    stamp = dt.datetime.fromtimestamp(timestamp, dt.UTC).isoformat()
+    return stamp.replace("+00:00", "Z")
 
 
 def event_to_wire(event: Event) -> dict[str, Any]:

@@ -267,13 +267,12 @@ class AcpServer:
 
 
 def _listed(row: Any) -> dict[str, Any]:
-    import datetime as dt
+    from ipc.events import iso_utc  # imported once, with the first list; not at start
 
-    stamp = dt.datetime.fromtimestamp(row.last_activity, dt.UTC)
     entry: dict[str, Any] = {
         "sessionId": row.id,
         "cwd": row.cwd,
-        "updatedAt": stamp.isoformat().replace("+00:00", "Z"),
+        "updatedAt": iso_utc(row.last_activity),
     }
     if row.title:
         entry["title"] = row.title

@@ -20,7 +20,7 @@ from typing import Any
 from actors.bridge import call, loop_reply, tell
 from actors.persistence import PersistenceActor, PersistRequest
 from ipc.errors import InternalError, SessionNotFound
-from ipc.events import SessionInfo, TurnRecord, event_from_wire
+from ipc.events import SessionInfo, TurnRecord, event_from_wire, iso_utc
 from ipc.worker_wire import (
     CloseSession,
     HostMessage,
@@ -40,7 +40,7 @@ from storage.store import Store, open_store
 from supervisor.config import Settings
 from supervisor.orphans import become_subreaper, end_orphans
 from supervisor.routes import Peer, Route
-from supervisor.supervisor import Eviction, Limits, SupervisorActor
+from supervisor.supervisor import Eviction, Limits, SupervisorActor, workers_wanted
 from supervisor.turns import TurnBook
 from supervisor.workers import WorkerPool
 
@@ -135,11 +135,9 @@ class Host:
         return ready
 
     def scale_workers(self) -> None:
-        in_use = {r.worker_id for r in self.routes.values()}
-        if self.settings.sessions_per_worker:
-            self.pool.scale_to(len(in_use) + 1)
-        else:
-            self.pool.scale_to(max(len(in_use), 1) + 1)
+        """Grow the pool as the supervisor's rule says, from the loop's own routes."""
+        in_use = len({r.worker_id for r in self.routes.values()})
+        self.pool.scale_to(workers_wanted(in_use, 0, self.settings.sessions_per_worker))
 
     def apply_evictions(self, evictions: list[Eviction] | tuple[Eviction, ...]) -> None:
         for eviction in evictions:
@@ -173,6 +171,8 @@ class Host:
             turn = self.turns.get(sid)
             if turn is not None and turn.route is route and turn.started:
                 self.turns.settle(turn, error=InternalError("session worker exited"))
+                # the record says so until the next load or resume; nobody waits on it
+                self.persist("mark_killed", sid).add_done_callback(_log_write_failure)
             waiter = self._closing.pop(sid, None)
             if waiter and not waiter.done():
                 waiter.set_result(None)
@@ -282,8 +282,12 @@ class Host:
         self._closing.pop(route.sid, None)
 
     def session_info_event(self, title: str | None) -> SessionInfo:
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        return SessionInfo(title=title, updated_at=stamp)
+        return SessionInfo(title=title, updated_at=iso_utc(time.time()))
+
+
+def _log_write_failure(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.warning("store write failed: %s", future.exception())
 
 
 def canonical_dir(path: str, base: str | None = None) -> str | None:

@@ -37,6 +37,7 @@ from ipc.errors import (
 from ipc.jsonrpc import ConnectionLost, Endpoint, RemoteError
 from supervisor.prompt_queue import PromptQueues, Ticket
 from supervisor.status import host_status
+from supervisor.supervisor import Eviction
 
 if TYPE_CHECKING:
     from ipc.acp import PromptRequest
@@ -248,8 +249,6 @@ class RpcServer:
             route = host.routes.get(sid)
             if route is None or route.agent_alias != alias or sid in host.turns.running:
                 continue
-            from supervisor.supervisor import Eviction
-
             host.apply_evictions([Eviction(sid, route.worker_id)])  # no await before this
             with contextlib.suppress(SessionNotFound):
                 await host.supervise("release", sid)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ipc.acp import Blob, NewSessionRequest, PromptRequest, blob_marker
+from ipc.acp import Blob, NewSessionRequest, PromptRequest, blob_marker, replay_events
 from ipc.errors import InternalError, InvalidParams, RpcError, SessionNotFound
 from ipc.events import CurrentMode, TurnRecord, item_to_wire
 from ipc.worker_wire import OpenSession, SetMode, StartTurn
@@ -298,8 +298,6 @@ class Sessions:
             route = await self._open(peer, info, history=True)
         await self.host.persist("reopen", sid, time.time())
         if replay:
-            from ipc.acp import replay_events
-
             items = await asyncio.to_thread(self.host.reader.load_items, sid)
             for event in replay_events(items):
                 peer.send_event(sid, event)

@@ -21,7 +21,15 @@ from typing import Any
 from actors.bridge import CallableActor
 from ipc.errors import InvalidParams, SessionBusy, SessionLimitReached, SessionNotFound
 
-__all__ = ["Admission", "Eviction", "Limits", "SupervisorActor"]
+__all__ = ["Admission", "Eviction", "Limits", "SupervisorActor", "workers_wanted"]
+
+
+def workers_wanted(in_use: int, unplaced: int, sessions_per_worker: int) -> int:
+    """The pool size to aim for: the workers in use plus one warm spare, and with
+    one session per worker (``sessions_per_worker``) one more per waiting session."""
+    if sessions_per_worker:
+        return in_use + unplaced + 1
+    return max(in_use, 1) + 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,10 +114,8 @@ class SupervisorActor(CallableActor):
     def workers_wanted(self) -> int:
         """Workers in use plus one warm spare (or one per session when isolated)."""
         in_use = sum(1 for sids in self.by_worker.values() if sids)
-        if self.limits.sessions_per_worker:
-            unplaced = sum(1 for s in self.sessions.values() if s.worker_id is None)
-            return in_use + unplaced + 1
-        return max(in_use, 1) + 1
+        unplaced = sum(1 for s in self.sessions.values() if s.worker_id is None)
+        return workers_wanted(in_use, unplaced, self.limits.sessions_per_worker)
 
     def _least_recently_used_idle(self) -> _Live | None:
         idle = [s for s in self.sessions.values() if not s.busy]
