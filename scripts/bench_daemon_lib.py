@@ -59,11 +59,12 @@ class BenchSizes:
 
 
 class NdjsonClient:
-    """A blocking JSON-RPC client on a Unix socket; notifications are skipped."""
+    """A blocking JSON-RPC client on a Unix socket; notifications go to
+    :meth:`on_notification` (skipped here; subclasses may record them)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, timeout: float = TIMEOUT) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(TIMEOUT)
+        self.sock.settimeout(timeout)
         self.sock.connect(str(path))
         self._buffer = b""
         self._next_id = 0
@@ -72,6 +73,14 @@ class NdjsonClient:
         self.sock.close()
 
     def request(self, method: str, params: Any = None) -> Any:
+        """The result; an error answer raises ``RuntimeError``."""
+        reply = self.call(method, params)
+        if "error" in reply:
+            raise RuntimeError(f"{method}: {reply['error']}")
+        return reply.get("result")
+
+    def call(self, method: str, params: Any = None) -> dict[str, Any]:
+        """The whole response frame (``result`` or ``error``)."""
         self._next_id += 1
         frame: dict[str, Any] = {"jsonrpc": "2.0", "id": self._next_id, "method": method}
         if params is not None:
@@ -79,10 +88,13 @@ class NdjsonClient:
         self.sock.sendall(orjson.dumps(frame) + b"\n")
         while True:
             reply = orjson.loads(self._read_line())
-            if reply.get("id") == self._next_id and "method" not in reply:
-                if "error" in reply:
-                    raise RuntimeError(f"{method}: {reply['error']}")
-                return reply.get("result")
+            if "method" in reply:
+                self.on_notification(reply)
+            elif reply.get("id") == self._next_id:
+                return dict(reply)
+
+    def on_notification(self, frame: dict[str, Any]) -> None:
+        """A frame with a method that came while waiting for an answer."""
 
     def _read_line(self) -> bytes:
         while True:
@@ -231,6 +243,8 @@ def status_latencies(client: NdjsonClient, calls: int) -> tuple[list[float], int
 
 
 def percentile(samples: list[float], fraction: float) -> float:
+    if not samples:
+        return float("nan")
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 

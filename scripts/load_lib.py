@@ -22,7 +22,6 @@ import os
 import shutil
 import signal
 import socket
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -35,8 +34,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import orjson
 import psutil
+from bench_daemon_lib import NdjsonClient, percentile
+
+from ipc.events import TextItem
+from storage.store import StoreReader
 
 __all__ = ["ClientResult", "LoadClient", "format_summary", "prompt_text", "run_load"]
 
@@ -56,52 +58,20 @@ def prompt_text(client_no: int, turn: int) -> str:
     return f"client {client_no} turn {turn} checks the store"
 
 
-class LoadClient:
-    """A blocking JSON-RPC client on ``daemon.sock``; counts ``turn_complete`` updates."""
+class LoadClient(NdjsonClient):
+    """An :class:`NdjsonClient` on ``daemon.sock`` that records ``turn_complete`` updates."""
 
     def __init__(self, path: Path) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(TURN_TIMEOUT)
-        self.sock.connect(str(path))
+        super().__init__(path, timeout=TURN_TIMEOUT)
         self.completed: list[dict[str, Any]] = []  # turn_complete updates, in order
-        self._buffer = b""
-        self._next_id = 0
 
-    def close(self) -> None:
-        self.sock.close()
-
-    def call(self, method: str, params: Any = None) -> dict[str, Any]:
-        """The whole response frame (``result`` or ``error``)."""
-        self._next_id += 1
-        frame: dict[str, Any] = {"jsonrpc": "2.0", "id": self._next_id, "method": method}
-        if params is not None:
-            frame["params"] = params
-        self.sock.sendall(orjson.dumps(frame) + b"\n")
-        while True:
-            reply = orjson.loads(self._read_line())
-            if "method" in reply:
-                params = reply.get("params") or {}
-                if params.get("type") == "turn_complete":
-                    self.completed.append(params)
-            elif reply.get("id") == self._next_id:
-                return dict(reply)
+    def on_notification(self, frame: dict[str, Any]) -> None:
+        params = frame.get("params") or {}
+        if params.get("type") == "turn_complete":
+            self.completed.append(params)
 
     def result(self, method: str, params: Any = None) -> Any:
-        reply = self.call(method, params)
-        if "error" in reply:
-            raise RuntimeError(f"{method}: {reply['error']}")
-        return reply["result"]
-
-    def _read_line(self) -> bytes:
-        while True:
-            newline = self._buffer.find(b"\n")
-            if newline >= 0:
-                line, self._buffer = self._buffer[:newline], self._buffer[newline + 1:]
-                return line
-            chunk = self.sock.recv(1 << 16)
-            if not chunk:
-                raise ConnectionError("the daemon closed the connection")
-            self._buffer += chunk
+        return self.request(method, params)
 
 
 @dataclass
@@ -164,24 +134,21 @@ def run_client(path: Path, client_no: int, turns: int, start: threading.Barrier 
     return outcome
 
 
-def stored_user_messages(db_path: Path) -> dict[str, list[str]]:
-    """User message texts per session, straight from the SQLite file (read-only)."""
-    db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=10)
+def stored_user_messages(db_path: Path, session_ids: list[str]) -> dict[str, list[str]]:
+    """User prompts per session, read back through the store's own read API."""
+    reader = StoreReader(db_path)
     try:
-        rows = db.execute("SELECT session_id, content FROM messages WHERE role = 'user' "
-                          "ORDER BY session_id, seq").fetchall()
+        return {sid: [item.text for item in reader.load_items(sid)
+                      if isinstance(item, TextItem) and item.role == "user"]
+                for sid in session_ids}
     finally:
-        db.close()
-    stored: dict[str, list[str]] = {}
-    for session_id, content in rows:
-        stored.setdefault(session_id, []).append(content)
-    return stored
+        reader.close()
 
 
 def lost_turns(outcomes: list[ClientResult], turns: int,
                db_path: Path) -> tuple[int, list[str]]:
     """Turns not answered right or not stored; a line per client whose store is wrong."""
-    stored = stored_user_messages(db_path)
+    stored = stored_user_messages(db_path, [o.session_id for o in outcomes])
     lost, lines = 0, []
     for outcome in outcomes:
         expected = [prompt_text(outcome.client_no, t) for t in range(turns)]
@@ -294,13 +261,6 @@ def wait_for(predicate: Callable[[], bool], timeout: float) -> bool:
             return False
         time.sleep(0.1)
     return True
-
-
-def percentile(samples: list[float], fraction: float) -> float:
-    if not samples:
-        return float("nan")
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
 @contextlib.contextmanager

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import shutil
 import socket
-import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,6 +22,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from ipc.events import TextItem
+from storage.store import StoreReader
 from tests.e2e.procs import descendants, reap_leaks, write_config
 
 from .helpers import DaemonProc, short_dir
@@ -73,19 +74,14 @@ def run_turns(daemon: DaemonProc, client_no: int, turns: int,
         return sid
 
 
-def stored_user_messages(config_dir: Path) -> dict[str, list[str]]:
-    """User message texts per session, read straight from the SQLite file (read-only)."""
-    path = config_dir / "data" / "sessions" / "acp-sessions.db"
-    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
+def stored_user_messages(config_dir: Path, session_ids: list[str]) -> dict[str, list[str]]:
+    """User prompts per session, read back through the store's read API."""
+    reader = StoreReader(config_dir / "data" / "sessions" / "acp-sessions.db")
     try:
-        rows = db.execute("SELECT session_id, content FROM messages WHERE role = 'user' "
-                          "ORDER BY session_id, seq").fetchall()
+        return {sid: [i.text for i in reader.load_items(sid)
+                      if isinstance(i, TextItem) and i.role == "user"] for sid in session_ids}
     finally:
-        db.close()
-    stored: dict[str, list[str]] = {}
-    for session_id, content in rows:
-        stored.setdefault(session_id, []).append(content)
-    return stored
+        reader.close()
 
 
 def worker_pids(daemon: DaemonProc) -> set[int]:
@@ -109,7 +105,7 @@ def test_64_clients_x_20_turns_lose_nothing_and_leak_nothing(
         sessions = {n: f.result(timeout=50) for n, f in enumerate(futures)}
     assert len(set(sessions.values())) == CLIENTS
 
-    stored = stored_user_messages(config_dir)
+    stored = stored_user_messages(config_dir, list(sessions.values()))
     for n, sid in sessions.items():
         assert stored.get(sid) == [prompt_text(n, t) for t in range(TURNS)], sid
 
