@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
-from .helpers import DaemonProc, RpcFailure, short_dir
+from .helpers import DaemonProc, RpcClient, RpcFailure, short_dir
 
 Daemons = Callable[..., DaemonProc]
 
@@ -93,49 +96,51 @@ def test_prompt_streams_flat_updates_then_the_result(daemon: DaemonProc) -> None
         assert last_update < response
 
 
-def test_tool_call_waits_for_session_approve(daemon: DaemonProc) -> None:
-    workspace = short_dir()
-    try:
-        with daemon.client() as client:
-            sid = client.request("session/new", {"cwd": str(workspace)})["sessionId"]
-            prompt_id = client.send("session/prompt", {
-                "sessionId": sid,
-                "prompt": '!tool file_write {"path": "note.txt", "content": "hi"}'})
-            ask = client.wait_update("approval_request")
-            assert ask["toolName"] == "file_write"
-            assert ask["timeoutSecs"] > 0 and ask["summary"]
-            with pytest.raises(RpcFailure) as info:
-                client.request("session/approve", {"sessionId": sid, "requestId": "nope",
-                                                   "decision": "allow_once"})
-            assert info.value.code == -32602
-            assert client.request("session/approve", {
-                "sessionId": sid, "requestId": ask["requestId"], "decision": "allow_once"}) == {}
-            response = client.wait_response(prompt_id)
-            assert response["result"]["stopReason"] == "end_turn"
-            kinds = [u["type"] for u in client.updates()]
-            assert "tool_call" in kinds and "tool_result" in kinds
-            result = next(u for u in client.updates() if u["type"] == "tool_result")
-            assert result["name"] == "file_write" and result["status"] == "completed"
-        assert (workspace / "note.txt").read_text() == "hi"
-    finally:
-        shutil.rmtree(workspace, ignore_errors=True)
+@pytest.fixture
+def workspace() -> Iterator[Path]:
+    path = short_dir()
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
-def test_rejected_approval_denies_the_tool(daemon: DaemonProc) -> None:
-    workspace = short_dir()
-    try:
-        with daemon.client() as client:
-            sid = client.request("session/new", {"cwd": str(workspace)})["sessionId"]
-            prompt_id = client.send("session/prompt", {
-                "sessionId": sid,
-                "prompt": '!tool file_write {"path": "no.txt", "content": "x"}'})
-            ask = client.wait_update("approval_request")
-            client.request("session/approve", {"sessionId": sid, "requestId": ask["requestId"],
-                                               "decision": "reject_once"})
-            assert "result" in client.wait_response(prompt_id)
-        assert not (workspace / "no.txt").exists()
-    finally:
-        shutil.rmtree(workspace, ignore_errors=True)
+def ask_to_write(client: RpcClient, workspace: Path, name: str,
+                 content: str) -> tuple[str, int, dict[str, Any]]:
+    """A session whose turn waits on approval of a ``file_write``: (sid, prompt id, ask)."""
+    sid = client.request("session/new", {"cwd": str(workspace)})["sessionId"]
+    args = json.dumps({"path": name, "content": content})
+    prompt_id = client.send("session/prompt", {"sessionId": sid,
+                                               "prompt": f"!tool file_write {args}"})
+    assert prompt_id is not None
+    return sid, prompt_id, client.wait_update("approval_request")
+
+
+def test_tool_call_waits_for_session_approve(daemon: DaemonProc, workspace: Path) -> None:
+    with daemon.client() as client:
+        sid, prompt_id, ask = ask_to_write(client, workspace, "note.txt", "hi")
+        assert ask["toolName"] == "file_write"
+        assert ask["timeoutSecs"] > 0 and ask["summary"]
+        with pytest.raises(RpcFailure) as info:
+            client.request("session/approve", {"sessionId": sid, "requestId": "nope",
+                                               "decision": "allow_once"})
+        assert info.value.code == -32602
+        assert client.request("session/approve", {
+            "sessionId": sid, "requestId": ask["requestId"], "decision": "allow_once"}) == {}
+        response = client.wait_response(prompt_id)
+        assert response["result"]["stopReason"] == "end_turn"
+        kinds = [u["type"] for u in client.updates()]
+        assert "tool_call" in kinds and "tool_result" in kinds
+        result = next(u for u in client.updates() if u["type"] == "tool_result")
+        assert result["name"] == "file_write" and result["status"] == "completed"
+    assert (workspace / "note.txt").read_text() == "hi"
+
+
+def test_rejected_approval_denies_the_tool(daemon: DaemonProc, workspace: Path) -> None:
+    with daemon.client() as client:
+        sid, prompt_id, ask = ask_to_write(client, workspace, "no.txt", "x")
+        client.request("session/approve", {"sessionId": sid, "requestId": ask["requestId"],
+                                           "decision": "reject_once"})
+        assert "result" in client.wait_response(prompt_id)
+    assert not (workspace / "no.txt").exists()
 
 
 def test_another_connections_session_is_not_ours(daemon: DaemonProc) -> None:
