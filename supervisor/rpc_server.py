@@ -18,7 +18,6 @@ queued prompts (they answer -32000). The ACP dialect keeps its immediate -32002.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import os
@@ -37,7 +36,6 @@ from ipc.errors import (
 from ipc.jsonrpc import ConnectionLost, Endpoint, RemoteError
 from supervisor.prompt_queue import PromptQueues, Ticket
 from supervisor.status import host_status
-from supervisor.supervisor import Eviction
 
 if TYPE_CHECKING:
     from ipc.acp import PromptRequest
@@ -244,14 +242,10 @@ class RpcServer:
 
     async def _evict_siblings(self, sessions: Sessions, peer: DaemonPeer, alias: str) -> None:
         """Drop this connection's idle live sessions of ``alias`` (kept in the store)."""
-        host = sessions.host
         for sid in [s for s, owner in self.owners.items() if owner is peer]:
-            route = host.routes.get(sid)
-            if route is None or route.agent_alias != alias or sid in host.turns.running:
-                continue
-            host.apply_evictions([Eviction(sid, route.worker_id)])  # no await before this
-            with contextlib.suppress(SessionNotFound):
-                await host.supervise("release", sid)
+            route = sessions.host.routes.get(sid)
+            if route is not None and route.agent_alias == alias:
+                await sessions.evict(sid)
 
     async def prompt(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
         """Queue the prompt behind its session's running one (see the module doc)."""

@@ -28,6 +28,7 @@ from storage.models import SessionInfo as StoredSession
 from supervisor.config import AUTONOMY_LEVELS, AgentConfig
 from supervisor.host import Host, canonical_dir
 from supervisor.routes import Peer, Route, RunningTurn
+from supervisor.supervisor import Eviction
 
 __all__ = ["Sessions", "TurnOutcome"]
 
@@ -260,6 +261,17 @@ class Sessions:
         return request.assemble(markers)
 
     # --- cancel, close, stop -------------------------------------------------------------
+
+    async def evict(self, sid: str) -> bool:
+        """Drop a live idle session from memory, as the LRU rule does (it stays in the
+        store; a prompt restores it). False when it is not live or is running a turn."""
+        route = self.host.routes.get(sid)
+        if route is None or sid in self.host.turns.running:
+            return False
+        self.host.apply_evictions([Eviction(sid, route.worker_id)])  # before any await
+        with contextlib.suppress(SessionNotFound):
+            await self.host.supervise("release", sid)
+        return True
 
     def cancel(self, sid: str) -> None:
         self.host.turns.cancel(sid)
