@@ -1,7 +1,12 @@
 """The ACP v1 server: binds the ACP dialect (:mod:`ipc.acp`) to the host's session
 operations, for stdio (``zeroclaw acp``) and later the daemon's ``acp.sock``.
 
-Everything here runs on the asyncio loop thread. ``initialize`` is answered inline
+Everything here runs on the asyncio loop thread. On a daemon's shared host the
+connections hold sessions through the host's one ownership table
+(:mod:`supervisor.ownership`): prompting, cancelling, closing, stopping, deleting
+or setting the mode of a session other connections hold answers -32003, while
+``session/load``/``resume`` joins its holders (editors share sessions that way).
+``initialize`` is answered inline
 from a handshake prepared at start, without touching the actors, so the first
 answer does not wait for the store, the actors or the worker pool; those start
 right after it, in the background, and other methods wait for them.
@@ -147,7 +152,9 @@ class AcpServer:
         return endpoint
 
     def _peer_gone(self, peer: AcpPeer) -> None:
-        """The client's input ended: its running turns are cancelled (and persisted)."""
+        """The client's input ended: its running turns are cancelled (and persisted),
+        and it holds no session any more."""
+        self.host.owners.leave_all(peer)
         sessions = self.host.started()
         if sessions is not None:
             sessions.cancel_peer_turns(peer)
@@ -172,6 +179,12 @@ class AcpServer:
 
     # --- handlers -------------------------------------------------------------------
 
+    def _held(self, params: Any, endpoint: Endpoint) -> str:
+        """The request's session id, when no other connection holds it (else -32003)."""
+        sid = acp.session_id(params)
+        self.host.owners.check(sid, endpoint.state["peer"])
+        return sid
+
     def initialize(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
         if not isinstance(params, Mapping):
             raise InvalidParams("params must be an object")
@@ -182,7 +195,10 @@ class AcpServer:
     async def new_session(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
         request = acp.new_session_request(params)
         sessions = await self.sessions()
-        route = await sessions.new(endpoint.state["peer"], request)
+        peer = endpoint.state["peer"]
+        route = await sessions.new(peer, request)
+        if not endpoint.closed:
+            self.host.owners.join(route.sid, peer)
         return {
             "sessionId": route.sid,
             "workspaceDir": route.workspace_dir,
@@ -191,25 +207,29 @@ class AcpServer:
 
     async def prompt(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
         request = acp.prompt_request(params)
+        peer = endpoint.state["peer"]
+        self.host.owners.check(request.session_id, peer, adopt=True)
         sessions = await self.sessions()
-        outcome = await sessions.prompt(endpoint.state["peer"], request)
+        outcome = await sessions.prompt(peer, request)
         return {"sessionId": outcome.sid, "stopReason": outcome.stop_reason,
                 "content": outcome.content}
 
     async def cancel(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
-        sid = acp.session_id(params)
+        sid = self._held(params, endpoint)
         sessions = await self.sessions()
         sessions.cancel(sid)
         return {}
 
     async def close(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
-        sid = acp.session_id(params)
+        sid = self._held(params, endpoint)
         await (await self.sessions()).close(sid)
+        self.host.owners.forget(sid)
         return {}
 
     async def stop(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
-        sid = acp.session_id(params)
+        sid = self._held(params, endpoint)
         await (await self.sessions()).close(sid, wait_for_turn=True)
+        self.host.owners.forget(sid)
         return {"sessionId": sid, "stopped": True}
 
     async def _restore(self, params: Any, endpoint: Endpoint, replay: bool) -> dict[str, Any]:
@@ -217,7 +237,10 @@ class AcpServer:
         if isinstance(params, Mapping):
             acp.optional_str(params, "cwd")
         sessions = await self.stored()
-        route = await sessions.restore(endpoint.state["peer"], sid, replay=replay)
+        peer = endpoint.state["peer"]
+        route = await sessions.restore(peer, sid, replay=replay)
+        if not endpoint.closed:
+            self.host.owners.join(sid, peer)
         return {"modes": acp_handshake.modes_state(route.mode)}
 
     async def load(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
@@ -239,12 +262,13 @@ class AcpServer:
         return result
 
     async def delete(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
-        sid = acp.session_id(params)
+        sid = self._held(params, endpoint)
         await (await self.sessions()).delete(sid)
+        self.host.owners.forget(sid)
         return {}
 
     async def set_mode(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
-        sid = acp.session_id(params)
+        sid = self._held(params, endpoint)
         mode = acp.optional_str(params, "modeId", "mode_id")
         if mode is None:
             raise InvalidParams("missing modeId")
@@ -263,7 +287,7 @@ class AcpServer:
     async def status(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
         from supervisor.status import host_status
 
-        return await host_status(await self.sessions())
+        return await host_status(await self.sessions(), self.host.owners)
 
 
 def _listed(row: Any) -> dict[str, Any]:

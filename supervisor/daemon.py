@@ -19,7 +19,6 @@ import os
 import signal
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ipc.jsonrpc import Endpoint
 from ipc.transports import DEFAULT_WRITE_HIGH_WATER, serve_stream
@@ -35,9 +34,6 @@ from supervisor.daemon_socket import (
 )
 from supervisor.host_handle import HostHandle
 from supervisor.rpc_server import RpcServer
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = [
     "EPHEMERAL_GRACE_SECS",
@@ -119,7 +115,7 @@ class Daemon:
         self.stop = asyncio.Event()
         self.lifetime = Lifetime(self.stop, ephemeral=ephemeral)
         self.host = HostHandle(settings, shared=True)
-        self.rpc = RpcServer(__version__, self.host.sessions)
+        self.rpc = RpcServer(__version__, self.host.sessions, self.host.owners)
         self.acp = AcpServer(settings, __version__, self.host)
         self.write_high_water = write_high_water()
         self._connection_ids = itertools.count(1)

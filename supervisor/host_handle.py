@@ -13,6 +13,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from supervisor.config import Settings
+from supervisor.ownership import Owners
 
 if TYPE_CHECKING:
     from supervisor.sessions import Sessions
@@ -26,12 +27,14 @@ class HostHandle:
     """Starts the host once, in the background; every connection awaits :meth:`sessions`.
 
     ``shared``: a daemon's host, where a session outlives the connection that
-    made it and another connection may load it while it is live.
+    made it and another connection may load it while it is live. ``owners``: which
+    connections hold which session, one table for every socket of the host.
     """
 
     def __init__(self, settings: Settings, *, shared: bool = False) -> None:
         self.settings = settings
         self.shared = shared
+        self.owners = Owners()
         self.starting: asyncio.Task[Sessions] | None = None
 
     def start(self) -> asyncio.Task[Sessions]:

@@ -2,10 +2,10 @@
 session operations (:mod:`supervisor.sessions`), for every ``daemon.sock`` connection.
 
 Everything here runs on the asyncio loop thread. Each connection gets a
-:class:`DaemonPeer`; the server remembers which connection owns each session it
-created or adopted, so that another connection's ``session/cancel``, ``close``,
-``prompt`` or ``approve`` is refused with -32003. A session whose connection went
-away is unowned and the next connection that prompts it adopts it.
+:class:`DaemonPeer`. Ownership is the host's one table (:mod:`supervisor.ownership`,
+shared with ``acp.sock``): another connection's ``session/cancel``, ``close``,
+``prompt`` or ``approve`` is refused with -32003. A session whose connections all
+went away is unowned and the next connection that prompts it adopts it.
 
 Prompts are queued per session (:mod:`supervisor.prompt_queue`, depth 32, then
 -32002): a ``session/prompt`` while a turn runs waits its turn, and prompts run in
@@ -21,7 +21,6 @@ import asyncio
 import itertools
 import logging
 import os
-import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +30,6 @@ from ipc.errors import (
     InternalError,
     InvalidParams,
     SessionNotFound,
-    SessionNotOwned,
 )
 from ipc.jsonrpc import ConnectionLost, Endpoint, RemoteError
 from supervisor.prompt_queue import PromptQueues, Ticket
@@ -41,13 +39,12 @@ if TYPE_CHECKING:
     from ipc.acp import PromptRequest
     from ipc.events import Event
     from ipc.worker_wire import PermissionAsk
+    from supervisor.ownership import Owners
     from supervisor.sessions import Sessions
 
 __all__ = ["DaemonPeer", "RpcServer"]
 
 log = logging.getLogger("zeroclaw.rpc")
-
-_SILENT_BEATS = 2.0  # a worker silent this many heartbeats is reported unresponsive
 
 
 class DaemonPeer:
@@ -136,11 +133,13 @@ class DaemonPeer:
 class RpcServer:
     """Handler table shared by every ``daemon.sock`` connection of one host."""
 
-    def __init__(self, version: str, sessions: Callable[[], Awaitable[Sessions]]) -> None:
+    def __init__(self, version: str, sessions: Callable[[], Awaitable[Sessions]],
+                 owners: Owners) -> None:
+        """``owners``: the host's ownership table, shared with the ACP socket."""
         self.version = version
         self._sessions = sessions
         self._handshake = rpc.initialize_result(version, os.getpid())
-        self.owners: dict[str, DaemonPeer] = {}
+        self.owners = owners
         self.queues = PromptQueues()
         self._connections = itertools.count(1)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -170,8 +169,7 @@ class RpcServer:
                                    owner=peer)
         if dropped:
             log.info("%s: went away; %d queued prompt(s) dropped", peer.name, dropped)
-        for sid in [s for s, owner in self.owners.items() if owner is peer]:
-            del self.owners[sid]
+        self.owners.leave_all(peer)
         task = asyncio.ensure_future(self._cancel_turns_of(peer))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -183,23 +181,9 @@ class RpcServer:
             return
         sessions.cancel_peer_turns(peer)
 
-    # --- ownership ------------------------------------------------------------------
-
-    def _check_owner(self, sid: str, peer: DaemonPeer, *, adopt: bool = False) -> None:
-        owner = self.owners.get(sid)
-        if owner is None:
-            if adopt:
-                self.owners[sid] = peer
-            return
-        if owner is not peer:
-            raise SessionNotOwned(f"Session {sid} is owned by another connection")
-
     def drop_queued(self, reason: str) -> int:
         """Fail every queued prompt (the daemon is stopping); how many there were."""
         return self.queues.drop(InternalError(f"prompt dropped: {reason}"))
-
-    def owned_count(self, sid: str) -> int:
-        return 1 if sid in self.owners else 0
 
     # --- handlers -------------------------------------------------------------------
 
@@ -210,18 +194,7 @@ class RpcServer:
         return self._handshake
 
     async def status(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
-        sessions = await self._sessions()
-        result = await host_status(sessions)
-        for entry in result["sessions"]:
-            entry["clients"] = self.owned_count(entry["sessionId"])
-        pool = sessions.host.pool
-        now = time.monotonic()
-        silent_after = _SILENT_BEATS * pool.heartbeat_secs
-        responsive = {w.pid: w.alive and (not w.ready or now - w.last_beat <= silent_after)
-                      for w in pool.info()}
-        for worker in result["workers"]:
-            worker["responsive"] = responsive.get(worker["pid"], False)
-        return result
+        return await host_status(await self._sessions(), self.owners)
 
     async def new_session(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
         request = rpc.new_session_request(params)
@@ -236,13 +209,13 @@ class RpcServer:
         if endpoint.closed:
             log.info("%s: went away while creating %s", endpoint.name, route.sid)
         else:
-            self.owners[route.sid] = peer
+            self.owners.join(route.sid, peer)
         return {"sessionId": route.sid, "agentAlias": route.agent_alias,
                 "workspaceDir": route.workspace_dir}
 
     async def _evict_siblings(self, sessions: Sessions, peer: DaemonPeer, alias: str) -> None:
         """Drop this connection's idle live sessions of ``alias`` (kept in the store)."""
-        for sid in [s for s, owner in self.owners.items() if owner is peer]:
+        for sid in self.owners.sessions_of(peer):
             route = sessions.host.routes.get(sid)
             if route is not None and route.agent_alias == alias:
                 await sessions.evict(sid)
@@ -252,7 +225,7 @@ class RpcServer:
         request = prompt_request(params)
         peer: DaemonPeer = endpoint.state["peer"]
         sid = request.session_id
-        self._check_owner(sid, peer, adopt=True)
+        self.owners.check(sid, peer, adopt=True)
         ticket = self.queues.enter(sid, peer)  # before any await: arrival order
         try:
             return await self._run_queued(ticket, request, peer)
@@ -271,8 +244,7 @@ class RpcServer:
         try:
             outcome = await sessions.prompt(peer, request)
         except SessionNotFound:
-            if self.owners.get(sid) is peer:
-                del self.owners[sid]
+            self.owners.leave(sid, peer)
             raise
         except InternalError as exc:
             peer.endpoint.notify("session/update", rpc.turn_complete(sid, None, exc.message))
@@ -285,18 +257,17 @@ class RpcServer:
     async def cancel(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
         """Cancel the running turn only: prompts queued behind it still run."""
         sid = session_id(params)
-        self._check_owner(sid, endpoint.state["peer"])
+        self.owners.check(sid, endpoint.state["peer"])
         (await self._sessions()).cancel(sid)
         return {}
 
     async def close(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
         sid = session_id(params)
         peer: DaemonPeer = endpoint.state["peer"]
-        self._check_owner(sid, peer)
+        self.owners.check(sid, peer)
         self.queues.drop(SessionNotFound(f"Session closed: {sid}"), sid=sid)
         await (await self._sessions()).close(sid)
-        if self.owners.get(sid) is peer:
-            del self.owners[sid]
+        self.owners.forget(sid)
         return {}
 
     def approve(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
@@ -304,5 +275,5 @@ class RpcServer:
         peer: DaemonPeer = endpoint.state["peer"]
         if peer.answer(approval):
             return {}
-        self._check_owner(approval.session_id, peer)
+        self.owners.check(approval.session_id, peer)
         raise InvalidParams(f"requestId: no pending approval request {approval.request_id[:80]}")

@@ -17,6 +17,7 @@ import psutil
 from supervisor import __version__
 
 if TYPE_CHECKING:
+    from supervisor.ownership import Owners
     from supervisor.sessions import Sessions
 
 __all__ = ["host_status"]
@@ -24,6 +25,7 @@ __all__ = ["host_status"]
 _processes: dict[int, psutil.Process] = {}
 
 
+_SILENT_BEATS = 2.0  # a worker silent this many heartbeats is reported unresponsive
 _SAMPLE_SECS = 1.0
 _samples: dict[int, tuple[float, int, float]] = {}  # pid -> (taken at, rss, cpu%)
 
@@ -48,14 +50,21 @@ def _process_figures(pid: int) -> tuple[int, float]:
     return rss, cpu
 
 
-async def host_status(sessions: Sessions) -> dict[str, Any]:
+async def host_status(sessions: Sessions, owners: Owners) -> dict[str, Any]:
+    """The ``status`` result; ``clients`` of a session = connections holding it."""
     host = sessions.host
     entries, per_worker = await host.supervise("status_entries")
+    for entry in entries:
+        entry["clients"] = owners.count(entry["sessionId"])
+    pool = host.pool
+    now = time.monotonic()
+    silent_after = _SILENT_BEATS * pool.heartbeat_secs
     workers = []
-    for w in host.pool.info():
+    for w in pool.info():
         rss, cpu = _process_figures(w.pid)
+        responsive = w.alive and (not w.ready or now - w.last_beat <= silent_after)
         workers.append({"pid": w.pid, "rssBytes": rss, "cpuPercent": cpu,
-                        "sessions": per_worker.get(w.worker_id, 0)})
+                        "sessions": per_worker.get(w.worker_id, 0), "responsive": responsive})
     settings = host.settings
     return {
         "serverVersion": __version__,

@@ -62,7 +62,6 @@ class _Live:
     turns: int
     worker_id: str | None = None
     busy: bool = False
-    clients: int = 1
     last_activity: float = field(default_factory=time.time)
     last_used: float = field(default_factory=time.monotonic)
 
@@ -181,7 +180,7 @@ class SupervisorActor(CallableActor):
             if s.worker_id is not None:
                 per_worker[s.worker_id] = per_worker.get(s.worker_id, 0) + 1
             entries.append({"sessionId": s.sid, "agentAlias": s.agent_alias,
-                            "state": "busy" if s.busy else "idle", "clients": s.clients,
+                            "state": "busy" if s.busy else "idle",
                             "lastActivity": s.last_activity, "turns": s.turns})
         return entries, per_worker
 

@@ -14,7 +14,7 @@ import psutil
 
 from tests.e2e.procs import host_env, reap_leaks
 
-from .helpers import RpcClient, short_dir, zeroclaw_argv
+from .helpers import RpcClient, RpcFailure, short_dir, zeroclaw_argv
 
 
 def texts(client: RpcClient, kind: str) -> list[str]:
@@ -39,6 +39,50 @@ def test_two_connections_share_a_session_on_acp_sock(daemons: Any) -> None:
     assert [(s["sessionId"], s["turns"]) for s in status["sessions"]] == [(sid, 2)]
     assert daemon.terminate() == 0
     assert not acp_path.exists()
+
+
+def refused(client: RpcClient, method: str, params: dict[str, Any]) -> Any:
+    """The error code ``client`` gets for ``method`` (the request must fail)."""
+    try:
+        client.request(method, params)
+    except RpcFailure as failure:
+        return failure.code
+    raise AssertionError(f"{method} succeeded")
+
+
+def clients_of(daemon: Any) -> dict[str, int]:
+    with daemon.client() as ops:
+        return {s["sessionId"]: s["clients"] for s in ops.request("status")["sessions"]}
+
+
+def test_ownership_is_one_table_for_both_sockets(daemons: Any) -> None:
+    """A daemon.sock client cannot touch an acp.sock editor's session, and the reverse;
+    ``session/load`` on acp.sock joins a session's holders; a gone holder frees it."""
+    daemon = daemons()
+    acp_path, cwd = daemon.socket_path.parent / "acp.sock", str(daemon.config_dir)
+    editor = RpcClient(acp_path)
+    with daemon.client() as ops:
+        mine = editor.request("session/new", {"cwd": cwd})["sessionId"]
+        theirs = ops.request("session/new", {"cwd": cwd})["sessionId"]
+        for method in ("session/prompt", "session/cancel", "session/close"):
+            params = {"sessionId": mine, "prompt": "hijack"}
+            assert refused(ops, method, params) == -32003, method
+        for method in ("session/prompt", "session/set_mode", "session/close", "session/delete"):
+            params = {"sessionId": theirs, "prompt": "hijack", "modeId": "full"}
+            assert refused(editor, method, params) == -32003, method
+        assert clients_of(daemon) == {mine: 1, theirs: 1}
+        editor.request("session/load", {"sessionId": theirs, "cwd": cwd})
+        assert clients_of(daemon) == {mine: 1, theirs: 2}
+        assert editor.request("session/prompt", {"sessionId": theirs, "prompt": "shared"})[
+            "content"] == "shared"
+        editor.close()
+        deadline = time.monotonic() + 10
+        while clients_of(daemon) != {mine: 0, theirs: 1}:
+            assert time.monotonic() < deadline, clients_of(daemon)
+            time.sleep(0.02)  # the daemon notices the closed connection
+        assert ops.request("session/prompt", {"sessionId": mine, "prompt": "adopted"})[
+            "content"] == "adopted"
+        assert clients_of(daemon) == {mine: 1, theirs: 1}
 
 
 class Editor:
@@ -92,7 +136,7 @@ def test_attach_starts_an_ephemeral_daemon_that_editors_share() -> None:
                             capture_output=True, env=env, timeout=20)
     assert status.returncode == 0, status.stderr
     listed = json.loads(status.stdout)["sessions"]
-    assert [(s["sessionId"], s["turns"]) for s in listed] == [(sid, 2)]
+    assert [(s["sessionId"], s["turns"], s["clients"]) for s in listed] == [(sid, 2, 2)]
     assert one.quit() == 0 and two.quit() == 0
     deadline = time.monotonic() + 10
     while psutil.pid_exists(daemon_pid) and psutil.Process(daemon_pid).status() != "zombie":

@@ -20,6 +20,7 @@ import pytest
 from ipc import acp, rpc
 from ipc.errors import InternalError, SessionBusy
 from ipc.jsonrpc import Endpoint
+from supervisor.ownership import Owners
 from supervisor.prompt_queue import PromptQueues
 from supervisor.rpc_server import DaemonPeer, RpcServer
 
@@ -248,7 +249,7 @@ class Pair:
 
         self.client = Endpoint(self._to_server, {"elicitation/create": elicit},
                                require_initialize=False, name="client")
-        self.server = RpcServer("test", self._no_sessions).make_endpoint(self._to_client)
+        self.server = RpcServer("test", self._no_sessions, Owners()).make_endpoint(self._to_client)
         self.peer: DaemonPeer = self.server.state["peer"]
 
     async def _no_sessions(self) -> Any:
