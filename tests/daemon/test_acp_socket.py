@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import os
 import stat
+import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -89,25 +91,39 @@ class Editor:
     """``zeroclaw acp --attach`` as an editor spawns it, spoken to over its stdio."""
 
     def __init__(self, config_dir: Path, env: dict[str, str]) -> None:
+        self.stderr = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
             zeroclaw_argv("acp", "--attach", "--config-dir", str(config_dir)),
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, env=env)
         self.next_id = 0
         self.updates: list[dict[str, Any]] = []
 
-    def request(self, method: str, params: Any) -> Any:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
+    def send(self, method: str, params: Any) -> int:
+        assert self.proc.stdin is not None
         self.next_id += 1
         frame = {"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params}
         self.proc.stdin.write(json.dumps(frame).encode() + b"\n")
         self.proc.stdin.flush()
+        return self.next_id
+
+    def answer(self, request_id: int) -> dict[str, Any]:
+        """The response to ``request_id``; updates on the way are kept."""
+        assert self.proc.stdout is not None
         while True:
             answer = json.loads(self.proc.stdout.readline())
             if answer.get("method") == "session/update":
                 self.updates.append(answer["params"]["update"])
-            elif answer.get("id") == self.next_id:
-                assert "error" not in answer, answer
-                return answer["result"]
+            elif answer.get("id") == request_id:
+                return answer
+
+    def request(self, method: str, params: Any) -> Any:
+        answer = self.answer(self.send(method, params))
+        assert "error" not in answer, answer
+        return answer["result"]
+
+    def stderr_text(self) -> str:
+        self.stderr.seek(0)
+        return self.stderr.read().decode("utf-8", "replace")
 
     def quit(self) -> int:
         assert self.proc.stdin is not None
@@ -144,3 +160,23 @@ def test_attach_starts_an_ephemeral_daemon_that_editors_share() -> None:
         time.sleep(0.05)
     assert not reap_leaks([w for w in workers if w.is_running()], timeout=10)
     assert not (config_dir / "d.sock").exists()
+
+
+def test_attach_answers_pending_requests_and_fails_when_the_daemon_dies() -> None:
+    """A daemon killed mid-turn: the editor's pending prompt answers -32603, the cause
+    is on stderr and ``--attach`` exits 1 (not a silent, successful end)."""
+    config_dir = short_dir()
+    env = host_env({"ZEROCLAW_SOCKET": str(config_dir / "d.sock")})
+    editor = Editor(config_dir, env)
+    editor.request("initialize", {"protocolVersion": 1})
+    sid = editor.request("session/new", {"cwd": str(config_dir)})["sessionId"]
+    daemon = psutil.Process(int((config_dir / "d.sock.lock").read_text()))
+    family = [daemon, *daemon.children(recursive=True)]
+    prompt_id = editor.send("session/prompt", {"sessionId": sid, "prompt": "!sleep 30"})
+    daemon.send_signal(signal.SIGKILL)
+    answer = editor.answer(prompt_id)
+    assert answer["error"]["code"] == -32603, answer
+    assert "daemon went away" in answer["error"]["message"]
+    assert editor.proc.wait(15) == 1
+    assert "closed the connection" in editor.stderr_text()
+    assert not reap_leaks([p for p in family if p.is_running()], timeout=10)
