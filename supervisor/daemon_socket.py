@@ -145,9 +145,10 @@ def _prepare_dir(directory: Path, *, private: bool) -> None:
 
 def _lock(lock_path: Path, path: Path) -> int:
     try:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     except OSError as exc:
-        raise SocketUnusable(f"cannot open {lock_path}: {exc.strerror}") from None
+        reason = "it is a symbolic link" if exc.errno == errno.ELOOP else exc.strerror
+        raise SocketUnusable(f"cannot open {lock_path}: {reason}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -100,6 +100,22 @@ def test_a_file_in_the_way_is_left_alone(daemons: Daemons) -> None:
         shutil.rmtree(config, ignore_errors=True)
 
 
+def test_a_lock_file_that_is_a_symlink_is_not_followed(daemons: Daemons) -> None:
+    config = short_dir()
+    try:
+        data = config / "data"
+        data.mkdir(mode=0o700)
+        victim = config / "victim"
+        victim.write_text("precious")
+        (data / "daemon.sock.lock").symlink_to(victim)
+        daemon = daemons(config, wait=False)
+        assert daemon.wait(20) == 1
+        assert "symbolic link" in daemon.stderr()
+        assert victim.read_text() == "precious"
+    finally:
+        shutil.rmtree(config, ignore_errors=True)
+
+
 def test_a_socket_path_over_the_limit_fails_clearly(daemons: Daemons) -> None:
     base = short_dir()
     try:
