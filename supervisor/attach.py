@@ -9,9 +9,14 @@ Two plain threads move the bytes (no event loop): the main thread copies the
 socket to stdout, a helper thread copies stdin to the socket and half-closes it
 at EOF, so the daemon can finish in-flight answers before it closes its side.
 Both also read the line structure (never changing a byte) to know which of the
-editor's requests are still unanswered: if the daemon goes away first, each of
-those gets a -32603 answer, the cause goes to stderr and the exit status is 1,
-so the editor sees a failure rather than a silent end.
+editor's requests are still unanswered.
+
+Ending: the editor closed stdin and every request was answered → exit 0. A
+connection that ends before the daemon sent a single byte (an ephemeral daemon
+stopping just as we connected) is dialled again, starting a daemon if needed, and
+what the editor sent so far is replayed on it. A daemon that goes away after it
+answered something cannot be replayed: each unanswered request gets -32603, the
+cause goes to stderr and the exit status is 1.
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ __all__ = ["run_attach"]
 log = logging.getLogger("zeroclaw.attach")
 
 DAEMON_START_SECS = 15.0
+REDIALS = 3  # connections that end unanswered, dialled again before giving up
+_RESTART_SECS = 0.5  # at most one daemon start per this, while an old one exits
 _CHUNK = 256 * 1024
 LOST = InternalError("the zeroclaw daemon went away before answering").to_error()
 
@@ -45,20 +52,63 @@ LOST = InternalError("the zeroclaw daemon went away before answering").to_error(
 def run_attach(settings: Settings) -> int:
     from supervisor.daemon import acp_socket_path
 
-    path = acp_socket_path(settings)
-    sock = _connect(path)
+    dialer = Dialer(settings, acp_socket_path(settings))
+    sock = dialer.dial()
     if sock is None:
-        _start_daemon(settings)
-        sock = _wait_for(path, DAEMON_START_SECS)
-    if sock is None:
-        log.error("no zeroclaw daemon answers on %s (see %s)", path, _daemon_log(settings))
+        log.error("no zeroclaw daemon answers on %s (see %s)", dialer.path, dialer.log_path)
         return 1
-    unanswered = _bridge(sock)
+    unanswered = _bridge(Link(sock), dialer)
     if unanswered is None:
         return 0
     log.error("the zeroclaw daemon on %s closed the connection (%d request(s) unanswered; "
-              "see %s)", path, unanswered, _daemon_log(settings))
+              "see %s)", dialer.path, unanswered, dialer.log_path)
     return 1
+
+
+class Dialer:
+    """Connects to ``acp.sock``, starting an ephemeral daemon when none answers.
+
+    A daemon it started that exits at once (an old one still held the lock while
+    stopping) is started again, at most every half second, until the deadline.
+    """
+
+    def __init__(self, settings: Settings, path: Path) -> None:
+        self.settings = settings
+        self.path = path
+        self.log_path = settings.data_dir / "daemon.log"
+        self._daemon: subprocess.Popen[bytes] | None = None
+        self._started_at = 0.0
+
+    def dial(self, timeout: float = DAEMON_START_SECS) -> socket.socket | None:
+        deadline = time.monotonic() + timeout
+        while True:
+            sock = _connect(self.path)
+            if sock is not None:
+                return sock
+            now = time.monotonic()
+            if now >= deadline:
+                return None
+            if self._needs_start(now):
+                self._start_daemon()
+            time.sleep(0.02)  # the daemon is starting: a bounded poll on its socket
+
+    def _needs_start(self, now: float) -> bool:
+        if self._daemon is None:
+            return True
+        return self._daemon.poll() is not None and now - self._started_at >= _RESTART_SECS
+
+    def _start_daemon(self) -> None:
+        """Start ``zeroclaw daemon --ephemeral`` in its own session, detached from us."""
+        settings = self.settings
+        settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        argv = [sys.executable, "-P", "-m", "supervisor.cli", "daemon", "--ephemeral",
+                "--config-dir", str(settings.config_dir)]
+        with open(self.log_path, "ab") as daemon_log:
+            self._daemon = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=daemon_log,
+                start_new_session=True, close_fds=True)
+        self._started_at = time.monotonic()
+        log.info("started an ephemeral zeroclaw daemon (log: %s)", self.log_path)
 
 
 def _connect(path: Path) -> socket.socket | None:
@@ -71,43 +121,59 @@ def _connect(path: Path) -> socket.socket | None:
     return sock
 
 
-def _wait_for(path: Path, timeout: float) -> socket.socket | None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        sock = _connect(path)
-        if sock is not None:
-            return sock
-        time.sleep(0.02)  # the daemon is starting: a bounded poll on its socket
-    return None
+class Link:
+    """The daemon connection, shared by both threads.
 
+    Until the daemon's first byte arrives, what the editor sent is kept so that
+    :meth:`replace` can replay it on a new connection. Also tracks the editor's
+    unanswered requests by id.
+    """
 
-def _daemon_log(settings: Settings) -> Path:
-    return settings.data_dir / "daemon.log"
-
-
-def _start_daemon(settings: Settings) -> None:
-    """Start ``zeroclaw daemon --ephemeral`` in its own session, detached from us."""
-    settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    argv = [sys.executable, "-P", "-m", "supervisor.cli", "daemon", "--ephemeral",
-            "--config-dir", str(settings.config_dir)]
-    with open(_daemon_log(settings), "ab") as daemon_log:
-        subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         stderr=daemon_log, start_new_session=True, close_fds=True)
-    log.info("started an ephemeral zeroclaw daemon (log: %s)", _daemon_log(settings))
-
-
-class Inflight:
-    """The editor's requests the daemon has not answered yet (both threads use it)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._send_lock = threading.Lock()  # the stdin thread sends; replace swaps
+        self._unconfirmed: bytearray | None = bytearray()
         self._ids: dict[Hashable, Any] = {}
+        self._ids_lock = threading.Lock()
         self.input_ended = False  # the editor closed stdin (set by the stdin thread)
+
+    def send(self, data: bytes) -> None:
+        """Stdin thread: forward ``data`` (a dead connection is noticed by the reader)."""
+        with self._send_lock:
+            kept = self._unconfirmed
+            if kept is not None:
+                kept += data
+            with contextlib.suppress(OSError):
+                self.sock.sendall(data)
+
+    def end_input(self) -> None:
+        with self._send_lock:
+            self.input_ended = True
+            with contextlib.suppress(OSError):
+                self.sock.shutdown(socket.SHUT_WR)  # EOF for the daemon; answers still come
+
+    @property
+    def confirmed(self) -> bool:
+        return self._unconfirmed is None
+
+    def confirm(self) -> None:
+        """Main thread: the daemon answered; nothing will be replayed any more."""
+        self._unconfirmed = None  # no lock: a send racing with this keeps a dead copy
+
+    def replace(self, sock: socket.socket) -> None:
+        """Main thread: continue on ``sock``, replaying what the editor sent so far."""
+        with self._send_lock:
+            self.sock.close()
+            self.sock = sock
+            with contextlib.suppress(OSError):
+                sock.sendall(bytes(self._unconfirmed or b""))
+                if self.input_ended:
+                    sock.shutdown(socket.SHUT_WR)
 
     def sent(self, line: bytes) -> None:
         frame = _frame(line)
         if frame is not None and isinstance(frame.get("method"), str) and "id" in frame:
-            with self._lock:
+            with self._ids_lock:
                 self._ids[_id_key(frame["id"])] = frame["id"]
 
     def received(self, line: bytes) -> None:
@@ -115,11 +181,11 @@ class Inflight:
             return  # a notification: most of the traffic, not parsed
         frame = _frame(line)
         if frame is not None and "method" not in frame and "id" in frame:
-            with self._lock:
+            with self._ids_lock:
                 self._ids.pop(_id_key(frame["id"]), None)
 
     def unanswered(self) -> list[Any]:
-        with self._lock:
+        with self._ids_lock:
             return list(self._ids.values())
 
 
@@ -153,21 +219,28 @@ class LineSplitter:
                 self._on_line(line)
 
 
-def _bridge(sock: socket.socket) -> int | None:
-    """Copy both ways until the daemon closes; None when that was the normal end
-    (the editor closed stdin and every request was answered), else how many
-    requests were left unanswered (each answered -32603 here)."""
-    stdin_fd, stdout_fd = sys.stdin.fileno(), sys.stdout.fileno()
-    inflight = Inflight()
-    threading.Thread(target=_copy_in, args=(stdin_fd, sock, inflight), daemon=True).start()
-    replies = LineSplitter(inflight.received)
-    with contextlib.suppress(OSError):
-        while data := sock.recv(_CHUNK):
-            replies.feed(data)
-            _write_all(stdout_fd, data)
-    sock.close()
-    pending = inflight.unanswered()
-    if inflight.input_ended and not pending:
+def _bridge(link: Link, dialer: Dialer) -> int | None:
+    """Copy both ways until the daemon closes; None when that was the normal end,
+    else how many requests were left unanswered (each answered -32603 here)."""
+    stdout_fd = sys.stdout.fileno()
+    threading.Thread(target=_copy_in, args=(sys.stdin.fileno(), link), daemon=True).start()
+    replies = LineSplitter(link.received)
+    for _ in range(REDIALS + 1):
+        with contextlib.suppress(OSError):
+            while data := link.sock.recv(_CHUNK):
+                link.confirm()
+                replies.feed(data)
+                _write_all(stdout_fd, data)
+        if link.confirmed or (link.input_ended and not link.unanswered()):
+            break
+        log.info("the daemon closed the connection before answering: dialling again")
+        sock = dialer.dial()
+        if sock is None:
+            break
+        link.replace(sock)
+    link.sock.close()
+    pending = link.unanswered()
+    if link.input_ended and not pending:
         return None
     with contextlib.suppress(OSError):
         for request_id in pending:
@@ -176,15 +249,13 @@ def _bridge(sock: socket.socket) -> int | None:
     return len(pending)
 
 
-def _copy_in(stdin_fd: int, sock: socket.socket, inflight: Inflight) -> None:
-    requests = LineSplitter(inflight.sent)
+def _copy_in(stdin_fd: int, link: Link) -> None:
+    requests = LineSplitter(link.sent)
     with contextlib.suppress(OSError):
         while data := os.read(stdin_fd, _CHUNK):
             requests.feed(data)
-            sock.sendall(data)
-    inflight.input_ended = True
-    with contextlib.suppress(OSError):
-        sock.shutdown(socket.SHUT_WR)  # EOF for the daemon; answers still come back
+            link.send(data)
+    link.end_input()
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -60,10 +60,11 @@ class Lifetime:
     """Counts connected clients; an ephemeral daemon stops ``grace`` s after the last leaves.
 
     It never stops before a first client has connected, and a client connecting
-    within the grace period cancels the pending stop.
+    within the grace period cancels the pending stop. ``stop`` is called (on the
+    loop thread) when the daemon should stop.
     """
 
-    def __init__(self, stop: asyncio.Event, *, ephemeral: bool,
+    def __init__(self, stop: Callable[[], None], *, ephemeral: bool,
                  grace: float = EPHEMERAL_GRACE_SECS) -> None:
         self.clients = 0
         self._stop = stop
@@ -88,7 +89,7 @@ class Lifetime:
         self._timer = None
         if self.clients == 0:
             log.info("ephemeral daemon: last client left %.1f s ago, stopping", self._grace)
-            self._stop.set()
+            self._stop()
 
 
 def write_high_water(env: Mapping[str, str] | None = None) -> int:
@@ -113,7 +114,7 @@ class Daemon:
         self.settings = settings
         self.ephemeral = ephemeral
         self.stop = asyncio.Event()
-        self.lifetime = Lifetime(self.stop, ephemeral=ephemeral)
+        self.lifetime = Lifetime(self.begin_stop, ephemeral=ephemeral)
         self.host = HostHandle(settings, shared=True)
         self.rpc = RpcServer(__version__, self.host.sessions, self.host.owners)
         self.acp = AcpServer(settings, __version__, self.host)
@@ -121,6 +122,7 @@ class Daemon:
         self._connection_ids = itertools.count(1)
         self._connections: dict[asyncio.Task[None], tuple[asyncio.StreamWriter, list[Endpoint]]]
         self._connections = {}
+        self._listeners: list[asyncio.Server] = []
 
     async def serve(self, claim: SocketClaim, acp_claim: SocketClaim) -> int:
         loop = asyncio.get_running_loop()
@@ -131,6 +133,7 @@ class Daemon:
             self._handler("rpc", self.rpc.make_endpoint), sock=claim.sock, limit=limit)
         acp_listener = await asyncio.start_unix_server(
             self._handler("acp", self.acp.make_endpoint), sock=acp_claim.sock, limit=limit)
+        self._listeners = [listener, acp_listener]
         log.info("zeroclaw daemon %s listening on %s and %s (pid %d%s)", __version__,
                  claim.path, acp_claim.path, os.getpid(), ", ephemeral" if self.ephemeral else "")
         starting = self.host.start()
@@ -144,14 +147,20 @@ class Daemon:
         else:
             await stopping
         stopping.cancel()
-        acp_listener.close()
-        await self._shutdown(listener)
+        await self._shutdown()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
         return code
 
     def _on_signal(self, signum: int) -> None:
         log.info("received %s: stopping", signal.Signals(signum).name)
+        self.begin_stop()
+
+    def begin_stop(self) -> None:
+        """Stop accepting at once (no connection is accepted only to be dropped),
+        then let :meth:`serve` shut down."""
+        for listener in self._listeners:
+            listener.close()
         self.stop.set()
 
     def _handler(self, kind: str, make: EndpointMaker) -> ConnectionHandler:
@@ -194,8 +203,9 @@ class Daemon:
             self.lifetime.disconnected()
             log.info("connection #%d closed", number)
 
-    async def _shutdown(self, listener: asyncio.Server) -> None:
-        listener.close()  # stop accepting; open connections go on for now
+    async def _shutdown(self) -> None:
+        for listener in self._listeners:
+            listener.close()  # stop accepting; open connections go on for now
         sessions = await self.host.settled()
         self.rpc.drop_queued("the daemon is stopping")  # queued prompts start no turn
         if sessions is not None:

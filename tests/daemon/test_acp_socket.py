@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import signal
+import socket
+import stat
 import subprocess
 import tempfile
 import time
@@ -91,7 +92,7 @@ class Editor:
     """``zeroclaw acp --attach`` as an editor spawns it, spoken to over its stdio."""
 
     def __init__(self, config_dir: Path, env: dict[str, str]) -> None:
-        self.stderr = tempfile.TemporaryFile()
+        self.stderr = tempfile.TemporaryFile()  # noqa: SIM115 - outlives __init__; see quit
         self.proc = subprocess.Popen(
             zeroclaw_argv("acp", "--attach", "--config-dir", str(config_dir)),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, env=env)
@@ -128,7 +129,9 @@ class Editor:
     def quit(self) -> int:
         assert self.proc.stdin is not None
         self.proc.stdin.close()
-        return self.proc.wait(15)
+        code = self.proc.wait(15)
+        self.stderr.close()
+        return code
 
 
 def test_attach_starts_an_ephemeral_daemon_that_editors_share() -> None:
@@ -180,3 +183,33 @@ def test_attach_answers_pending_requests_and_fails_when_the_daemon_dies() -> Non
     assert editor.proc.wait(15) == 1
     assert "closed the connection" in editor.stderr_text()
     assert not reap_leaks([p for p in family if p.is_running()], timeout=10)
+
+
+def test_attach_replays_on_a_connection_dropped_before_any_answer() -> None:
+    """A daemon that accepts and drops the connection before answering anything (an
+    ephemeral one stopping as the editor arrives): ``--attach`` dials again and replays
+    what the editor sent, so the editor never notices."""
+    config_dir = short_dir()
+    path = config_dir / "data" / "acp.sock"
+    path.parent.mkdir(mode=0o700)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen()
+    listener.settimeout(20)
+    editor = Editor(config_dir, host_env())
+    sent_id = editor.send("initialize", {"protocolVersion": 1})
+    first, _ = listener.accept()
+    first.close()  # dropped without reading or answering
+    second, _ = listener.accept()
+    with second, second.makefile("rwb") as stream:
+        request = json.loads(stream.readline())
+        assert (request["method"], request["id"]) == ("initialize", sent_id)
+        stream.write(json.dumps({"jsonrpc": "2.0", "id": request["id"],
+                                 "result": {"protocolVersion": 1}}).encode() + b"\n")
+        stream.flush()
+        assert editor.answer(request["id"])["result"] == {"protocolVersion": 1}
+        assert editor.proc.stdin is not None
+        editor.proc.stdin.close()
+        assert stream.readline() == b""  # the editor's EOF reached the new connection
+    assert editor.proc.wait(15) == 0, editor.stderr_text()
+    listener.close()

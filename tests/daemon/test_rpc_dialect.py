@@ -74,7 +74,7 @@ def test_new_session_and_approve_params() -> None:
 
 async def test_lifetime_never_stops_before_a_first_client_and_honours_the_grace() -> None:
     stop = asyncio.Event()
-    lifetime = Lifetime(stop, ephemeral=True, grace=0.2)
+    lifetime = Lifetime(stop.set, ephemeral=True, grace=0.2)
     lifetime.connected()
     lifetime.disconnected()
     await asyncio.sleep(0.1)
@@ -87,7 +87,7 @@ async def test_lifetime_never_stops_before_a_first_client_and_honours_the_grace(
 
 async def test_lifetime_without_ephemeral_ignores_clients() -> None:
     stop = asyncio.Event()
-    lifetime = Lifetime(stop, ephemeral=False, grace=0.05)
+    lifetime = Lifetime(stop.set, ephemeral=False, grace=0.05)
     lifetime.connected()
     lifetime.disconnected()
     await asyncio.sleep(0.2)
