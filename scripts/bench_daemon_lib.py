@@ -1,307 +1,294 @@
-"""Benchmark plumbing for ``scripts/bench_daemon``: servers, a blocking client, measurements.
+"""The daemon section of ``scripts/bench``: ``zeroclaw daemon`` on ``daemon.sock`` against
+``echo_floor.py --unix``.
 
-Runs on the bench process's main thread (blocking sockets, no event loop). The
-daemon and the floor (``scripts/echo_floor.py --unix``) are child processes
-with their own short temp dirs (a Unix socket path must stay under 107 bytes).
+Runs on the bench process's asyncio loop thread; the blocking measurements
+(initialize, the live sessions and ``status``) use :class:`NdjsonClient` and
+hold the loop while they run. The daemons are :class:`load_lib.Daemon`s (fresh
+short temp config dirs, no ZEROCLAW_* variables); the floor lives in its own
+short temp dir (a Unix socket path must stay under 107 bytes).
 
-Result format (the JSON line)::
-
-    {"bench": "zeroclaw-daemon", "format": 1, "quick": bool, "python": "3.11.7",
-     "cpus": 2, "started": "<ISO time>", "sessions": 1000,
-     "metrics": {NAME: {"title", "unit", "value", "target", "ok", ...}}}
+Two daemons: the first serves the rates (initialize, turns, persisted turns);
+the second, fresh one holds the live idle sessions, so their RSS is not mixed
+with what the turns left behind.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import os
 import shutil
 import signal
-import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-import orjson
 import psutil
+from bench_lib import (
+    MEASUREMENT_ERRORS,
+    BenchSizes,
+    Goal,
+    MetricSpec,
+    Sample,
+    measure_pair,
+    new_session,
+    progress,
+    prompt,
+    run_turns,
+    timed,
+    turns_title,
+)
+from bench_rpc_lib import NdjsonClient, RpcPeer, percentile, wait_listening
+from load_lib import Daemon, started_daemon, stored_user_messages
 
-__all__ = ["BenchSizes", "NdjsonClient", "Server", "format_table", "run_benchmarks"]
+__all__ = ["run_daemon"]
 
-REPO = Path(__file__).resolve().parent.parent
-ENTRY_POINT = "import sys; from supervisor.cli import main; sys.exit(main())"
-TIMEOUT = 60.0
+FLOOR_SCRIPT = Path(__file__).resolve().parent / "echo_floor.py"
 MIB = 1024 * 1024
-ROUNDS = 3
+SETTLE_SECS = 1.0
 
 
-def progress(message: str) -> None:
-    print(f"bench_daemon: {message}", file=sys.stderr, flush=True)
+class FloorSocket:
+    """``echo_floor.py --unix`` as a child process, in a short temp dir."""
 
-
-@dataclass(frozen=True)
-class BenchSizes:
-    """How much work each measurement does."""
-
-    initialize_round_trips: int = 5000
-    live_sessions: int = 1000
-    status_calls: int = 1000
-
-    @classmethod
-    def quick(cls) -> BenchSizes:
-        return cls(initialize_round_trips=1000, live_sessions=1000, status_calls=200)
-
-
-class NdjsonClient:
-    """A blocking JSON-RPC client on a Unix socket; notifications go to
-    :meth:`on_notification` (skipped here; subclasses may record them)."""
-
-    def __init__(self, path: Path, timeout: float = TIMEOUT) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(timeout)
-        self.sock.connect(str(path))
-        self._buffer = b""
-        self._next_id = 0
-
-    def close(self) -> None:
-        self.sock.close()
-
-    def request(self, method: str, params: Any = None) -> Any:
-        """The result; an error answer raises ``RuntimeError``."""
-        reply = self.call(method, params)
-        if "error" in reply:
-            raise RuntimeError(f"{method}: {reply['error']}")
-        return reply.get("result")
-
-    def call(self, method: str, params: Any = None) -> dict[str, Any]:
-        """The whole response frame (``result`` or ``error``)."""
-        self._next_id += 1
-        frame: dict[str, Any] = {"jsonrpc": "2.0", "id": self._next_id, "method": method}
-        if params is not None:
-            frame["params"] = params
-        self.sock.sendall(orjson.dumps(frame) + b"\n")
-        while True:
-            reply = orjson.loads(self._read_line())
-            if "method" in reply:
-                self.on_notification(reply)
-            elif reply.get("id") == self._next_id:
-                return dict(reply)
-
-    def on_notification(self, frame: dict[str, Any]) -> None:
-        """A frame with a method that came while waiting for an answer."""
-
-    def _read_line(self) -> bytes:
-        while True:
-            newline = self._buffer.find(b"\n")
-            if newline >= 0:
-                line, self._buffer = self._buffer[:newline], self._buffer[newline + 1:]
-                return line
-            chunk = self.sock.recv(1 << 16)
-            if not chunk:
-                raise ConnectionError("server closed the connection")
-            self._buffer += chunk
-
-
-class Server:
-    """A server child process listening on ``socket_path``."""
-
-    def __init__(self, name: str, argv: list[str], socket_path: Path, env: dict[str, str]):
-        self.name = name
-        self.socket_path = socket_path
-        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, env=env)
+    def __init__(self) -> None:
+        self.workdir = Path(tempfile.mkdtemp(prefix="zcf", dir="/tmp"))
+        self.socket_path = self.workdir / "floor.sock"
+        self.proc = subprocess.Popen(
+            [sys.executable, str(FLOOR_SCRIPT), "--unix", str(self.socket_path)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.process = psutil.Process(self.proc.pid)
 
     def wait_listening(self, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited {self.proc.returncode}")
-            with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX) as probe:
-                probe.connect(str(self.socket_path))
-                return
-            time.sleep(0.02)
-        raise RuntimeError(f"{self.name} not listening after {timeout} s")
-
-    def total_rss(self) -> int:
-        """RSS of the server and all its descendants, in bytes."""
-        root = psutil.Process(self.proc.pid)
-        total = 0
-        for proc in [root, *root.children(recursive=True)]:
-            with contextlib.suppress(psutil.Error):
-                total += proc.memory_info().rss
-        return total
-
-    def process_count(self) -> int:
-        return 1 + len(psutil.Process(self.proc.pid).children(recursive=True))
+        wait_listening(self.proc, self.socket_path, "the floor", timeout=timeout)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(30)
+                self.proc.wait(10)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
-        if self.proc.stderr is not None:
-            self.proc.stderr.close()
-
-
-def _clean_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ZEROCLAW_")}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    return env
+        shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 @contextlib.contextmanager
-def daemon_server(max_sessions: int) -> Iterator[Server]:
-    config_dir = Path(tempfile.mkdtemp(prefix="zcb", dir="/tmp"))
-    (config_dir / "config.toml").write_text(f"[acp]\nmax_sessions = {max_sessions}\n")
-    argv = [sys.executable, "-c", ENTRY_POINT, "daemon", "--config-dir", str(config_dir),
-            "--log-level", "warning"]
-    server = Server("daemon", argv, config_dir / "data" / "daemon.sock", _clean_env())
+def floor_socket() -> Iterator[FloorSocket]:
+    floor = FloorSocket()
     try:
-        server.wait_listening()
-        yield server
+        floor.wait_listening()
+        yield floor
     finally:
-        server.stop()
-        shutil.rmtree(config_dir, ignore_errors=True)
+        floor.stop()
 
 
-@contextlib.contextmanager
-def floor_server() -> Iterator[Server]:
-    work = Path(tempfile.mkdtemp(prefix="zcf", dir="/tmp"))
-    path = work / "floor.sock"
-    argv = [sys.executable, str(REPO / "scripts" / "echo_floor.py"), "--unix", str(path)]
-    server = Server("floor", argv, path, _clean_env())
-    try:
-        server.wait_listening()
-        yield server
-    finally:
-        server.stop()
-        shutil.rmtree(work, ignore_errors=True)
+def total_rss(root: psutil.Process) -> int:
+    """RSS of ``root`` and all its descendants, in bytes."""
+    total = 0
+    for proc in [root, *root.children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):
+            total += proc.memory_info().rss
+    return total
 
 
-def initialize_rate(server: Server, round_trips: int) -> float:
-    """Sequential ``initialize`` round trips per second on one connection."""
-    client = NdjsonClient(server.socket_path)
-    try:
-        params = {"protocolVersion": 1}
-        for _ in range(min(200, round_trips)):  # warm up
-            client.request("initialize", params)
-        started = time.perf_counter()
-        for _ in range(round_trips):
-            client.request("initialize", params)
-        return round_trips / (time.perf_counter() - started)
-    finally:
-        client.close()
-
-
-def settle(server: Server, quiet_secs: float = 1.0) -> None:
+def settle(daemon: Daemon) -> None:
     """Let a fresh daemon finish starting (host, store, worker imports) before timing it.
 
     The host starts in the background after the socket is up; its workers import
     for ~100 ms each, which on two cores would be measured as the daemon's cost.
     """
-    client = NdjsonClient(server.socket_path)
+    client = NdjsonClient(daemon.socket_path)
     try:
         client.request("initialize", {"protocolVersion": 1})
         sid = client.request("session/new", {})["sessionId"]  # waits for a ready worker
         client.request("session/close", {"sessionId": sid})
     finally:
         client.close()
-    time.sleep(quiet_secs)  # the spare worker's start; a benchmark, not a test
+    time.sleep(SETTLE_SECS)  # the spare worker's start; a benchmark, not a test
 
 
-def open_sessions(server: Server, count: int) -> list[NdjsonClient]:
-    """``count`` live idle sessions, spread over a few connections that stay open."""
-    clients = [NdjsonClient(server.socket_path) for _ in range(8)]
-    for client in clients:
-        client.request("initialize", {"protocolVersion": 1})
-    for index in range(count):
-        clients[index % len(clients)].request("session/new", {"keep_siblings": True})
-    return clients
+# -- rates, in alternated rounds -----------------------------------------------------
+
+async def initialize_rate(sizes: BenchSizes, path: Path) -> Sample:
+    """Sequential ``initialize`` round trips per second, blocking client, one connection."""
+    client = NdjsonClient(path)
+    try:
+        async def step() -> object:
+            return client.request("initialize", {"protocolVersion": 1})
+
+        await timed(200, step)
+        return await timed(sizes.socket_initializes, step, sizes.min_seconds)
+    finally:
+        client.close()
 
 
-def status_latencies(client: NdjsonClient, calls: int) -> tuple[list[float], int]:
-    """Milliseconds per ``status`` call; the number of sessions the last one listed."""
-    listed = 0
+@contextlib.asynccontextmanager
+async def socket_sessions(path: Path,
+                          count: int) -> AsyncIterator[list[tuple[RpcPeer, str]]]:
+    """``count`` connections with one session each (closed, with the session, on exit)."""
+    peers = [await RpcPeer.connect(path) for _ in range(count)]
+    try:
+        for peer in peers:
+            await peer.request("initialize", {"protocolVersion": 1})
+        ids = [await new_session(peer, {"keep_siblings": True}) for peer in peers]
+        yield list(zip(peers, ids, strict=True))
+        await asyncio.gather(*(peer.request("session/close", {"sessionId": sid})
+                               for peer, sid in zip(peers, ids, strict=True)))
+    finally:
+        await asyncio.gather(*(peer.close() for peer in peers))
+
+
+async def turn_rate(sessions: int, sizes: BenchSizes, path: Path) -> Sample:
+    """Prompt turns per second, ``sessions`` connections prompting their session at once."""
+    async with socket_sessions(path, sessions) as pairs:
+        await asyncio.gather(*(prompt(peer, sid) for peer, sid in pairs))  # warm every session
+        return await run_turns(pairs, sizes.turns_each, sizes.min_seconds)
+
+
+async def persisted_rate(sizes: BenchSizes, path: Path, db_path: Path | None) -> Sample:
+    """Turns found in the store per second of wall time, on fresh sessions at once.
+
+    ``db_path`` None (the floor): nothing is stored, the rate is the answered turns.
+    """
+    async with socket_sessions(path, sizes.persist_sessions) as pairs:
+        run = await run_turns(pairs, sizes.turns_each, sizes.min_seconds)
+        if db_path is None:
+            return run
+        stored_rows = stored_user_messages(db_path, [sid for _peer, sid in pairs])
+    stored = sum(len(texts) for texts in stored_rows.values())
+    seconds = run.details["seconds"]
+    return Sample(stored / seconds, run.count, run.p50_ms, run.p99_ms,
+                  {"answered": run.count, "stored": stored, "seconds": seconds})
+
+
+SocketMeasure = Callable[[Path], Awaitable[Sample]]
+
+
+def _rate_plan(sizes: BenchSizes) -> list[tuple[MetricSpec, SocketMeasure]]:
+    plan: list[tuple[MetricSpec, SocketMeasure]] = [
+        (MetricSpec("daemon_initialize", "daemon", "initialize round trips", "req/s",
+                    goal=Goal(">=", 0.8)), partial(initialize_rate, sizes)),
+    ]
+    for count in sizes.concurrency:
+        plan.append((MetricSpec(f"daemon_turns_{count}", "daemon", turns_title(count),
+                                "turns/s"), partial(turn_rate, count, sizes)))
+    return plan
+
+
+async def _rates(sizes: BenchSizes, floor: FloorSocket, daemon: Daemon) -> dict[str, Any]:
+    metrics = {}
+    for spec, measure in _rate_plan(sizes):
+        metrics[spec.name] = await measure_pair(
+            spec, partial(measure, floor.socket_path), partial(measure, daemon.socket_path),
+            sizes.rounds)
+    spec = MetricSpec(
+        "daemon_persisted_turns", "daemon",
+        f"persisted turns, {sizes.persist_sessions} sessions: store rows / wall s", "turns/s")
+    metrics[spec.name] = await measure_pair(
+        spec, partial(persisted_rate, sizes, floor.socket_path, None),
+        partial(persisted_rate, sizes, daemon.socket_path, daemon.db_path), sizes.rounds)
+    return metrics
+
+
+# -- live idle sessions: one run each -------------------------------------------------
+
+def _live_specs(sessions: int) -> dict[str, MetricSpec]:
+    specs = [
+        MetricSpec("daemon_session_new", "daemon",
+                   f"session/new, sequential, up to {sessions:,} live", "sessions/s"),
+        MetricSpec("daemon_status", "daemon", f"status p50, {sessions:,} live sessions", "ms",
+                   "lower", Goal("<=", 2.0, of_ratio=False, unit="ms")),
+        MetricSpec("daemon_rss_total", "daemon",
+                   f"RSS host + workers, {sessions:,} idle sessions", "MiB", "lower",
+                   Goal("<=", 300.0, of_ratio=False, unit="MiB"), has_ratio=False),
+        MetricSpec("daemon_rss_per_session", "daemon",
+                   f"RSS per idle session: growth / {sessions:,}", "KiB",
+                   "lower", has_ratio=False),
+    ]
+    return {spec.name: spec for spec in specs}
+
+
+def status_latencies(client: NdjsonClient, calls: int) -> tuple[list[float], int | None]:
+    """Milliseconds per ``status`` call; the sessions the last one listed (None: floor)."""
     for _ in range(min(20, calls)):  # warm up
         client.request("status")
-    samples = []
+    samples, listed = [], None
     for _ in range(calls):
         started = time.perf_counter()
         result = client.request("status")
         samples.append((time.perf_counter() - started) * 1000)
-        listed = result["activeSessions"]
+        listed = result.get("activeSessions")
     return samples, listed
 
 
-def percentile(samples: list[float], fraction: float) -> float:
-    if not samples:
-        return float("nan")
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
-
-
-def _metric(title: str, unit: str, value: float, target: str, ok: bool,
-            **extra: Any) -> dict[str, Any]:
-    return {"title": title, "unit": unit, "value": round(value, 3), "target": target,
-            "ok": ok, **extra}
-
-
-def run_benchmarks(sizes: BenchSizes) -> dict[str, Any]:
-    metrics: dict[str, dict[str, Any]] = {}
-    with floor_server() as floor, daemon_server(sizes.live_sessions) as daemon:
-        settle(daemon)
-        floor_rates, daemon_rates = [], []
-        for round_no in range(ROUNDS):  # alternated, best of each: less noise from the box
-            progress(f"initialize round trips, round {round_no + 1}/{ROUNDS}")
-            floor_rates.append(initialize_rate(floor, sizes.initialize_round_trips))
-            daemon_rates.append(initialize_rate(daemon, sizes.initialize_round_trips))
-        floor.stop()
-        floor_rate, daemon_rate = max(floor_rates), max(daemon_rates)
-        ratio = daemon_rate / floor_rate
-        metrics["initialize_rate"] = _metric(
-            "initialize round trips", "req/s", daemon_rate, ">= 0.8x floor", ratio >= 0.8,
-            floor=round(floor_rate, 1), ratio=round(ratio, 3))
-        progress(f"daemon: opening {sizes.live_sessions} idle sessions")
+def live_sessions(sizes: BenchSizes, path: Path, root: psutil.Process) -> dict[str, Sample]:
+    """Open ``live_sessions`` idle sessions one after another on one connection, time
+    ``status`` with all of them live, and weigh ``root`` and its children."""
+    count = sizes.live_sessions
+    client = NdjsonClient(path)
+    try:
+        client.request("initialize", {"protocolVersion": 1})
+        rss_before = total_rss(root)
         started = time.perf_counter()
-        clients = open_sessions(daemon, sizes.live_sessions)
-        open_secs = time.perf_counter() - started
-        try:
-            progress(f"daemon: {sizes.status_calls} status calls")
-            samples, listed = status_latencies(clients[0], sizes.status_calls)
-            p50, p99 = percentile(samples, 0.5), percentile(samples, 0.99)
-            metrics["status_p50"] = _metric(
-                f"status p50, {listed} live sessions", "ms", p50, "<= 2 ms", p50 <= 2.0,
-                p99=round(p99, 3), mean=round(statistics.fmean(samples), 3),
-                sessions=listed)
-            rss = daemon.total_rss() / MIB
-            metrics["total_rss"] = _metric(
-                f"RSS daemon + workers, {listed} idle sessions", "MiB", rss, "<= 300 MiB",
-                rss <= 300, processes=daemon.process_count(), open_secs=round(open_secs, 2))
-        finally:
-            for client in clients:
-                client.close()
-    return {"bench": "zeroclaw-daemon", "format": 1,
-            "python": ".".join(map(str, sys.version_info[:3])), "cpus": os.cpu_count(),
-            "started": datetime.now(UTC).isoformat(timespec="seconds"),
-            "sessions": sizes.live_sessions, "metrics": metrics}
+        for _ in range(count):
+            client.request("session/new", {"keep_siblings": True})
+        opened = count / (time.perf_counter() - started)
+        samples, listed = status_latencies(client, sizes.status_calls)
+        rss_after = total_rss(root)
+    finally:
+        client.close()
+    p50, p99 = percentile(samples, 0.5), percentile(samples, 0.99)
+    return {
+        "daemon_session_new": Sample(opened, count),
+        "daemon_status": Sample(p50, len(samples), p50, p99, {"listed": listed}),
+        "daemon_rss_total": Sample(rss_after / MIB, count, details={
+            "processes": 1 + len(root.children(recursive=True))}),
+        "daemon_rss_per_session": Sample((rss_after - rss_before) / count / 1024, count),
+    }
 
 
-def format_table(result: dict[str, Any]) -> str:
-    rows = [("metric", "value", "target", "ok", "details")]
-    for entry in result["metrics"].values():
-        details = ", ".join(f"{k}={v}" for k, v in entry.items()
-                            if k not in {"title", "unit", "value", "target", "ok"})
-        rows.append((entry["title"], f"{entry['value']:.3f} {entry['unit']}", entry["target"],
-                     "yes" if entry["ok"] else "NO", details))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-                     for row in rows)
+def _live_side(name: str, sizes: BenchSizes, path: Path,
+               root: psutil.Process) -> dict[str, Sample] | str:
+    progress(f"{sizes.live_sessions:,} live sessions and status: {name} ...")
+    try:
+        samples = live_sessions(sizes, path, root)
+    except MEASUREMENT_ERRORS as error:
+        progress(f"{sizes.live_sessions:,} live sessions and status: {name} failed: {error}")
+        return f"{type(error).__name__}: {error}"
+    status = samples["daemon_status"]
+    progress(f"{name}: session/new {samples['daemon_session_new'].value:,.0f}/s, status p50"
+             f" {status.p50_ms:.2f} ms p99 {status.p99_ms:.2f} ms, RSS"
+             f" {samples['daemon_rss_total'].value:.1f} MiB")
+    return samples
+
+
+def _live_metrics(sizes: BenchSizes, floor: FloorSocket, daemon: Daemon) -> dict[str, Any]:
+    floor_run = _live_side("floor", sizes, floor.socket_path, floor.process)
+    zeroclaw_run = _live_side("zeroclaw", sizes, daemon.socket_path, daemon.process)
+
+    def side(run: dict[str, Sample] | str, name: str) -> Sample | str:
+        return run if isinstance(run, str) else run[name]
+
+    return {name: spec.entry(side(zeroclaw_run, name), side(floor_run, name))
+            for name, spec in _live_specs(sizes.live_sessions).items()}
+
+
+async def run_daemon(sizes: BenchSizes) -> dict[str, dict[str, Any]]:
+    """Every daemon metric against the floor on a Unix socket: the result entries."""
+    metrics: dict[str, dict[str, Any]] = {}
+    with floor_socket() as floor:
+        progress("starting zeroclaw daemon for the rates")
+        rate_sessions = max(sizes.concurrency) + sizes.persist_sessions + 16
+        with started_daemon(rate_sessions, lambda: False) as daemon:
+            settle(daemon)
+            metrics.update(await _rates(sizes, floor, daemon))
+        progress(f"starting a fresh zeroclaw daemon for {sizes.live_sessions:,} live sessions")
+        with started_daemon(sizes.live_sessions + 8, lambda: False) as daemon:
+            settle(daemon)
+            metrics.update(_live_metrics(sizes, floor, daemon))
+    return metrics

@@ -21,7 +21,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from bench_daemon_lib import NdjsonClient, percentile
+from bench_rpc_lib import NdjsonClient, percentile, wait_listening
 
 from ipc.events import TextItem
 from storage.store import StoreReader
@@ -183,15 +182,7 @@ class Daemon:
         self.process = psutil.Process(self.proc.pid)
 
     def wait_listening(self, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"daemon exited {self.proc.returncode}:\n{self.stderr()}")
-            with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX) as probe:
-                probe.connect(str(self.socket_path))
-                return
-            time.sleep(0.02)
-        raise RuntimeError(f"daemon not listening after {timeout} s:\n{self.stderr()}")
+        wait_listening(self.proc, self.socket_path, "the daemon", self.stderr, timeout)
 
     def stderr(self, limit: int = 4000) -> str:
         with contextlib.suppress(OSError):
