@@ -2,8 +2,10 @@
 
 Every editor that spawns ``zeroclaw acp --attach`` shares one host: sessions
 outlive the editor, show in ``zeroclaw status`` and load from any editor. When no
-daemon answers, an ``--ephemeral`` one is started first (detached, logging to
-``<data_dir>/daemon.log``); it exits a second after its last client leaves.
+daemon answers, an ``--ephemeral`` one is started first, logging to
+``<data_dir>/daemon.log``; it exits a second after its last client leaves. It is
+started by a double fork, so it is nobody's child: editors that end an agent by
+killing its process tree (acpx does) do not take the shared daemon down with it.
 
 Two plain threads move the bytes (no event loop): the main thread copies the
 socket to stdout, a helper thread copies stdin to the socket and half-closes it
@@ -25,7 +27,6 @@ import contextlib
 import logging
 import os
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -76,7 +77,7 @@ class Dialer:
         self.settings = settings
         self.path = path
         self.log_path = settings.data_dir / "daemon.log"
-        self._daemon: subprocess.Popen[bytes] | None = None
+        self._daemon_pid: int | None = None
         self._started_at = 0.0
 
     def dial(self, timeout: float = DAEMON_START_SECS) -> socket.socket | None:
@@ -93,22 +94,68 @@ class Dialer:
             time.sleep(0.02)  # the daemon is starting: a bounded poll on its socket
 
     def _needs_start(self, now: float) -> bool:
-        if self._daemon is None:
+        if self._daemon_pid is None:
             return True
-        return self._daemon.poll() is not None and now - self._started_at >= _RESTART_SECS
+        return not _running(self._daemon_pid) and now - self._started_at >= _RESTART_SECS
 
     def _start_daemon(self) -> None:
-        """Start ``zeroclaw daemon --ephemeral`` in its own session, detached from us."""
+        """Start ``zeroclaw daemon --ephemeral`` detached (see the module doc)."""
         settings = self.settings
         settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         argv = [sys.executable, "-P", "-m", "supervisor.cli", "daemon", "--ephemeral",
                 "--config-dir", str(settings.config_dir)]
-        with open(self.log_path, "ab") as daemon_log:
-            self._daemon = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=daemon_log,
-                start_new_session=True, close_fds=True)
+        self._daemon_pid = _spawn_detached(argv, self.log_path)
         self._started_at = time.monotonic()
-        log.info("started an ephemeral zeroclaw daemon (log: %s)", self.log_path)
+        log.info("started an ephemeral zeroclaw daemon, pid %d (log: %s)", self._daemon_pid,
+                 self.log_path)
+
+
+def _spawn_detached(argv: list[str], log_path: Path) -> int:
+    """Run ``argv`` in a new session as a grandchild whose parent has already exited
+    (stdin and stdout /dev/null, stderr appended to ``log_path``); its pid."""
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    read_fd, write_fd = os.pipe()
+    child = os.fork()
+    if child == 0:  # the middle process: start the daemon, report its pid, exit
+        code = 1
+        try:
+            os.setsid()
+            daemon = os.fork()
+            if daemon == 0:
+                _exec_daemon(argv, log_fd)
+            os.write(write_fd, str(daemon).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    os.close(log_fd)
+    os.waitpid(child, 0)
+    with os.fdopen(read_fd, "rb") as reader:
+        reported = reader.read()
+    if not reported.isdigit():
+        raise OSError("could not start the zeroclaw daemon")
+    return int(reported)
+
+
+def _exec_daemon(argv: list[str], log_fd: int) -> None:
+    """In the forked daemon process: wire its stdio and become ``argv`` (never returns)."""
+    try:
+        null_fd = os.open(os.devnull, os.O_RDWR)
+        os.dup2(null_fd, 0)
+        os.dup2(null_fd, 1)
+        os.dup2(log_fd, 2)  # dup2 makes 0-2 inheritable; every other fd is close-on-exec
+        os.execv(argv[0], argv)
+    finally:
+        os._exit(127)
+
+
+def _running(pid: int) -> bool:
+    """``pid`` exists and is not a zombie (a reaper may be slow to collect it)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _connect(path: Path) -> socket.socket | None:

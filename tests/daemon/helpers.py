@@ -22,7 +22,14 @@ import psutil
 
 from tests.e2e.procs import alive, descendants, host_env, reap_leaks, tail
 
-__all__ = ["DaemonProc", "RpcClient", "RpcFailure", "short_dir", "zeroclaw_argv"]
+__all__ = [
+    "DaemonProc",
+    "RpcClient",
+    "RpcFailure",
+    "short_dir",
+    "wait_session_idle",
+    "zeroclaw_argv",
+]
 
 _ENTRY_POINT = "import sys; from supervisor.cli import main; sys.exit(main())"
 FRAME_TIMEOUT = 15.0
@@ -121,6 +128,18 @@ class RpcClient:
 
     def updates(self) -> list[dict[str, Any]]:
         return [n["params"] for n in self.notifications if n.get("method") == "session/update"]
+
+
+def wait_session_idle(client: RpcClient, sid: str, turns: int,
+                      timeout: float = FRAME_TIMEOUT) -> dict[str, Any]:
+    """Poll ``status`` until ``sid`` is live, idle and has ``turns`` turns; its entry."""
+    deadline = time.monotonic() + timeout
+    while True:
+        entries = [s for s in client.request("status")["sessions"] if s["sessionId"] == sid]
+        if entries and entries[0]["state"] == "idle" and entries[0]["turns"] == turns:
+            return entries[0]
+        assert time.monotonic() < deadline, f"session {sid} not idle with {turns} turns: {entries}"
+        time.sleep(0.05)
 
 
 class DaemonProc:

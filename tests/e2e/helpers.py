@@ -1,27 +1,44 @@
-"""Small helpers shared by the SDK-driven tests: prompt text, wire-order queries.
+"""Small helpers shared by the end-to-end tests: prompt text, wire-order queries, replays
+and what the store holds.
 
-Pure functions over a :class:`~tests.e2e.sdkhost.SdkHost`'s frame log; run on the test's thread.
+Pure functions over a :class:`~tests.e2e.sdkhost.SdkHost`'s frame log, raw frames or a
+store file; run on the test's thread.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+from acp.schema import SessionNotification
+
+from ipc.events import TextItem, ToolItem, TurnItem
+from storage.models import SessionInfo
+from storage.store import StoreReader
 
 from .sdkhost import SdkHost, update_text
 
 __all__ = [
+    "CANCEL_MARKER",
     "ReplayedTurn",
+    "assert_denied_and_cancelled",
     "host_status",
     "response_index",
+    "sdk_updates",
     "split_turns",
+    "stored_session",
     "tool",
     "tool_result_text",
     "update_indexes",
     "wire_index",
     "words",
 ]
+
+#: How a cancelled turn's text ends (SPEC §3, ``session/cancel``).
+CANCEL_MARKER = "[turn cancelled via client]"
 
 
 def words(text: str) -> list[str]:
@@ -96,3 +113,30 @@ def tool_result_text(updates: list[Any]) -> str:
         parts.append(json.dumps(u.raw_output))
         parts.extend(json.dumps(c.model_dump()) for c in (u.content or []))
     return " ".join(parts)
+
+
+def sdk_updates(params: Iterable[dict[str, Any]]) -> list[Any]:
+    """Raw ACP ``session/update`` params (``{sessionId, update}``) as the SDK's typed
+    updates, ready for :func:`split_turns`."""
+    return [SessionNotification.model_validate(p).update for p in params]
+
+
+def stored_session(config_dir: Path, sid: str) -> tuple[SessionInfo | None, list[TurnItem]]:
+    """The row and the items the store under ``config_dir`` holds for ``sid``."""
+    reader = StoreReader(config_dir / "data" / "sessions" / "acp-sessions.db")
+    try:
+        return reader.get_session(sid), reader.load_items(sid)
+    finally:
+        reader.close()
+
+
+def assert_denied_and_cancelled(config_dir: Path, sid: str, turns: int) -> None:
+    """On disk: ``sid`` has ``turns`` turns, the last one cancelled with its one tool
+    call ``denied``, and the session is not closed (it can go on)."""
+    session, items = stored_session(config_dir, sid)
+    assert session is not None and session.closed_at is None, session
+    assert session.turn_count == turns, session
+    [call] = [i for i in items if isinstance(i, ToolItem)]
+    assert call.outcome == "denied", call
+    last = items[-1]
+    assert isinstance(last, TextItem) and last.text.endswith(CANCEL_MARKER), last

@@ -39,6 +39,7 @@ class Acpx:
     workspace: Path
     config_dir: Path
     home: Path
+    attached: bool = False  # zeroclaw is ``zeroclaw acp --attach``
     transcript: list[str] = field(default_factory=list)
 
     def run(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -95,28 +96,30 @@ def node_major(env: dict[str, str]) -> int:
     return int(out.strip().lstrip("v").split(".")[0] or 0)
 
 
-def write_wrapper(bin_dir: Path, config_dir: Path) -> None:
+def write_wrapper(bin_dir: Path, config_dir: Path, *extra: str) -> None:
     """``zeroclaw`` on PATH that runs this tree's ``zeroclaw acp --config-dir <ours>``."""
     bin_dir.mkdir()
-    argv = host_argv(config_dir)
+    argv = host_argv(config_dir, *extra)
     entry, flags = argv[:3], argv[4:]  # drop "acp": acpx passes it
     script = bin_dir / "zeroclaw"
     script.write_text(f'#!/bin/sh\nexec {shlex.join(entry)} "$@" {shlex.join(flags)}\n')
     script.chmod(0o755)
 
 
-@pytest.fixture
+@pytest.fixture(params=[False], ids=["embedded"])
 def acpx(request: pytest.FixtureRequest, tmp_path: Path, config_dir: Path,
          workspace: Path) -> Iterator[Acpx]:
+    """acpx with ``zeroclaw`` = ``zeroclaw acp``, or ``zeroclaw acp --attach`` when the
+    test is parametrized indirectly with True (editors sharing one daemon)."""
     command = acpx_command()
     bin_dir, home = tmp_path / "bin", tmp_path / "home"
     home.mkdir()
-    write_wrapper(bin_dir, config_dir)
+    write_wrapper(bin_dir, config_dir, *(["--attach"] if request.param else []))
     env = host_env({"HOME": str(home)})
     env["PATH"] = os.pathsep.join([str(bin_dir), str(Path(command[-1]).parent), env["PATH"]])
     if node_major(env) < 22:
         pytest.skip("acpx needs node >= 22 on PATH (or beside ZEROCLAW_ACPX)")
-    runner = Acpx(command, env, workspace, config_dir, home)
+    runner = Acpx(command, env, workspace, config_dir, home, attached=request.param)
     request.node.stash.setdefault(DIAGNOSTICS, []).append(lambda: "\n".join(runner.transcript))
     yield runner
     runner.wait_until_idle()
@@ -152,9 +155,13 @@ def test_acpx_exec_one_shot(acpx: Acpx) -> None:
     assert "plain text output" in plain.stdout and "end_turn" in plain.stdout
 
 
+@pytest.mark.parametrize("acpx", [False, True], ids=["embedded", "attached"], indirect=True)
 def test_acpx_named_session_continues_across_processes(
     acpx: Acpx, raw_hosts: RawHostFactory, workspace: Path
 ) -> None:
+    """Embedded: each acpx process spawns its own host. Attached: each spawns
+    ``zeroclaw acp --attach``, which shares (or starts) an ephemeral daemon; it
+    exits with its last editor (``wait_until_idle`` checks nothing is left)."""
     created = acpx.run("--format", "json", *QUIET_TTL, "zeroclaw", "sessions", "new",
                        "--name", "e2e")
     assert created.returncode == 0
@@ -174,6 +181,10 @@ def test_acpx_named_session_continues_across_processes(
         assert stop_reasons(frames) == ["end_turn"]
     assert resumed_ids[0] == resumed_ids[1]
     acpx.wait_until_idle()
+    if acpx.attached:  # the editors went through a daemon, which ended on its own:
+        daemon_log = (acpx.config_dir / "data" / "daemon.log").read_text()  # not killed
+        assert "connection #1 from pid" in daemon_log  # with acpx's process tree
+        assert "last client left" in daemon_log and "SIGTERM" not in daemon_log
 
     listed = acpx.run(*QUIET_TTL, "zeroclaw", "sessions", "list")
     assert resumed_ids[0] in listed.stdout
