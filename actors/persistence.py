@@ -34,10 +34,11 @@ from typing import Any, TypeVar
 import peewee
 
 from actors.bridge import ReplyCallback, SimpleInboxActor, loop_reply
+from ipc.errors import InternalError
 from ipc.events import TurnRecord
 from storage.models import MessageRow, SessionEventRow, SessionInfo, SessionRow, ToolCallRow
 from storage.prepared_writes import TITLE_MAX_CHARS, MissingSession, PreparedWrites, title_of
-from storage.store import Store, write_transaction
+from storage.store import Store, write_failure_reason, write_transaction
 
 __all__ = [
     "TITLE_MAX_CHARS",
@@ -60,9 +61,14 @@ _OPERATIONS = frozenset({
 T = TypeVar("T")
 
 
-class StoreWriteError(RuntimeError):
+class StoreWriteError(InternalError):
     """A write that did not happen; the message says why, e.g.
-    ``store write failed: database or disk is full``. The original error is ``__cause__``."""
+    ``store write failed: database or disk is full`` (see
+    :func:`storage.store.write_failure_reason`). The original error is ``__cause__``.
+
+    An :class:`ipc.errors.InternalError`: a request whose handler lets it escape is
+    answered -32603 with this message, whatever the operation that needed the write.
+    """
 
     def __init__(self, reason: str) -> None:
         self.reason = reason
@@ -359,7 +365,7 @@ def _write_error(exc: Exception) -> StoreWriteError:
     if isinstance(exc, MissingSession):
         return StoreWriteError(f"no session {exc}")
     if isinstance(exc, peewee.PeeweeException | sqlite3.Error):
-        reason = str(exc) or type(exc).__name__  # SQLite's own words, e.g. "database is locked"
+        reason = write_failure_reason(exc)  # SQLite's words, e.g. "database is locked"
     else:
         reason = type(exc).__name__  # e.g. an encoding error would quote the text
     error = StoreWriteError(reason)

@@ -54,6 +54,7 @@ __all__ = [
     "decode_cursor",
     "encode_cursor",
     "open_store",
+    "write_failure_reason",
     "write_transaction",
 ]
 
@@ -62,6 +63,15 @@ logger = logging.getLogger("zeroclaw.storage")
 DEFAULT_BUSY_TIMEOUT_MS = 5000
 
 _OPEN_ERRORS = (OSError, sqlite3.Error, peewee.PeeweeException)
+
+#: What usually lies behind an SQLite result code whose words say little to a user.
+#: A write that fails with ENOSPC is SQLite's clear "database or disk is full"; any
+#: other failed write (EFBIG past a file size limit, EDQUOT, EPERM on an immutable
+#: file, EROFS, EIO) is its "disk I/O error".
+_FAILURE_HINTS = {
+    sqlite3.SQLITE_IOERR: "the disk may be full or read-only, or the file too large",
+    sqlite3.SQLITE_READONLY: "the store's file or its directory is read-only",
+}
 
 
 class Store:
@@ -161,6 +171,27 @@ def write_transaction(db: peewee.SqliteDatabase) -> Iterator[None]:
             with contextlib.suppress(*_OPEN_ERRORS):
                 db.rollback()
         raise
+
+
+def write_failure_reason(exc: BaseException) -> str:
+    """Why a write failed, for the user and the log; any thread.
+
+    SQLite's own words (e.g. "database is locked"; never session content), followed
+    by what usually causes them when the words alone say little, e.g. "disk I/O
+    error (the disk may be full or read-only, or the file too large)".
+    """
+    reason = str(exc) or type(exc).__name__
+    hint = _FAILURE_HINTS.get(_sqlite_result_code(exc) & 0xFF)
+    return f"{reason} ({hint})" if hint else reason
+
+
+def _sqlite_result_code(exc: BaseException) -> int:
+    """The SQLite result code behind ``exc`` (peewee keeps sqlite3's error as ``orig``), or 0."""
+    for candidate in (exc, getattr(exc, "orig", None), exc.__cause__, exc.__context__):
+        code = getattr(candidate, "sqlite_errorcode", None)
+        if isinstance(code, int):
+            return code
+    return 0
 
 
 def _open_writer(

@@ -147,6 +147,17 @@ class Host:
                 self.pool.send(eviction.worker_id, CloseSession(eviction.sid))
             log.info("evicted idle session %s", eviction.sid)
 
+    async def evict(self, sid: str) -> bool:
+        """Drop a live idle session from memory, as the LRU rule does (it stays in the
+        store; a prompt restores it). False when it is not live or is running a turn."""
+        route = self.routes.get(sid)
+        if route is None or sid in self.turns.running:
+            return False
+        self.apply_evictions([Eviction(sid, route.worker_id)])  # before any await
+        with contextlib.suppress(SessionNotFound):
+            await self.supervise("release", sid)
+        return True
+
     async def _sweep_idle(self) -> None:
         period = max(0.5, min(self.settings.session_timeout_secs / 4, 30.0))
         while True:
@@ -288,7 +299,7 @@ class Host:
 
 def _log_write_failure(future: asyncio.Future[Any]) -> None:
     if not future.cancelled() and future.exception() is not None:
-        log.warning("store write failed: %s", future.exception())
+        log.warning("%s", future.exception())  # the error says "store write failed: ..."
 
 
 def canonical_dir(path: str, base: str | None = None) -> str | None:

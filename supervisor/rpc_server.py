@@ -218,7 +218,7 @@ class RpcServer:
         for sid in self.owners.sessions_of(peer):
             route = sessions.host.routes.get(sid)
             if route is not None and route.agent_alias == alias:
-                await sessions.evict(sid)
+                await sessions.host.evict(sid)
 
     async def prompt(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
         """Queue the prompt behind its session's running one (see the module doc)."""

@@ -28,7 +28,6 @@ from storage.models import SessionInfo as StoredSession
 from supervisor.config import AUTONOMY_LEVELS, AgentConfig
 from supervisor.host import Host, canonical_dir
 from supervisor.routes import Peer, Route, RunningTurn
-from supervisor.supervisor import Eviction
 
 __all__ = ["Sessions", "TurnOutcome"]
 
@@ -262,17 +261,6 @@ class Sessions:
 
     # --- cancel, close, stop -------------------------------------------------------------
 
-    async def evict(self, sid: str) -> bool:
-        """Drop a live idle session from memory, as the LRU rule does (it stays in the
-        store; a prompt restores it). False when it is not live or is running a turn."""
-        route = self.host.routes.get(sid)
-        if route is None or sid in self.host.turns.running:
-            return False
-        self.host.apply_evictions([Eviction(sid, route.worker_id)])  # before any await
-        with contextlib.suppress(SessionNotFound):
-            await self.host.supervise("release", sid)
-        return True
-
     def cancel(self, sid: str) -> None:
         self.host.turns.cancel(sid)
 
@@ -301,6 +289,7 @@ class Sessions:
         route = self.host.routes.get(sid)
         if route is not None and not (self.shared and sid not in self.host.turns.running):
             raise InvalidParams(f"session {sid} is already active; call session/close first")
+        opened = route is None
         if route is not None:
             route.peer = peer
         else:
@@ -308,7 +297,12 @@ class Sessions:
             if info is None:
                 raise SessionNotFound(f"Session not found: {sid}")
             route = await self._open(peer, info, history=True)
-        await self.host.persist("reopen", sid, time.time())
+        try:
+            await self.host.persist("reopen", sid, time.time())
+        except Exception:
+            if opened:  # not half-restored: a retry starts again
+                await self._forget(route)
+            raise
         if replay:
             items = await asyncio.to_thread(self.host.reader.load_items, sid)
             for event in replay_events(items):
@@ -335,13 +329,13 @@ class Sessions:
     async def set_mode(self, peer: Peer, sid: str, mode: str) -> None:
         if mode not in AUTONOMY_LEVELS:
             raise InvalidParams(f"modeId must be one of {', '.join(AUTONOMY_LEVELS)}")
-        route = self.host.routes.get(sid)
-        if route is None and self.host.reader.get_session(sid) is None:
+        if sid not in self.host.routes and self.host.reader.get_session(sid) is None:
             raise SessionNotFound(f"Session not found: {sid}")
+        await self.host.persist("set_mode", sid, mode)  # first: a refused write changes nothing
+        route = self.host.routes.get(sid)
         if route is not None:
             route.mode = mode
             self.host.pool.send(route.worker_id, SetMode(sid, mode))
-        await self.host.persist("set_mode", sid, mode)
         peer.send_event(sid, CurrentMode(mode))
 
     async def client_event(self, sid: str, kind: str, payload: dict[str, Any]) -> None:

@@ -89,9 +89,18 @@ class TurnBook:
             turns: int = await self.host.persist("write_turn", record)
         except Exception as exc:
             log.error("turn of %s not persisted: %s", turn.sid, exc)
+            self._forget_unstored(turn)  # its first step runs before the client can answer
             self.settle(turn, error=InternalError(str(exc)))
             return
         self.settle(turn, value=(record, turns))
+
+    def _forget_unstored(self, turn: RunningTurn) -> None:
+        """The session's worker remembers a turn the store does not have and the client
+        was told failed: drop the live session (an eviction), so the next prompt
+        restores it from the store, with exactly the turns that were kept."""
+        route = turn.route
+        if route is not None and self.host.routes.get(turn.sid) is route:
+            self.host.spawn(self.host.evict(turn.sid))
 
     async def complete_unstarted(self, turn: RunningTurn, prompt: str) -> None:
         """A turn cancelled before it reached the worker: kept as a cancelled turn."""

@@ -1,45 +1,59 @@
 """The session store becoming unwritable mid-run (issue 4: fault injection), over stdio.
 
-A real ``zeroclaw acp`` host; the test makes its SQLite store unwritable by holding
-an exclusive write lock on the file from a second connection (``BEGIN EXCLUSIVE``),
-which works for any user, root included. The host's writer then gets SQLite's
-"database is locked" after its busy timeout (5 s). The turn must fail with a clear
--32603, the host must keep serving meanwhile, and once the lock is gone the next
-turn must succeed and be on disk. Runs on the test's main thread.
+A real ``zeroclaw acp`` host whose SQLite store the test makes unwritable
+(:mod:`tests.e2e.faults`): locked by another connection, full (the host's file
+size limit), or read-only (immutable files). Each turn or ``session/new`` that
+needs a write must fail with a clear -32603 and leave nothing half-written; the
+host must keep serving meanwhile, and once writing works again the next turn
+must succeed and be on disk, next to every turn completed before the fault.
+Runs on the test's main thread.
 """
 
 from __future__ import annotations
 
-import contextlib
-import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from .conftest import RawHostFactory
+from .faults import (
+    UNWRITABLE_MESSAGE,
+    assert_store_intact,
+    exclusive_lock,
+    file_size_limit,
+    immutable_files,
+    immutable_unsupported,
+    store_path,
+    stored_user_turns,
+)
+from .helpers import tool
 from .rawclient import RawHost
 
 #: The host's SQLite busy timeout is 5 s; the failed write answers after it.
 FAILED_WRITE_TIMEOUT = 20.0
 #: Requests that never touch the writer must not wait for the stuck write.
 SERVED_WHILE_LOCKED_SECS = 2.0
+#: A write refused by a full or read-only disk is answered without the lock's 5 s wait.
+REFUSED_WRITE_SECS = 4.0
+
+#: ``fault(host pid, store path)``: the store stays unwritable inside the ``with``.
+Fault = Callable[[int, Path], AbstractContextManager[None]]
 
 
-def store_path(config_dir: Path) -> Path:
-    return config_dir / "data" / "sessions" / "acp-sessions.db"
-
-
-@contextlib.contextmanager
-def exclusive_lock(db_path: Path) -> Iterator[None]:
-    """Hold SQLite's write lock on ``db_path`` (other writers get "database is locked")."""
-    db = sqlite3.connect(db_path, timeout=10, isolation_level=None)
-    try:
-        db.execute("BEGIN EXCLUSIVE")
-        yield
-        db.execute("ROLLBACK")
-    finally:
-        db.close()
+@pytest.fixture(params=["full", "read-only"])
+def unwritable(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Fault]:
+    """Each way to make the store unwritable without waiting (the lock waits 5 s)."""
+    if request.param == "full":
+        yield file_size_limit
+        return
+    reason = immutable_unsupported(tmp_path)
+    if reason is not None:
+        pytest.skip(f"cannot make the store read-only here: {reason}")
+    yield lambda _pid, db_path: immutable_files(db_path)
 
 
 def prompt(host: RawHost, sid: str, text: str) -> int:
@@ -156,3 +170,149 @@ def test_locked_store_at_session_new_fails_clearly_and_recovers(
     second = raw_hosts()
     second.initialize()
     assert replayed_user_turns(second, sid, workspace) == ["the store works again"]
+
+
+def assert_write_failed(response: dict[str, Any]) -> None:
+    """``response`` is the clear -32603 of a write refused by the unwritable store."""
+    assert "result" not in response, f"answered as done although nothing was stored: {response}"
+    assert response["error"] == {"code": -32603, "message": UNWRITABLE_MESSAGE}, response
+
+
+def listed_ids(host: RawHost) -> set[str]:
+    """The ids ``session/list`` returns (what the store holds)."""
+    return {s["sessionId"] for s in host.call("session/list", {})["sessions"]}
+
+
+def live_turns(host: RawHost) -> dict[str, int]:
+    """From ``status``: each session the host has admitted, and its completed turns."""
+    return {s["sessionId"]: s["turns"] for s in host.call("status", {})["sessions"]}
+
+
+def announced_titles(host: RawHost) -> list[tuple[str, str]]:
+    """``(sessionId, title)`` of each ``session_info_update`` received so far."""
+    return [(n["params"]["sessionId"], n["params"]["update"]["title"])
+            for n in host.notifications if n.get("method") == "session/update"
+            and n["params"]["update"]["sessionUpdate"] == "session_info_update"]
+
+
+def context_used(host: RawHost, sid: str, text: str) -> int:
+    """Run a turn that must succeed; the context size its last usage update reports
+    (the echo agent counts the whole conversation it remembers)."""
+    mark = len(host.notifications)
+    assert_turn_ok(host, sid, text)
+    usages = [n["params"]["update"]["used"] for n in host.notifications[mark:]
+              if n["params"].get("sessionId") == sid
+              and n["params"]["update"].get("sessionUpdate") == "usage_update"]
+    assert usages, f"no usage_update for {text!r}"
+    return int(usages[-1])
+
+
+def test_unwritable_store_fails_turns_clearly_and_the_host_recovers(
+    raw_hosts: RawHostFactory, config_dir: Path, workspace: Path, unwritable: Fault
+) -> None:
+    before = ["first stored turn", "second stored turn"]
+    host = raw_hosts()
+    host.initialize()
+    sid, control = host.new_session(workspace), host.new_session(workspace)
+    for text in before:
+        assert_turn_ok(host, sid, text)
+        assert_turn_ok(host, control, text)
+
+    with unwritable(host.pid, store_path(config_dir)):
+        for text in ("a lost turn", "another lost turn"):  # it stays broken: each write fails
+            assert_write_failed(host.request("session/prompt", {"sessionId": sid, "prompt": text},
+                                             timeout=REFUSED_WRITE_SECS))
+        assert listed_ids(host) == {sid, control}  # the host keeps serving
+        # a turn not stored is not completed, and the agent forgets it: the session
+        # leaves memory, to be restored from the store by the next prompt
+        assert live_turns(host) == {control: 2}
+    assert stored_user_turns(config_dir, sid) == before
+
+    after = [*before, "after the fault", "and one more"]
+    # the writer, its transaction and the WAL work again; the agent's context holds
+    # exactly the stored turns, as the control session's (same turns, no fault) does
+    assert context_used(host, sid, after[2]) == context_used(host, control, after[2])
+    assert_turn_ok(host, sid, after[3])
+    assert stored_user_turns(config_dir, sid) == after
+    host.close()
+    assert not host.problems, host.problems
+    assert_store_intact(store_path(config_dir))
+
+    second = raw_hosts()
+    second.initialize()
+    assert replayed_user_turns(second, sid, workspace) == after
+
+
+def test_unwritable_store_at_session_new_fails_clearly_and_recovers(
+    raw_hosts: RawHostFactory, config_dir: Path, workspace: Path, unwritable: Fault
+) -> None:
+    host = raw_hosts()
+    host.initialize()
+    kept = host.new_session(workspace)  # no turn yet
+    new_session = {"cwd": str(workspace), "mcpServers": []}
+    with unwritable(host.pid, store_path(config_dir)):
+        for _ in range(2):
+            assert_write_failed(host.request("session/new", new_session,
+                                             timeout=REFUSED_WRITE_SECS))
+        assert_write_failed(host.request("session/prompt", {"sessionId": kept,
+                                                            "prompt": "a lost first turn"},
+                                         timeout=REFUSED_WRITE_SECS))
+        # nothing half-written: neither stored nor admitted, no title for a lost turn;
+        # the session whose turn was lost left memory (the next prompt restores it)
+        assert listed_ids(host) == {kept}
+        assert live_turns(host) == {}
+    assert stored_user_turns(config_dir, kept) == []
+    assert announced_titles(host) == []
+
+    created = host.new_session(workspace)
+    assert_turn_ok(host, kept, "first stored turn")
+    assert_turn_ok(host, created, "a new session's turn")
+    assert announced_titles(host) == [(kept, "first stored turn"),
+                                      (created, "a new session's turn")]
+    host.close()
+    second = raw_hosts()
+    second.initialize()
+    assert listed_ids(second) == {kept, created}
+    assert replayed_user_turns(second, kept, workspace) == ["first stored turn"]
+
+
+def test_unwritable_store_at_session_load_fails_clearly_and_a_retry_loads(
+    raw_hosts: RawHostFactory, config_dir: Path, workspace: Path, unwritable: Fault
+) -> None:
+    first = raw_hosts()
+    first.initialize()
+    sid = first.new_session(workspace)
+    assert_turn_ok(first, sid, "stored before")
+    first.close()
+
+    host = raw_hosts()
+    host.initialize()
+    assert listed_ids(host) == {sid}  # the host has opened its store
+    load = {"sessionId": sid, "cwd": str(workspace), "mcpServers": []}
+    with unwritable(host.pid, store_path(config_dir)):
+        assert_write_failed(host.request("session/load", load, timeout=REFUSED_WRITE_SECS))
+        assert live_turns(host) == {}, "a session whose load failed was left admitted"
+    assert replayed_user_turns(host, sid, workspace) == ["stored before"]
+    assert_turn_ok(host, sid, "after the fault")
+    host.close()
+    assert stored_user_turns(config_dir, sid) == ["stored before", "after the fault"]
+
+
+def test_unwritable_store_at_set_mode_leaves_the_mode_unchanged(
+    raw_hosts: RawHostFactory, config_dir: Path, workspace: Path, unwritable: Fault
+) -> None:
+    host = raw_hosts()
+    host.initialize()
+    sid = host.new_session(workspace)  # supervised: a mutating tool asks first
+    with unwritable(host.pid, store_path(config_dir)):
+        assert_write_failed(host.request("session/set_mode", {"sessionId": sid, "modeId": "full"},
+                                         timeout=REFUSED_WRITE_SECS))
+    asked = prompt(host, sid, tool("file_write", {"path": "unasked.txt", "content": "x"}))
+    frame = host.next_frame()
+    while frame.get("method") == "session/update":
+        frame = host.next_frame()
+    assert frame.get("method") == "session/request_permission", f"ran unasked: {frame}"
+    host.send({"jsonrpc": "2.0", "id": frame["id"],
+               "result": {"outcome": {"outcome": "cancelled"}}})
+    assert "result" in wait_responses(host, {asked}, REFUSED_WRITE_SECS, {})[asked]
+    assert not (workspace / "unasked.txt").exists()

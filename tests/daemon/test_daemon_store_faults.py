@@ -1,0 +1,81 @@
+"""The session store becoming full mid-run under ``zeroclaw daemon`` (issue 4).
+
+The RPC dialect queues prompts per session and ends each turn with a
+``turn_complete`` update. While the disk is full (for the daemon process only,
+see :mod:`tests.e2e.faults`) every turn must end ``failed`` with the store's
+reason and its prompt answered -32603, including the prompts queued behind it
+and the turns of several sessions ending together (one group commit); none
+counts as completed. Once the disk has room again the same sessions go on, and
+the store holds every completed turn. Runs on the test's main thread.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from tests.e2e.faults import (
+    UNWRITABLE_MESSAGE,
+    assert_store_intact,
+    file_size_limit,
+    store_path,
+    stored_user_turns,
+)
+
+from .helpers import FRAME_TIMEOUT, DaemonProc, RpcClient
+
+Daemons = Callable[..., DaemonProc]
+SESSIONS = 3
+QUEUED = 2  # prompts per session sent at once while the disk is full
+
+
+def wait_responses(client: RpcClient, ids: list[int]) -> dict[int, dict[str, Any]]:
+    """The responses to ``ids``, which may arrive in any order."""
+    deadline = time.monotonic() + FRAME_TIMEOUT
+    found: dict[int, dict[str, Any]] = {}
+    while not set(ids) <= found.keys():
+        frame = client.read_frame(max(0.01, deadline - time.monotonic()))
+        if "id" in frame and "method" not in frame:
+            found[frame["id"]] = frame
+    return found
+
+
+def turn_outcomes(client: RpcClient, sid: str) -> list[tuple[str, str]]:
+    """``(outcome, content)`` of each ``turn_complete`` of ``sid`` so far."""
+    return [(u["outcome"], u["content"]) for u in client.updates()
+            if u["sessionId"] == sid and u["type"] == "turn_complete"]
+
+
+def test_full_store_fails_every_queued_turn_clearly_and_the_daemon_recovers(
+    daemons: Daemons,
+) -> None:
+    daemon = daemons()
+    with daemon.client() as client:
+        sids = [client.request("session/new", {"keep_siblings": True})["sessionId"]
+                for _ in range(SESSIONS)]
+        for sid in sids:
+            client.request("session/prompt", {"sessionId": sid, "prompt": "stored"})
+
+        with file_size_limit(daemon.pid, store_path(daemon.config_dir)):
+            asked = [client.send("session/prompt", {"sessionId": sid, "prompt": f"lost {n}"})
+                     for n in range(QUEUED) for sid in sids]
+            responses = wait_responses(client, [i for i in asked if i is not None])
+            entries = client.request("status")["sessions"]
+
+        failed = {"code": -32603, "message": UNWRITABLE_MESSAGE}
+        assert [r.get("error") for r in responses.values()] == [failed] * len(asked), responses
+        for sid in sids:
+            assert turn_outcomes(client, sid) == [("completed", "stored")] + [
+                ("failed", UNWRITABLE_MESSAGE)] * QUEUED
+        # a session whose turn was not stored leaves memory (its agent must forget the
+        # turn): each queued prompt restored it from the store, and it left again
+        assert entries == []
+
+        for sid in sids:
+            result = client.request("session/prompt", {"sessionId": sid, "prompt": "after"})
+            assert result["stopReason"] == "end_turn"
+    assert daemon.terminate() == 0
+    assert_store_intact(store_path(daemon.config_dir))
+    for sid in sids:
+        assert stored_user_turns(daemon.config_dir, sid) == ["stored", "after"]

@@ -1,0 +1,82 @@
+"""What a failed store write tells the user (:func:`storage.store.write_failure_reason`).
+
+SQLite's own words, plus the likely causes when the words say little: SQLite
+reports a write that failed with anything but ENOSPC (EFBIG past a file size
+limit, EPERM on an immutable file, EROFS, EDQUOT, EIO) as "disk I/O error". The
+end-to-end faults are in ``tests/e2e/test_store_faults.py``; here the reason
+itself, and a real SQLITE_READONLY through the persistence actor.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import peewee
+import pytest
+
+from actors.persistence import PersistenceActor, StoreWriteError
+from ipc.errors import InternalError
+from storage import Store, open_store
+from storage.store import write_failure_reason
+from tests.test_persistence import call, session, ten_items, turn
+
+IO_HINT = "the disk may be full or read-only, or the file too large"
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    opened = open_store(tmp_path / "acp-sessions.db")
+    yield opened
+    opened.close()
+
+
+@pytest.fixture
+def writer(store: Store) -> Iterator[Any]:
+    """A running persistence actor's proxy."""
+    ref = PersistenceActor.start(store)
+    yield ref.proxy()
+    ref.stop()
+
+
+def sqlite_error(message: str, code: int | None) -> sqlite3.OperationalError:
+    """An error as sqlite3 raises it (``code`` None: as a test or a library builds it)."""
+    error = sqlite3.OperationalError(message)
+    if code is not None:
+        error.sqlite_errorcode = code
+    return error
+
+
+def peewee_error(error: sqlite3.Error) -> peewee.OperationalError:
+    """``error`` wrapped the way peewee re-raises it."""
+    return peewee.OperationalError(error, *error.args)
+
+
+def test_an_io_error_names_its_likely_causes_also_wrapped_by_peewee() -> None:
+    raw = sqlite_error("disk I/O error", sqlite3.SQLITE_IOERR_WRITE)
+    assert write_failure_reason(raw) == f"disk I/O error ({IO_HINT})"
+    assert write_failure_reason(peewee_error(raw)) == f"disk I/O error ({IO_HINT})"
+
+
+def test_clear_words_and_unknown_codes_are_kept_as_they_are() -> None:
+    full = sqlite_error("database or disk is full", sqlite3.SQLITE_FULL)
+    locked = sqlite_error("database is locked", sqlite3.SQLITE_BUSY)
+    assert write_failure_reason(full) == "database or disk is full"
+    assert write_failure_reason(peewee_error(locked)) == "database is locked"
+    assert write_failure_reason(sqlite_error("disk I/O error", None)) == "disk I/O error"
+
+
+def test_a_read_only_store_fails_clearly_as_a_json_rpc_error_then_recovers(
+    store: Store, writer: Any
+) -> None:
+    call(writer.create_session, session())
+    store.writer.execute_sql("PRAGMA query_only = 1")  # a real SQLITE_READONLY (the actor is idle)
+    failed = call(writer.write_turn, turn("s1", ten_items(0)))
+    assert isinstance(failed.error, StoreWriteError) and isinstance(failed.error, InternalError)
+    assert failed.error.to_error() == {"code": -32603, "message": (
+        "store write failed: attempt to write a readonly database "
+        "(the store's file or its directory is read-only)")}
+    store.writer.execute_sql("PRAGMA query_only = 0")
+    assert call(writer.write_turn, turn("s1", ten_items(0))).ok() == 1
