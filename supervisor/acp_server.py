@@ -197,8 +197,7 @@ class AcpServer:
         sessions = await self.sessions()
         peer = endpoint.state["peer"]
         route = await sessions.new(peer, request)
-        if not endpoint.closed:
-            self.host.owners.join(route.sid, peer)
+        self.host.owners.join(route.sid, peer)  # a no-op if the client left meanwhile
         return {
             "sessionId": route.sid,
             "workspaceDir": route.workspace_dir,
@@ -208,9 +207,8 @@ class AcpServer:
     async def prompt(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
         request = acp.prompt_request(params)
         peer = endpoint.state["peer"]
-        self.host.owners.check(request.session_id, peer, adopt=True)
-        sessions = await self.sessions()
-        outcome = await sessions.prompt(peer, request)
+        with self.host.owners.adopting(request.session_id, peer):
+            outcome = await (await self.sessions()).prompt(peer, request)
         return {"sessionId": outcome.sid, "stopReason": outcome.stop_reason,
                 "content": outcome.content}
 
@@ -222,14 +220,12 @@ class AcpServer:
 
     async def close(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
         sid = self._held(params, endpoint)
-        await (await self.sessions()).close(sid)
-        self.host.owners.forget(sid)
+        await self.host.owners.ending(sid, (await self.sessions()).close(sid))
         return {}
 
     async def stop(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
         sid = self._held(params, endpoint)
-        await (await self.sessions()).close(sid, wait_for_turn=True)
-        self.host.owners.forget(sid)
+        await self.host.owners.ending(sid, (await self.sessions()).close(sid, wait_for_turn=True))
         return {"sessionId": sid, "stopped": True}
 
     async def _restore(self, params: Any, endpoint: Endpoint, replay: bool) -> dict[str, Any]:
@@ -239,8 +235,7 @@ class AcpServer:
         sessions = await self.stored()
         peer = endpoint.state["peer"]
         route = await sessions.restore(peer, sid, replay=replay)
-        if not endpoint.closed:
-            self.host.owners.join(sid, peer)
+        self.host.owners.join(sid, peer)  # a no-op if the client left meanwhile
         return {"modes": acp_handshake.modes_state(route.mode)}
 
     async def load(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
@@ -263,8 +258,7 @@ class AcpServer:
 
     async def delete(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
         sid = self._held(params, endpoint)
-        await (await self.sessions()).delete(sid)
-        self.host.owners.forget(sid)
+        await self.host.owners.ending(sid, (await self.sessions()).delete(sid))
         return {}
 
     async def set_mode(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
@@ -287,7 +281,7 @@ class AcpServer:
     async def status(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
         from supervisor.status import host_status
 
-        return host_status(await self.sessions(), self.host.owners)
+        return await host_status(await self.sessions(), self.host.owners)
 
 
 def _listed(row: Any) -> dict[str, Any]:

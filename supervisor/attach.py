@@ -58,7 +58,7 @@ def run_attach(settings: Settings) -> int:
     if sock is None:
         log.error("no zeroclaw daemon answers on %s (see %s)", dialer.path, dialer.log_path)
         return 1
-    unanswered = _bridge(Link(sock), dialer)
+    unanswered = _bridge(Link(sock), dialer, settings.frame_limit)
     if unanswered is None:
         return 0
     log.error("the zeroclaw daemon on %s closed the connection (%d request(s) unanswered; "
@@ -90,7 +90,11 @@ class Dialer:
             if now >= deadline:
                 return None
             if self._needs_start(now):
-                self._start_daemon()
+                try:
+                    self._start_daemon()
+                except OSError as exc:
+                    log.error("could not start a zeroclaw daemon: %s", exc)
+                    return None
             time.sleep(0.02)  # the daemon is starting: a bounded poll on its socket
 
     def _needs_start(self, now: float) -> bool:
@@ -138,13 +142,20 @@ def _spawn_detached(argv: list[str], log_path: Path) -> int:
 
 
 def _exec_daemon(argv: list[str], log_fd: int) -> None:
-    """In the forked daemon process: wire its stdio and become ``argv`` (never returns)."""
+    """In the forked daemon process: wire its stdio and become ``argv`` (never returns).
+
+    Only 0-2 pass to the daemon: a descriptor the editor let us inherit (a pipe, say)
+    must not be held open by a daemon that outlives us.
+    """
     try:
         null_fd = os.open(os.devnull, os.O_RDWR)
         os.dup2(null_fd, 0)
         os.dup2(null_fd, 1)
-        os.dup2(log_fd, 2)  # dup2 makes 0-2 inheritable; every other fd is close-on-exec
+        os.dup2(log_fd, 2)
+        os.closerange(3, os.sysconf("SC_OPEN_MAX"))
         os.execv(argv[0], argv)
+    except OSError as exc:
+        os.write(2, f"zeroclaw acp --attach: cannot run {argv[0]}: {exc}\n".encode())
     finally:
         os._exit(127)
 
@@ -249,29 +260,47 @@ def _id_key(value: Any) -> Hashable:
 
 
 class LineSplitter:
-    """Feeds each complete line of a byte stream to ``on_line``; keeps the partial tail."""
+    """Feeds each complete line of a byte stream to ``on_line``; keeps the partial tail.
 
-    def __init__(self, on_line: Callable[[bytes], None]) -> None:
+    A line longer than ``limit`` is not kept (memory stays bounded and the copy
+    linear): it is skipped up to its newline, as the daemon refuses it anyway.
+    """
+
+    def __init__(self, on_line: Callable[[bytes], None], limit: int) -> None:
         self._on_line = on_line
-        self._tail = b""
+        self._limit = limit
+        self._tail = bytearray()
+        self._skipping = False
+
+    @property
+    def mid_line(self) -> bool:
+        """The stream so far ends inside a line (no newline after its last bytes)."""
+        return bool(self._tail) or self._skipping
 
     def feed(self, data: bytes) -> None:
-        if b"\n" not in data:
-            self._tail += data
-            return
-        lines = (self._tail + data).split(b"\n")
-        self._tail = lines.pop()
-        for line in lines:
-            if line.strip():
-                self._on_line(line)
+        start = 0
+        while (end := data.find(b"\n", start)) >= 0:
+            if not self._skipping:
+                self._tail += data[start:end]
+                if self._tail.strip():
+                    self._on_line(bytes(self._tail))
+            self._tail.clear()
+            self._skipping = False
+            start = end + 1
+        if not self._skipping:
+            self._tail += data[start:]
+            if len(self._tail) > self._limit:
+                self._tail.clear()
+                self._skipping = True
 
 
-def _bridge(link: Link, dialer: Dialer) -> int | None:
+def _bridge(link: Link, dialer: Dialer, frame_limit: int) -> int | None:
     """Copy both ways until the daemon closes; None when that was the normal end,
     else how many requests were left unanswered (each answered -32603 here)."""
     stdout_fd = sys.stdout.fileno()
-    threading.Thread(target=_copy_in, args=(sys.stdin.fileno(), link), daemon=True).start()
-    replies = LineSplitter(link.received)
+    threading.Thread(target=_copy_in, args=(sys.stdin.fileno(), link, frame_limit),
+                     daemon=True).start()
+    replies = LineSplitter(link.received, frame_limit)
     for _ in range(REDIALS + 1):
         with contextlib.suppress(OSError):
             while data := link.sock.recv(_CHUNK):
@@ -290,14 +319,16 @@ def _bridge(link: Link, dialer: Dialer) -> int | None:
     if link.input_ended and not pending:
         return None
     with contextlib.suppress(OSError):
+        if pending and replies.mid_line:
+            _write_all(stdout_fd, b"\n")  # end the daemon's cut-off line: frames stay whole
         for request_id in pending:
             _write_all(stdout_fd, orjson.dumps(
                 {"jsonrpc": "2.0", "id": request_id, "error": LOST}) + b"\n")
     return len(pending)
 
 
-def _copy_in(stdin_fd: int, link: Link) -> None:
-    requests = LineSplitter(link.sent)
+def _copy_in(stdin_fd: int, link: Link, frame_limit: int) -> None:
+    requests = LineSplitter(link.sent, frame_limit)
     with contextlib.suppress(OSError):
         while data := os.read(stdin_fd, _CHUNK):
             requests.feed(data)

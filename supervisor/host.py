@@ -40,7 +40,7 @@ from storage.store import Store, open_store
 from supervisor.config import Settings
 from supervisor.orphans import become_subreaper, end_orphans
 from supervisor.routes import Peer, Route
-from supervisor.supervisor import Eviction, Limits, LiveTable, SupervisorActor, workers_wanted
+from supervisor.supervisor import Eviction, Limits, SupervisorActor, workers_wanted
 from supervisor.turns import TurnBook
 from supervisor.workers import WorkerPool
 
@@ -76,8 +76,7 @@ class Host:
         self.persistence = PersistenceActor.start(self.store)
         limits = Limits(settings.max_sessions, settings.session_timeout_secs,
                         settings.sessions_per_worker)
-        self.live_table = LiveTable()  # the supervisor's; read here for status only
-        self.supervisor = SupervisorActor.start(limits, self.live_table)
+        self.supervisor = SupervisorActor.start(limits)
         self.pool = WorkerPool(
             run_dir=settings.data_dir / "run",
             on_message=self._on_worker_message,

@@ -8,14 +8,19 @@ table there too: a connection that did not create, load or adopt a session gets
 The clients of a session are the connections that created it, loaded or resumed
 it (an editor picking up a shared session joins its clients) or adopted it (a
 prompt to a session nobody holds). A connection that goes away leaves every
-session it held; a session nobody holds is open to the next connection.
+session it held, and cannot join one afterwards (a ``session/new`` still running
+when its client left must not leave a holder nobody can remove); a session nobody
+holds is open to the next connection.
 """
 
 from __future__ import annotations
 
+import contextlib
+import weakref
+from collections.abc import Awaitable, Iterator
 from typing import TYPE_CHECKING
 
-from ipc.errors import SessionNotOwned
+from ipc.errors import SessionNotFound, SessionNotOwned
 
 if TYPE_CHECKING:
     from supervisor.routes import Peer
@@ -28,9 +33,13 @@ class Owners:
 
     def __init__(self) -> None:
         self._clients: dict[str, list[Peer]] = {}
+        self._departed: weakref.WeakSet[Peer] = weakref.WeakSet()
 
     def join(self, sid: str, peer: Peer) -> None:
-        """``peer`` holds ``sid`` from now on (created, loaded, resumed or adopted it)."""
+        """``peer`` holds ``sid`` from now on (created, loaded, resumed or adopted it);
+        a no-op for a connection that already went away."""
+        if peer in self._departed:
+            return
         clients = self._clients.setdefault(sid, [])
         if peer not in clients:
             clients.append(peer)
@@ -43,13 +52,21 @@ class Owners:
         clients = self._clients.get(sid)
         if not clients:
             if adopt:
-                self._clients[sid] = [peer]
+                self.join(sid, peer)
             return
         if peer not in clients:
             raise SessionNotOwned(f"Session {sid} is owned by another connection")
 
-    def holds(self, sid: str, peer: Peer) -> bool:
-        return peer in self._clients.get(sid, ())
+    @contextlib.contextmanager
+    def adopting(self, sid: str, peer: Peer) -> Iterator[None]:
+        """:meth:`check` with adoption around a prompt: when the session turns out not
+        to exist (-32000), ``peer`` does not keep holding its id."""
+        self.check(sid, peer, adopt=True)
+        try:
+            yield
+        except SessionNotFound:
+            self.leave(sid, peer)
+            raise
 
     def leave(self, sid: str, peer: Peer) -> None:
         clients = self._clients.get(sid)
@@ -58,12 +75,17 @@ class Owners:
             if not clients:
                 del self._clients[sid]
 
-    def forget(self, sid: str) -> None:
-        """The session is closed or deleted: nobody holds it any more."""
-        self._clients.pop(sid, None)
+    async def ending(self, sid: str, operation: Awaitable[None]) -> None:
+        """Await a close, stop or delete of ``sid``; whoever held it when it began lets
+        go (a connection that joined meanwhile, by a load, keeps its hold)."""
+        holders = list(self._clients.get(sid, ()))
+        await operation
+        for peer in holders:
+            self.leave(sid, peer)
 
     def leave_all(self, peer: Peer) -> list[str]:
-        """``peer`` went away: it leaves every session; the ids it held."""
+        """``peer`` went away: it leaves every session, for good; the ids it held."""
+        self._departed.add(peer)
         held = self.sessions_of(peer)
         for sid in held:
             self.leave(sid, peer)

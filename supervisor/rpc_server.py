@@ -194,7 +194,7 @@ class RpcServer:
         return self._handshake
 
     async def status(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
-        return host_status(await self._sessions(), self.owners)
+        return await host_status(await self._sessions(), self.owners)
 
     async def new_session(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
         request = rpc.new_session_request(params)
@@ -206,18 +206,18 @@ class RpcServer:
         if not request.keep_siblings:
             await self._evict_siblings(sessions, peer, agent.alias)
         route = await sessions.new(peer, request.request)
-        if endpoint.closed:
+        if peer.gone:
             log.info("%s: went away while creating %s", endpoint.name, route.sid)
-        else:
-            self.owners.join(route.sid, peer)
+        self.owners.join(route.sid, peer)  # a no-op if the client left meanwhile
         return {"sessionId": route.sid, "agentAlias": route.agent_alias,
                 "workspaceDir": route.workspace_dir}
 
     async def _evict_siblings(self, sessions: Sessions, peer: DaemonPeer, alias: str) -> None:
-        """Drop this connection's idle live sessions of ``alias`` (kept in the store)."""
+        """Drop this connection's idle live sessions of ``alias`` (kept in the store);
+        not those other connections hold too (an editor that loaded one uses it)."""
         for sid in self.owners.sessions_of(peer):
             route = sessions.host.routes.get(sid)
-            if route is not None and route.agent_alias == alias:
+            if route is not None and route.agent_alias == alias and self.owners.count(sid) == 1:
                 await sessions.host.evict(sid)
 
     async def prompt(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
@@ -225,12 +225,12 @@ class RpcServer:
         request = prompt_request(params)
         peer: DaemonPeer = endpoint.state["peer"]
         sid = request.session_id
-        self.owners.check(sid, peer, adopt=True)
-        ticket = self.queues.enter(sid, peer)  # before any await: arrival order
-        try:
-            return await self._run_queued(ticket, request, peer)
-        finally:
-            self.queues.leave(ticket)
+        with self.owners.adopting(sid, peer):
+            ticket = self.queues.enter(sid, peer)  # before any await: arrival order
+            try:
+                return await self._run_queued(ticket, request, peer)
+            finally:
+                self.queues.leave(ticket)
 
     async def _run_queued(self, ticket: Ticket, request: PromptRequest,
                           peer: DaemonPeer) -> dict[str, Any]:
@@ -243,9 +243,6 @@ class RpcServer:
             raise InternalError("prompt dropped: the client went away")
         try:
             outcome = await sessions.prompt(peer, request)
-        except SessionNotFound:
-            self.owners.leave(sid, peer)
-            raise
         except InternalError as exc:
             peer.endpoint.notify("session/update", rpc.turn_complete(sid, None, exc.message))
             raise
@@ -266,8 +263,7 @@ class RpcServer:
         peer: DaemonPeer = endpoint.state["peer"]
         self.owners.check(sid, peer)
         self.queues.drop(SessionNotFound(f"Session closed: {sid}"), sid=sid)
-        await (await self._sessions()).close(sid)
-        self.owners.forget(sid)
+        await self.owners.ending(sid, (await self._sessions()).close(sid))
         return {}
 
     def approve(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:

@@ -1,10 +1,11 @@
 """The ``status`` answer (SPEC §4 shape), shared by every transport.
 
-Runs on the asyncio loop thread and waits on nothing: session entries are a
-snapshot of the SupervisorActor's live table (:func:`supervisor.supervisor.status_entries`,
-never asking the actor, a worker or the writer); worker figures come from the
-pool plus psutil, sampled at most once a second per worker (Process objects are
-kept, since the first ``cpu_percent()`` of a new one is always 0.0).
+Runs on the asyncio loop thread. Session entries come ready-made from the
+SupervisorActor, never from a worker or the writer; asked through the actor's
+mailbox, they come after every ``end_turn`` told before, so a prompt's answer is
+never followed by a status that still shows its turn running. Worker figures come
+from the pool plus psutil, sampled at most once a second per worker (Process
+objects are kept, since the first ``cpu_percent()`` of a new one is always 0.0).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from supervisor import __version__
-from supervisor.supervisor import status_entries
 
 if TYPE_CHECKING:
     from supervisor.ownership import Owners
@@ -52,10 +52,10 @@ def _process_figures(pid: int) -> tuple[int, float]:
     return rss, cpu
 
 
-def host_status(sessions: Sessions, owners: Owners) -> dict[str, Any]:
+async def host_status(sessions: Sessions, owners: Owners) -> dict[str, Any]:
     """The ``status`` result; ``clients`` of a session = connections holding it."""
     host = sessions.host
-    entries, per_worker = status_entries(host.live_table)
+    entries, per_worker = await host.supervise("status_entries")
     for entry in entries:
         entry["clients"] = owners.count(entry["sessionId"])
     pool = host.pool

@@ -2,11 +2,8 @@
 
 Runs on its own pykka thread; the asyncio loop reaches it only through
 :func:`supervisor.bridge.call` and never waits on it for a worker or the store.
-The one exception is ``status``: the loop reads the actor's :class:`LiveTable`
-through :func:`status_entries` without asking (a snapshot; see there), so a busy
-supervisor never slows the ops tools that poll it. It decides; the loop acts
-(sends envelopes to workers, writes through the persistence actor). Decisions
-come back as frozen dataclasses.
+It decides; the loop acts (sends envelopes to workers, writes through the
+persistence actor). Decisions come back as frozen dataclasses.
 
 Rules (SPEC §5): at most ``max_sessions`` live sessions; at the cap the least
 recently used idle session is evicted (it stays in the store, restorable); only
@@ -17,22 +14,14 @@ older than ``session_timeout_secs`` are evicted by :meth:`SupervisorActor.sweep`
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from actors.bridge import CallableActor
 from ipc.errors import InvalidParams, SessionBusy, SessionLimitReached, SessionNotFound
 
-__all__ = [
-    "Admission",
-    "Eviction",
-    "Limits",
-    "LiveTable",
-    "SupervisorActor",
-    "status_entries",
-    "workers_wanted",
-]
+__all__ = ["Admission", "Eviction", "Limits", "SupervisorActor", "workers_wanted"]
 
 
 def workers_wanted(in_use: int, unplaced: int, sessions_per_worker: int) -> int:
@@ -81,40 +70,13 @@ class _Live:
         self.last_used = time.monotonic()
 
 
-class LiveTable(dict[str, _Live]):
-    """The live sessions by id: written only on the SupervisorActor's thread, read by
-    the loop thread only through :func:`status_entries`."""
-
-
-def status_entries(table: Mapping[str, _Live]) -> tuple[list[dict[str, Any]], dict[str, int]]:
-    """The ``status`` wire entries of the live sessions, and sessions per worker.
-
-    Runs on any thread, without asking the actor: ``list(table.values())`` is one C
-    call under the GIL, so it never sees the table half-changed; each entry is
-    then read as it is at that moment (a turn ending meanwhile may show as busy
-    with the old count: a snapshot, a moment old at worst). Built straight as
-    dicts: ``status`` is polled every second, with thousands of live sessions.
-    """
-    per_worker: dict[str, int] = {}
-    entries = []
-    for s in list(table.values()):
-        worker_id = s.worker_id
-        if worker_id is not None:
-            per_worker[worker_id] = per_worker.get(worker_id, 0) + 1
-        entries.append({"sessionId": s.sid, "agentAlias": s.agent_alias,
-                        "state": "busy" if s.busy else "idle",
-                        "lastActivity": s.last_activity, "turns": s.turns})
-    return entries, per_worker
-
-
 class SupervisorActor(CallableActor):
     """Owns the table of live sessions. Every method runs on the actor's thread."""
 
-    def __init__(self, limits: Limits, table: LiveTable | None = None) -> None:
-        """``table``: where to keep the live sessions (the host reads it for ``status``)."""
+    def __init__(self, limits: Limits) -> None:
         super().__init__()
         self.limits = limits
-        self.sessions = LiveTable() if table is None else table
+        self.sessions: dict[str, _Live] = {}
         self.by_worker: dict[str, set[str]] = {}
 
     # --- admission and placement ---------------------------------------------
@@ -205,6 +167,22 @@ class SupervisorActor(CallableActor):
         horizon = time.monotonic() - self.limits.session_timeout_secs
         stale = [s.sid for s in self.sessions.values() if not s.busy and s.last_used < horizon]
         return [Eviction(sid, self._drop(sid)) for sid in stale]
+
+    def status_entries(self) -> tuple[list[dict[str, Any]], dict[str, int]]:
+        """The ``status`` wire entries of the live sessions, and sessions per worker.
+
+        Built straight as dicts (no intermediate objects): ``status`` is polled
+        every second by ops tools, with up to thousands of live sessions.
+        """
+        per_worker: dict[str, int] = {}
+        entries = []
+        for s in self.sessions.values():
+            if s.worker_id is not None:
+                per_worker[s.worker_id] = per_worker.get(s.worker_id, 0) + 1
+            entries.append({"sessionId": s.sid, "agentAlias": s.agent_alias,
+                            "state": "busy" if s.busy else "idle",
+                            "lastActivity": s.last_activity, "turns": s.turns})
+        return entries, per_worker
 
     def _get(self, sid: str) -> _Live:
         live = self.sessions.get(sid)

@@ -9,18 +9,12 @@ import pytest
 
 from actors.bridge import call
 from ipc.errors import InvalidParams, SessionBusy, SessionLimitReached, SessionNotFound
-from supervisor.supervisor import Limits, LiveTable, SupervisorActor, status_entries
+from supervisor.supervisor import Limits, SupervisorActor
 
 
 @pytest.fixture
-def table():
-    """The supervisor's live table, read by status_entries as the host reads it."""
-    return LiveTable()
-
-
-@pytest.fixture
-def supervisor(table):
-    ref = SupervisorActor.start(Limits(max_sessions=2, session_timeout_secs=0.2), table)
+def supervisor():
+    ref = SupervisorActor.start(Limits(max_sessions=2, session_timeout_secs=0.2))
     yield ref
     ref.stop()
 
@@ -66,7 +60,7 @@ async def test_busy_and_duplicate_and_unknown(supervisor):
         await call(supervisor, "release", "nope")
 
 
-async def test_sweep_evicts_only_idle_sessions_past_the_timeout(supervisor, table):
+async def test_sweep_evicts_only_idle_sessions_past_the_timeout(supervisor):
     await call(supervisor, "admit", "a", "main", 0, ["w1"])
     await call(supervisor, "admit", "b", "main", 0, ["w1"])
     await call(supervisor, "begin_turn", "b")
@@ -76,14 +70,14 @@ async def test_sweep_evicts_only_idle_sessions_past_the_timeout(supervisor, tabl
         await asyncio.sleep(0.05)
         evicted = await call(supervisor, "sweep")
     assert [e.sid for e in evicted] == ["a"]
-    assert [s["sessionId"] for s in status_entries(table)[0]] == ["b"]
+    assert [s["sessionId"] for s in (await call(supervisor, "status_entries"))[0]] == ["b"]
 
 
-async def test_worker_exit_drops_its_sessions(supervisor, table):
+async def test_worker_exit_drops_its_sessions(supervisor):
     await call(supervisor, "admit", "a", "main", 0, ["w1"])
     await call(supervisor, "admit", "b", "main", 0, ["w2"])
     assert await call(supervisor, "worker_exited", "w1") == ["a"]
-    assert [s["sessionId"] for s in status_entries(table)[0]] == ["b"]
+    assert [s["sessionId"] for s in (await call(supervisor, "status_entries"))[0]] == ["b"]
 
 
 async def test_one_session_per_worker_waits_for_a_worker():

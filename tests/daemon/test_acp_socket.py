@@ -10,10 +10,12 @@ import stat
 import subprocess
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 
 from tests.e2e.procs import host_env, reap_leaks
 
@@ -88,14 +90,52 @@ def test_ownership_is_one_table_for_both_sockets(daemons: Any) -> None:
         assert clients_of(daemon) == {mine: 1, theirs: 1}
 
 
+def test_a_prompt_to_an_unknown_id_does_not_claim_it(daemons: Any) -> None:
+    daemon = daemons()
+    unknown = str(uuid.uuid4())
+    with RpcClient(daemon.socket_path.parent / "acp.sock") as editor, daemon.client() as ops:
+        assert refused(editor, "session/prompt", {"sessionId": unknown, "prompt": "x"}) == -32000
+        assert ops.request("session/new", {"sessionId": unknown})["sessionId"] == unknown
+        assert clients_of(daemon) == {unknown: 1}
+        assert refused(editor, "session/close", {"sessionId": unknown}) == -32003
+
+
+@pytest.mark.parametrize("socket_name", ["acp.sock", "daemon.sock"])
+def test_a_client_gone_while_its_session_is_created_holds_nothing(
+    daemons: Any, socket_name: str
+) -> None:
+    """The client sends session/new and half-closes at once (as ``--attach`` does when
+    the editor's stdin ends): the answer still comes, and the session is free."""
+    daemon = daemons()
+    with RpcClient(daemon.socket_path.parent / socket_name) as leaving:
+        request_id = leaving.send("session/new", {"cwd": str(daemon.config_dir)})
+        leaving.sock.shutdown(socket.SHUT_WR)
+        assert request_id is not None
+        sid = leaving.wait_response(request_id)["result"]["sessionId"]
+    deadline = time.monotonic() + 10
+    while clients_of(daemon) != {sid: 0}:
+        assert time.monotonic() < deadline, clients_of(daemon)
+        time.sleep(0.02)
+    with daemon.client() as ops:
+        assert ops.request("session/prompt", {"sessionId": sid, "prompt": "free"})[
+            "content"] == "free"
+
+
+def open_descriptors(pid: int) -> list[str]:
+    """What the open descriptors of ``pid`` point at (``pipe:[N]``, paths, sockets)."""
+    fds = Path(f"/proc/{pid}/fd")
+    return [os.readlink(fd) for fd in fds.iterdir()]
+
+
 class Editor:
     """``zeroclaw acp --attach`` as an editor spawns it, spoken to over its stdio."""
 
-    def __init__(self, config_dir: Path, env: dict[str, str]) -> None:
+    def __init__(self, config_dir: Path, env: dict[str, str], pass_fds: tuple[int, ...] = ()):
         self.stderr = tempfile.TemporaryFile()  # noqa: SIM115 - outlives __init__; see quit
         self.proc = subprocess.Popen(
             zeroclaw_argv("acp", "--attach", "--config-dir", str(config_dir)),
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, env=env)
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, env=env,
+            pass_fds=pass_fds)
         self.next_id = 0
         self.updates: list[dict[str, Any]] = []
 
@@ -137,12 +177,18 @@ class Editor:
 def test_attach_starts_an_ephemeral_daemon_that_editors_share() -> None:
     config_dir = short_dir()
     env = host_env({"ZEROCLAW_SOCKET": str(config_dir / "d.sock")})
-    one = Editor(config_dir, env)
+    editor_pipe = os.pipe()  # a descriptor the editor lets --attach inherit
+    one = Editor(config_dir, env, pass_fds=editor_pipe)
     assert one.request("initialize", {"protocolVersion": 1})["agentInfo"]["name"] == "zeroclaw-acp"
     sid = one.request("session/new", {"cwd": str(config_dir)})["sessionId"]
     assert one.request("session/prompt", {"sessionId": sid, "prompt": "first editor"})[
         "stopReason"] == "end_turn"
     daemon_pid = int((config_dir / "d.sock.lock").read_text())
+    assert psutil.Process(daemon_pid).ppid() != one.proc.pid  # nobody's child (double fork)
+    pipe_ids = {os.readlink(f"/proc/self/fd/{fd}") for fd in editor_pipe}
+    assert not pipe_ids & set(open_descriptors(daemon_pid))  # the daemon did not inherit it
+    for fd in editor_pipe:
+        os.close(fd)
     workers = psutil.Process(daemon_pid).children(recursive=True)
     two = Editor(config_dir, env)
     two.request("initialize", {"protocolVersion": 1})
@@ -213,3 +259,33 @@ def test_attach_replays_on_a_connection_dropped_before_any_answer() -> None:
         assert stream.readline() == b""  # the editor's EOF reached the new connection
     assert editor.proc.wait(15) == 0, editor.stderr_text()
     listener.close()
+
+
+def test_attach_keeps_frames_whole_when_the_daemon_dies_mid_frame() -> None:
+    """The daemon answered once, then died halfway through a frame: the editor gets a
+    newline ending the cut-off line and then the -32603 answer, each on its own line."""
+    config_dir = short_dir()
+    path = config_dir / "data" / "acp.sock"
+    path.parent.mkdir(mode=0o700)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(str(path))
+        listener.listen()
+        listener.settimeout(20)
+        editor = Editor(config_dir, host_env())
+        first = editor.send("initialize", {"protocolVersion": 1})
+        connection, _ = listener.accept()
+        with connection, connection.makefile("rwb") as stream:
+            stream.readline()
+            stream.write(json.dumps({"jsonrpc": "2.0", "id": first, "result": {}}).encode()
+                         + b"\n")
+            stream.flush()
+            second = editor.send("session/new", {"cwd": str(config_dir)})
+            stream.readline()
+            stream.write(b'{"jsonrpc":"2.0","id":2,"result":{"sessionId":"cut o')
+            stream.flush()
+    assert editor.answer(first)["result"] == {}
+    assert editor.proc.stdout is not None
+    assert editor.proc.stdout.readline().startswith(b'{"jsonrpc":"2.0","id":2,"result"')
+    lost = json.loads(editor.proc.stdout.readline())
+    assert (lost["id"], lost["error"]["code"]) == (second, -32603)
+    assert editor.proc.wait(15) == 1
