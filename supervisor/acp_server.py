@@ -281,7 +281,7 @@ class AcpServer:
     async def status(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
         from supervisor.status import host_status
 
-        return await host_status(await self.sessions(), self.host.owners)
+        return host_status(await self.sessions(), self.host.owners)
 
 
 def _listed(row: Any) -> dict[str, Any]:

@@ -8,6 +8,7 @@ is just what the loop needs to move frames without crossing threads.
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -36,6 +37,8 @@ class Peer(Protocol):
 
 @dataclass(slots=True)
 class Route:
+    """A live session as the loop sees it; also what ``status`` reports of it."""
+
     sid: str
     worker_id: str
     peer: Peer
@@ -43,6 +46,11 @@ class Route:
     workspace_dir: str
     cwd: str
     mode: str
+    turns: int = 0  # completed (or cancelled) turns in the store
+    last_activity: float = field(default_factory=time.time)
+
+    def touch(self) -> None:
+        self.last_activity = time.time()
 
 
 @dataclass(slots=True)

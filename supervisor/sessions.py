@@ -160,7 +160,7 @@ class Sessions:
             history=[item_to_wire(i) for i in items],
         ))
         route = Route(info.id, worker_id, peer, info.agent_alias, info.workspace_dir,
-                      info.cwd, info.mode)
+                      info.cwd, info.mode, info.turn_count)
         host.routes[info.id] = route
         host.scale_workers()
         return route
@@ -237,6 +237,7 @@ class Sessions:
                 await self._until_forgotten(route)
                 continue
             turn.route, turn.admitted = route, True
+            route.touch()
             return route
         raise SessionNotFound(f"Session not found: {turn.sid}")
 
@@ -342,6 +343,9 @@ class Sessions:
         if sid not in self.host.routes and self.host.reader.get_session(sid) is None:
             raise SessionNotFound(f"Session not found: {sid}")
         self.host.inform("touch", sid)
+        route = self.host.routes.get(sid)
+        if route is not None:
+            route.touch()
         await self.host.persist("record_event", sid, kind, payload)
 
 

@@ -1,17 +1,19 @@
 """The ``status`` answer (SPEC §4 shape), shared by every transport.
 
-Runs on the asyncio loop thread. Session entries come ready-made from the
-SupervisorActor, never from a worker or the writer; asked through the actor's
-mailbox, they come after every ``end_turn`` told before, so a prompt's answer is
-never followed by a status that still shows its turn running. Worker figures come
-from the pool plus psutil, sampled at most once a second per worker (Process
-objects are kept, since the first ``cpu_percent()`` of a new one is always 0.0).
+Runs on the asyncio loop thread and waits on nothing: the session entries are
+the loop's own view of the live sessions (its routes and running turns, updated
+as each turn is admitted and settled), so ``status`` never asks the supervisor, a
+worker or the writer, and a prompt's answer is never followed by a status that
+still shows its turn running. Worker figures come from the pool plus psutil,
+sampled at most once a second per worker (Process objects are kept, since the
+first ``cpu_percent()`` of a new one is always 0.0).
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Container, Mapping
 from typing import TYPE_CHECKING, Any
 
 import psutil
@@ -20,6 +22,7 @@ from supervisor import __version__
 
 if TYPE_CHECKING:
     from supervisor.ownership import Owners
+    from supervisor.routes import Route
     from supervisor.sessions import Sessions
 
 __all__ = ["host_status"]
@@ -30,6 +33,21 @@ _processes: dict[int, psutil.Process] = {}
 _SILENT_BEATS = 2.0  # a worker silent this many heartbeats is reported unresponsive
 _SAMPLE_SECS = 1.0
 _samples: dict[int, tuple[float, int, float]] = {}  # pid -> (taken at, rss, cpu%)
+
+
+def _session_entries(routes: Mapping[str, Route], running: Container[str],
+                     owners: Owners) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """The wire entries of the live sessions, and how many each worker hosts. Built
+    straight as dicts: ``status`` is polled every second, with thousands of sessions."""
+    per_worker: dict[str, int] = {}
+    entries = []
+    for r in routes.values():
+        per_worker[r.worker_id] = per_worker.get(r.worker_id, 0) + 1
+        entries.append({"sessionId": r.sid, "agentAlias": r.agent_alias,
+                        "state": "busy" if r.sid in running else "idle",
+                        "clients": owners.count(r.sid), "lastActivity": r.last_activity,
+                        "turns": r.turns})
+    return entries, per_worker
 
 
 def _process_figures(pid: int) -> tuple[int, float]:
@@ -52,12 +70,10 @@ def _process_figures(pid: int) -> tuple[int, float]:
     return rss, cpu
 
 
-async def host_status(sessions: Sessions, owners: Owners) -> dict[str, Any]:
+def host_status(sessions: Sessions, owners: Owners) -> dict[str, Any]:
     """The ``status`` result; ``clients`` of a session = connections holding it."""
     host = sessions.host
-    entries, per_worker = await host.supervise("status_entries")
-    for entry in entries:
-        entry["clients"] = owners.count(entry["sessionId"])
+    entries, per_worker = _session_entries(host.routes, host.turns.running, owners)
     pool = host.pool
     now = time.monotonic()
     silent_after = _SILENT_BEATS * pool.heartbeat_secs

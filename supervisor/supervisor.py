@@ -16,7 +16,6 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from actors.bridge import CallableActor
 from ipc.errors import InvalidParams, SessionBusy, SessionLimitReached, SessionNotFound
@@ -62,11 +61,9 @@ class _Live:
     turns: int
     worker_id: str | None = None
     busy: bool = False
-    last_activity: float = field(default_factory=time.time)
     last_used: float = field(default_factory=time.monotonic)
 
     def touch(self) -> None:
-        self.last_activity = time.time()
         self.last_used = time.monotonic()
 
 
@@ -167,22 +164,6 @@ class SupervisorActor(CallableActor):
         horizon = time.monotonic() - self.limits.session_timeout_secs
         stale = [s.sid for s in self.sessions.values() if not s.busy and s.last_used < horizon]
         return [Eviction(sid, self._drop(sid)) for sid in stale]
-
-    def status_entries(self) -> tuple[list[dict[str, Any]], dict[str, int]]:
-        """The ``status`` wire entries of the live sessions, and sessions per worker.
-
-        Built straight as dicts (no intermediate objects): ``status`` is polled
-        every second by ops tools, with up to thousands of live sessions.
-        """
-        per_worker: dict[str, int] = {}
-        entries = []
-        for s in self.sessions.values():
-            if s.worker_id is not None:
-                per_worker[s.worker_id] = per_worker.get(s.worker_id, 0) + 1
-            entries.append({"sessionId": s.sid, "agentAlias": s.agent_alias,
-                            "state": "busy" if s.busy else "idle",
-                            "lastActivity": s.last_activity, "turns": s.turns})
-        return entries, per_worker
 
     def _get(self, sid: str) -> _Live:
         live = self.sessions.get(sid)

@@ -70,14 +70,19 @@ async def test_sweep_evicts_only_idle_sessions_past_the_timeout(supervisor):
         await asyncio.sleep(0.05)
         evicted = await call(supervisor, "sweep")
     assert [e.sid for e in evicted] == ["a"]
-    assert [s["sessionId"] for s in (await call(supervisor, "status_entries"))[0]] == ["b"]
+    with pytest.raises(SessionNotFound):
+        await call(supervisor, "begin_turn", "a")
+    with pytest.raises(SessionBusy):  # still live, still running its turn
+        await call(supervisor, "begin_turn", "b")
 
 
 async def test_worker_exit_drops_its_sessions(supervisor):
     await call(supervisor, "admit", "a", "main", 0, ["w1"])
     await call(supervisor, "admit", "b", "main", 0, ["w2"])
     assert await call(supervisor, "worker_exited", "w1") == ["a"]
-    assert [s["sessionId"] for s in (await call(supervisor, "status_entries"))[0]] == ["b"]
+    with pytest.raises(SessionNotFound):
+        await call(supervisor, "begin_turn", "a")
+    assert await call(supervisor, "begin_turn", "b") == "w2"
 
 
 async def test_one_session_per_worker_waits_for_a_worker():
