@@ -91,10 +91,10 @@ class FrameReader:
                 line = line[:-2] if line[-2:-1] == b"\r" else line[:-1]
             elif line[-1:] == b"\r":
                 line = line[:-1]
+            if len(line) > self._limit:  # blank or not, as when the line overran the buffer
+                return OVERSIZED
             if not line or (line[0] in _BLANK_START and not line.strip()):
                 continue
-            if len(line) > self._limit:
-                return OVERSIZED
             return line
 
     async def _discard_line(self, consumed: int) -> None:

@@ -78,6 +78,7 @@ class RemoteError(RpcError):
 
     def __init__(self, code: int, message: str, data: Any = None) -> None:
         super().__init__(message, data)
+        self.message = message  # the peer's words, even when empty (no default message)
         self.code = code  # type: ignore[misc]
 
     def __str__(self) -> str:

@@ -1,11 +1,30 @@
-"""Shared fixtures: every test leaves no actor running."""
+"""Shared fixtures: every test leaves no actor running.
+
+Hypothesis runs under the ``ci`` profile unless ``HYPOTHESIS_PROFILE`` names
+another: ``ci`` is derandomized (the same examples every run, so a failure is a
+defect, never luck) and keeps no example database; ``explore`` draws new
+examples each run, for hunting locally.
+"""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pykka
 import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "ci",
+    derandomize=True,
+    database=None,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile("explore", settings.get_profile("ci"), derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture(autouse=True)

@@ -7,6 +7,8 @@ import tracemalloc
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ipc.framing import (
     DEFAULT_FRAME_LIMIT,
@@ -15,6 +17,7 @@ from ipc.framing import (
     encode_frame,
     new_stream_reader,
 )
+from tests.wire_model import split_lines
 
 MIB = 1024 * 1024
 
@@ -153,3 +156,40 @@ async def test_connection_error_propagates() -> None:
     reader.set_exception(ConnectionResetError())
     with pytest.raises(ConnectionResetError):
         await FrameReader(reader, 1024).read()
+
+
+async def test_whitespace_line_over_the_limit_is_oversized_however_it_ends() -> None:
+    """A blank line longer than the limit counts as over-long, with or without ``\r``."""
+    frames = fed_reader(b" " * 11 + b"\n" + b" " * 12 + b"\n" + b" " * 11 + b"\r\nok\n", limit=10)
+    assert await read_all(frames) == [OVERSIZED, OVERSIZED, OVERSIZED, b"ok"]
+
+
+async def feed_in_pieces(stream: bytes, cuts: list[int], limit: int) -> list[object]:
+    """Read ``stream`` fed in pieces cut at ``cuts``, the reader running between pieces."""
+    reader = new_stream_reader(limit)
+    reading = asyncio.ensure_future(read_all(FrameReader(reader, limit)))
+    start = 0
+    for end in [*sorted(cuts), len(stream)]:
+        reader.feed_data(stream[start:end])
+        start = max(start, end)
+        await asyncio.sleep(0)
+    reader.feed_eof()
+    return await asyncio.wait_for(reading, 5)
+
+
+line_bytes = st.binary(max_size=24) | st.lists(
+    st.sampled_from([b" ", b"\t", b"\r", b"\n", b"\r\n", b"x", b"{}", b"\x0c"]), max_size=12
+).map(b"".join)
+
+
+@settings(max_examples=400)
+@given(
+    stream=st.lists(line_bytes, max_size=12).map(b"".join),
+    limit=st.integers(1, 20),
+    cuts=st.lists(st.integers(0, 300), max_size=12),
+)
+def test_any_stream_cut_anywhere_reads_as_the_model_splits_it(
+    stream: bytes, limit: int, cuts: list[int]
+) -> None:
+    """Lines, ``\r``, blanks, partial last lines and over-long lines, at any chunk boundary."""
+    assert asyncio.run(feed_in_pieces(stream, cuts, limit)) == split_lines(stream, limit)

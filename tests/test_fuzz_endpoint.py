@@ -1,31 +1,51 @@
-"""Property tests: random bytes and JSON-RPC-shaped frames never knock the Endpoint over.
+"""Property tests: 100,000 random lines a run, through a real FrameReader into an Endpoint.
 
-Invariants checked for every generated conversation:
-- ``receive`` never raises and every frame sent is one well-formed JSON-RPC response line;
-- each frame gets exactly the replies a small reference model of SPEC §2 predicts
-  (a request: exactly one, with the right id and code; notifications and
-  responses: none);
-- our own outbound requests end exactly as the responses fed to them say
-  (result, RemoteError, or ConnectionLost when nothing valid answered them).
+Each hypothesis example is a :class:`Plan`: a seed, a few hypothesis-built frames
+(the vocabulary), a frame limit and a chunking. From it :mod:`tests.wire_fuzz`
+builds a stream of exactly :data:`BATCH` lines, cut at random boundaries and fed
+to an ``asyncio.StreamReader``. Checked line by line against the reference model
+(:mod:`tests.wire_model`, SPEC §2) and the test's method table:
+
+- the FrameReader yields exactly the lines the model splits out of the stream;
+- ``receive`` never raises; each line gets, right away, exactly the replies the
+  model predicts (a request: one, with its id, code and result; notifications and
+  responses, malformed or not: none), each one well-formed line;
+- replies of awaitable handlers arrive exactly once by the end;
+- our own outbound requests, issued along the way, end exactly as the first valid
+  response to them says (result, RemoteError, or ConnectionLost at EOF);
+- no log record reports an unexpected failure, and every record formats.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import logging
+import random
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from hypothesis import HealthCheck, event, given, settings
+import pytest
+from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 from ipc.errors import InvalidParams
+from ipc.framing import OVERSIZED, FrameReader, new_stream_reader
 from ipc.jsonrpc import ConnectionLost, Endpoint, RemoteError
+from tests.wire_fuzz import CHUNKINGS, FrameSource, build_stream, chunked, structured_frames
+from tests.wire_model import Line, Verdict, classify, id_key, parse_reply, split_lines
 
-OUTBOUND = 3
-OUTBOUND_IDS = [f"zc-out-{n}" for n in range(OUTBOUND)]
-ABSENT = object()
+BATCH = 500
+EXAMPLES = 200
+FRAMES_PER_RUN = 100_000
+MAX_OUTBOUND = 8
+OUTBOUND_IDS = [f"zc-out-{n}" for n in range(MAX_OUTBOUND + 2)]
+
+Reply = tuple[str, int, bytes | None]
+"""(id key, error code or 0 for a result, the result's JSON or None)."""
 
 
 def _initialize(params: Any, ep: Endpoint) -> Any:
@@ -54,6 +74,21 @@ async def _async_crash(params: Any, ep: Endpoint) -> Any:
     raise ValueError("boom")
 
 
+async def _async_refuse(params: Any, ep: Endpoint) -> Any:
+    for _ in range(3):  # answered a few lines later than the other awaited methods
+        await asyncio.sleep(0)
+    raise InvalidParams("refused later")
+
+
+def _unserialisable(params: Any, ep: Endpoint) -> Any:
+    return {"n": 2**70}
+
+
+async def _async_unserialisable(params: Any, ep: Endpoint) -> Any:
+    await asyncio.sleep(0)
+    return {1: "non-string key"}
+
+
 METHODS = {
     "initialize": _initialize,
     "echo": _echo,
@@ -61,246 +96,260 @@ METHODS = {
     "refuse": _refuse,
     "crash": _crash,
     "async_crash": _async_crash,
+    "async_refuse": _async_refuse,
+    "unserialisable": _unserialisable,
+    "async_unserialisable": _async_unserialisable,
 }
-EXPECTED_CODE = {"refuse": -32602, "crash": -32603, "async_crash": -32603}
-SUCCESS = 0  # stands for "a result" in (id, code) pairs
-
-# --- generators ---------------------------------------------------------------------
-
-scalars = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(min_value=-(2**70), max_value=2**70),
-    st.floats(allow_nan=False, allow_infinity=False),
-    st.text(max_size=8),
-)
-values = st.recursive(
-    scalars,
-    lambda inner: (
-        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
-    ),
-    max_leaves=8,
-)
-maybe = st.just(ABSENT)
-ids = (
-    maybe
-    | st.sampled_from([*OUTBOUND_IDS, "a", "", 0, 1, -1, 2**63 - 1, 2**63, 1.5, True])
-    | values
-)
-methods = maybe | st.sampled_from([*METHODS, "nope", "session/cancel"]) | values
-jsonrpc = st.sampled_from([ABSENT, "2.0", "2.0", "2.0", "1.0", 2.0, None])
-params = (
-    maybe | st.dictionaries(st.text(max_size=4), values, max_size=3) | st.lists(values) | values
-)
-good_errors = st.fixed_dictionaries(
-    {"code": st.integers(-33000, -32000), "message": st.text(max_size=8)},
-    optional={"data": values},
-)
-errors = good_errors | values
+ASYNC_METHODS = {"async_echo", "async_crash", "async_refuse", "async_unserialisable"}
+ERROR_CODES = {
+    "refuse": -32602,
+    "crash": -32603,
+    "async_crash": -32603,
+    "async_refuse": -32602,
+    "unserialisable": -32603,
+    "async_unserialisable": -32603,
+}
 
 
-@st.composite
-def rpc_frames(draw: st.DrawFn) -> bytes:
-    message: dict[str, Any] = {}
-    for key, strategy in (
-        ("jsonrpc", jsonrpc),
-        ("id", ids),
-        ("method", methods),
-        ("params", params),
-    ):
-        value = draw(strategy)
-        if value is not ABSENT:
-            message[key] = value
-    if draw(st.integers(0, 3)) == 0:
-        message["result"] = draw(values)
-    if draw(st.integers(0, 3)) == 0:
-        message["error"] = draw(errors)
-    text = json.dumps(message)  # stdlib: writes integers of any size, as a peer might
-    return text.encode("utf-8", "surrogatepass")
-
-
-@st.composite
-def mangled_frames(draw: st.DrawFn) -> bytes:
-    data = bytearray(draw(rpc_frames()))
-    for _ in range(draw(st.integers(1, 3))):
-        if not data:
-            break
-        position = draw(st.integers(0, len(data) - 1))
-        data[position] = draw(st.integers(0, 255))
-    return bytes(data[: draw(st.integers(0, len(data)))])
-
-
-good_ids = st.one_of(st.none(), st.text(max_size=6), st.integers(-(2**63), 2**63 - 1))
-
-
-@st.composite
-def likely_requests(draw: st.DrawFn) -> bytes:
-    """Mostly valid requests and notifications, so dispatch paths get exercised."""
-    message: dict[str, Any] = {
-        "jsonrpc": "2.0",
-        "method": draw(st.sampled_from([*METHODS, "nope"])),
-    }
-    if draw(st.booleans()):
-        message["params"] = draw(st.dictionaries(st.text(max_size=4), values, max_size=3))
-    if draw(st.integers(0, 4)):
-        message["id"] = draw(good_ids)
-    return json.dumps(message).encode()
-
-
-@st.composite
-def likely_responses(draw: st.DrawFn) -> bytes:
-    """Answers to our outbound requests, valid or nearly so."""
-    message: dict[str, Any] = {"jsonrpc": "2.0", "id": draw(st.sampled_from(OUTBOUND_IDS))}
-    if draw(st.booleans()):
-        message["result"] = draw(values)
-    else:
-        message["error"] = draw(good_errors if draw(st.integers(0, 3)) else errors)
-    return json.dumps(message).encode("utf-8", "surrogatepass")
-
-
-frames = st.one_of(
-    likely_requests(),
-    likely_requests(),
-    likely_responses(),
-    rpc_frames(),
-    mangled_frames(),
-    st.binary(max_size=64),
-)
-
-# --- reference model ------------------------------------------------------------------
-
-
-def _valid_id(value: Any) -> bool:
-    if value is None or type(value) is str:
-        return True
-    return type(value) is int and -(2**63) <= value < 2**63
-
-
-def _valid_response(message: dict[str, Any]) -> bool:
-    if message.get("jsonrpc") != "2.0" or "method" in message:
-        return False
-    if ("result" in message) == ("error" in message) or not _valid_id(message.get("id", 1.5)):
-        return False
-    error = message.get("error")
-    if "error" in message:
-        return (
-            type(error) is dict
-            and type(error.get("code")) is int
-            and type(error.get("message")) is str
-        )
-    return True
+# --- the model ---------------------------------------------------------------------
 
 
 @dataclass
 class Model:
-    """What SPEC §2 says should happen, frame by frame."""
+    """What SPEC §2 and the method table say should happen, line by line."""
 
     require_initialize: bool
     initialized: bool = False
-    replies: list[tuple[str, int]] = field(default_factory=list)
-    outcomes: dict[str, Any] = field(default_factory=dict)
+    pending: set[str] = field(default_factory=set)
+    outcomes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    later: list[Reply] = field(default_factory=list)
+    later_requests: dict[str, list[str]] = field(default_factory=dict)
 
-    def reply(self, request_id: Any, code: int) -> None:
-        self.replies.append((json.dumps(request_id), code))
+    def feed(self, line: Line) -> list[Reply]:
+        """The replies ``line`` gets at once; awaited ones go to :attr:`later`."""
+        verdict = classify(line)
+        if verdict.kind == "reply":
+            return [(verdict.key, verdict.code, None)]
+        if verdict.kind == "response":
+            request_id = verdict.message.get("id")
+            if verdict.valid and request_id in self.pending:
+                self.pending.discard(request_id)
+                self.outcomes[request_id] = verdict.message
+            return []
+        if verdict.kind == "notification":
+            return []
+        return self._request(verdict)
 
-    def feed(self, data: bytes) -> None:
-        try:
-            message = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            self.reply(None, -32700)
-            return
-        if type(message) is not dict:
-            self.reply(None, -32600)
-            return
-        method = message.get("method")
-        if type(method) is not str:
-            self._non_request(message)
-            return
-        if "id" not in message:
-            return  # a notification: never answered
-        request_id = message["id"]
-        if not _valid_id(request_id):
-            self.reply(None, -32600)
-        elif message.get("jsonrpc") != "2.0" or (
-            "params" in message and type(message["params"]) not in (dict, list)
-        ):
-            self.reply(request_id, -32600)
-        elif self.require_initialize and not self.initialized and method != "initialize":
-            self.reply(request_id, -32010)
-        elif method not in METHODS:
-            self.reply(request_id, -32601)
-        else:
-            self.initialized |= method == "initialize"
-            self.reply(request_id, EXPECTED_CODE.get(method, SUCCESS))
-
-    def _non_request(self, message: dict[str, Any]) -> None:
-        if (
-            "result" in message
-            or "error" in message
-            or ("id" in message and "method" not in message)
-        ):
-            if _valid_response(message) and message["id"] in OUTBOUND_IDS:
-                self.outcomes.setdefault(message["id"], message)
-            return
-        request_id = message.get("id")
-        self.reply(request_id if _valid_id(request_id) else None, -32600)
+    def _request(self, verdict: Verdict) -> list[Reply]:
+        method = verdict.method
+        if self.require_initialize and not self.initialized and method != "initialize":
+            return [(verdict.key, -32010, None)]
+        if method not in METHODS:
+            return [(verdict.key, -32601, None)]
+        self.initialized |= method == "initialize"
+        code = ERROR_CODES.get(method, 0)
+        result = {"protocolVersion": 1} if method == "initialize" else verdict.params
+        reply = (verdict.key, code, None if code else orjson.dumps(result))
+        if method in ASYNC_METHODS:
+            self.later.append(reply)
+            self.later_requests.setdefault(verdict.key, []).append(verdict.method)
+            return []
+        return [reply]
 
 
-# --- the property ------------------------------------------------------------------------
-
-
-def check_sent_frame(data: bytes) -> tuple[str, int]:
-    assert data.endswith(b"\n") and data.count(b"\n") == 1
-    reply = orjson.loads(data)
-    assert type(reply) is dict and reply["jsonrpc"] == "2.0" and "method" not in reply
-    assert "id" in reply and _valid_id(reply["id"])
-    assert ("result" in reply) != ("error" in reply)
+def reply_of(data: bytes) -> Reply:
+    reply = parse_reply(data)
     if "error" in reply:
-        error = reply["error"]
-        assert type(error["code"]) is int and type(error["message"]) is str
-        assert "Traceback" not in error["message"] and "boom" not in error["message"]
-        return json.dumps(reply["id"]), error["code"]
-    return json.dumps(reply["id"]), SUCCESS
+        assert "boom" not in reply["error"]["message"], reply
+        return id_key(reply["id"]), reply["error"]["code"], None
+    return id_key(reply["id"]), 0, orjson.dumps(reply["result"])
 
 
-async def converse(inputs: list[bytes], require_initialize: bool) -> None:
-    sent: list[bytes] = []
-    endpoint = Endpoint(sent.append, METHODS, require_initialize=require_initialize)
-    outbound = [asyncio.ensure_future(endpoint.request("ask", [n])) for n in range(OUTBOUND)]
-    await asyncio.sleep(0)
-    assert len(sent) == OUTBOUND
-    sent.clear()
-    model = Model(require_initialize)
+# --- one conversation --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One example: the generator's seed and vocabulary, and how the endpoint is fed."""
+
+    seed: int
+    vocabulary: tuple[bytes, ...]
+    require_initialize: bool
+    limit: int
+    chunking: str
+    outbound: int
+
+
+class LogCheck(logging.Handler):
+    """Formats every record of ``zeroclaw.ipc``; remembers failures and unexpected errors."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.problems: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = record.getMessage()
+        except Exception as error:  # a broken log call is a defect too
+            self.problems.append(f"unformattable log record {record.msg!r}: {error!r}")
+            return
+        if "unexpected failure" in text or "callback failed" in text:
+            self.problems.append(text)
+
+
+@contextmanager
+def checked_logs() -> Iterator[LogCheck]:
+    """Route ``zeroclaw.ipc`` records (all levels) to a :class:`LogCheck` only."""
+    logger = logging.getLogger("zeroclaw.ipc")
+    check = LogCheck()
+    saved = logger.level, logger.propagate
+    logger.addHandler(check)
+    logger.setLevel(logging.DEBUG)
+    logger.propagate = False
     try:
-        for data in inputs:
-            endpoint.receive(data)
-            model.feed(data)
-        await asyncio.wait_for(endpoint.drain(), 10)
+        yield check
     finally:
-        endpoint.close()
-        await asyncio.wait(outbound)
-    assert sorted(check_sent_frame(data) for data in sent) == sorted(model.replies)
-    for _, code in model.replies:
-        event(f"reply code {code}")
-    for request_id, future in zip(OUTBOUND_IDS, outbound, strict=True):
-        expected = model.outcomes.get(request_id)
-        event("outbound answered" if expected else "outbound unanswered")
-        if expected is None:
-            assert isinstance(future.exception(), ConnectionLost)
-        elif "error" in expected:
-            error = future.exception()
-            assert isinstance(error, RemoteError) and error.code == expected["error"]["code"]
-        else:
-            assert future.result() == expected["result"]
+        logger.removeHandler(check)
+        logger.setLevel(saved[0])
+        logger.propagate = saved[1]
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(inputs=st.lists(frames, max_size=12), require_initialize=st.booleans())
-def test_endpoint_survives_random_frames(inputs: list[bytes], require_initialize: bool) -> None:
-    asyncio.run(converse(inputs, require_initialize))
+class Conversation:
+    """One plan's stream through a FrameReader into an Endpoint (the test's loop thread)."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        rng = random.Random(plan.seed)
+        source = FrameSource(
+            rng, list(METHODS), limit=plan.limit, vocabulary=plan.vocabulary,
+            response_ids=OUTBOUND_IDS[: plan.outbound + 2],
+        )
+        self.stream = build_stream(source.frame, rng, BATCH, plan.limit)
+        self.chunks = list(chunked(self.stream, rng, plan.chunking))
+        self.lines = split_lines(self.stream, plan.limit)
+        self.issue_at = set(rng.sample(range(BATCH), plan.outbound))
+        self.model = Model(plan.require_initialize)
+        self.endpoint = Endpoint(self.send, METHODS, require_initialize=plan.require_initialize)
+        self.now: list[bytes] | None = None
+        self.later: list[bytes] = []
+        self.outbound: dict[str, asyncio.Future[Any]] = {}
+        self.fed = 0
+
+    def send(self, data: bytes) -> None:
+        (self.later if self.now is None else self.now).append(data)
+
+    async def run(self) -> None:
+        reader = new_stream_reader(self.plan.limit)
+        reading = asyncio.ensure_future(self.read_all(FrameReader(reader, self.plan.limit)))
+        for chunk in self.chunks:
+            reader.feed_data(chunk)
+            await asyncio.sleep(0)
+        reader.feed_eof()
+        try:
+            await asyncio.wait_for(reading, 30)
+            self.endpoint.receive_eof()
+            await asyncio.wait_for(self.endpoint.drain(), 10)
+        finally:
+            self.endpoint.close()
+            if self.outbound:
+                await asyncio.wait(self.outbound.values())
+        self.check_later_frames()
+        self.check_outbound()
+
+    async def read_all(self, frames: FrameReader) -> None:
+        while (line := await frames.read()) is not None:
+            assert self.fed < len(self.lines), f"extra line {line!r}"
+            assert line == self.lines[self.fed], f"line #{self.fed}: {line!r}"
+            if self.fed in self.issue_at:
+                await self.issue()
+            self.feed(line)
+        assert self.fed == len(self.lines) == BATCH
+
+    async def issue(self) -> None:
+        request_id = f"zc-out-{len(self.outbound)}"
+        self.outbound[request_id] = asyncio.ensure_future(self.endpoint.request("ask", [1]))
+        await asyncio.sleep(0)  # the request task runs: its id is now pending
+        assert self.endpoint.pending_requests == len(self.model.pending) + 1
+        self.model.pending.add(request_id)
+
+    def feed(self, line: Line) -> None:
+        expected = self.model.feed(line)
+        self.now = []
+        try:
+            if line is OVERSIZED:
+                self.endpoint.receive_oversized()
+            else:
+                self.endpoint.receive(line)
+            got = [reply_of(data) for data in self.now]
+        finally:
+            self.now = None
+        assert got == expected, f"line #{self.fed} {repr(line)[:300]}"
+        self.fed += 1
+
+    def check_later_frames(self) -> None:
+        replies: list[Reply] = []
+        for data in self.later:
+            frame = orjson.loads(data)
+            if "method" in frame:
+                assert frame["method"] == "ask" and frame["id"] in self.outbound, frame
+            else:
+                replies.append(reply_of(data))
+        missing = Counter(self.model.later) - Counter(replies)
+        extra = Counter(replies) - Counter(self.model.later)
+        requests = {key: self.model.later_requests.get(key) for key, _, _ in missing + extra}
+        assert not missing and not extra, (
+            f"awaited replies: missing {missing}, extra {extra}; requests by id: {requests}"
+        )
+
+    def check_outbound(self) -> None:
+        for request_id, future in self.outbound.items():
+            expected = self.model.outcomes.get(request_id)
+            if expected is None:
+                assert isinstance(future.exception(), ConnectionLost), request_id
+            elif "error" in expected:
+                error = future.exception()
+                assert isinstance(error, RemoteError), (request_id, error)
+                sent = expected["error"]
+                assert (error.code, error.message, error.data) == (
+                    sent["code"], sent["message"], sent.get("data")
+                ), request_id
+            else:
+                assert future.result() == expected["result"], request_id
 
 
-@settings(max_examples=200, deadline=None)
+# --- the properties ------------------------------------------------------------------
+
+plans = st.builds(
+    Plan,
+    seed=st.integers(0, 2**32 - 1),
+    vocabulary=st.lists(structured_frames(list(METHODS), OUTBOUND_IDS[:3]), max_size=4).map(tuple),
+    require_initialize=st.booleans(),
+    limit=st.sampled_from([256, 1024, 65536]),
+    chunking=st.sampled_from(CHUNKINGS),
+    outbound=st.integers(0, MAX_OUTBOUND),
+)
+fed_lines = Counter[str]()
+
+
+@settings(max_examples=EXAMPLES, phases=[Phase.explicit, Phase.generate])
+@given(plan=plans)
+def converse(plan: Plan) -> None:
+    """One example; not shrunk: a failure names its plan (derandomized: replayable) and line."""
+    conversation = Conversation(plan)
+    with checked_logs() as logs:
+        asyncio.run(conversation.run())
+    assert not logs.problems, logs.problems
+    fed_lines["lines"] += conversation.fed
+
+
+@pytest.mark.timeout(180)
+def test_100k_random_lines_through_framing_and_endpoint() -> None:
+    fed_lines.clear()
+    converse()
+    assert fed_lines["lines"] >= FRAMES_PER_RUN, fed_lines
+
+
+@settings(max_examples=200)
 @given(data=st.binary(max_size=512))
 def test_random_bytes_get_one_parse_or_envelope_error_at_most(data: bytes) -> None:
     sent: list[bytes] = []
@@ -308,8 +357,8 @@ def test_random_bytes_get_one_parse_or_envelope_error_at_most(data: bytes) -> No
     endpoint.receive(data)
     assert len(sent) <= 1
     if sent:
-        request_id, code = check_sent_frame(sent[0])
-        assert code in (-32700, -32600) or request_id != "null"
+        key, code, _ = reply_of(sent[0])
+        assert code in (-32700, -32600) or key != "null"
 
 
 def test_deep_nesting_variants_never_crash() -> None:
@@ -319,4 +368,15 @@ def test_deep_nesting_variants_never_crash() -> None:
         for depth in (1_000, 100_000, 1_000_000):
             endpoint.receive(opener * depth)
     assert len(sent) == 9
-    assert all(check_sent_frame(data) == ("null", -32700) for data in sent)
+    assert all(reply_of(data) == ("null", -32700, None) for data in sent)
+
+
+async def test_a_peer_error_with_an_empty_message_keeps_it() -> None:
+    """Found by the fuzzer: an empty ``message`` became "Internal error"."""
+    endpoint = Endpoint(lambda frame: None, METHODS, require_initialize=False)
+    asking = asyncio.ensure_future(endpoint.request("ask"))
+    await asyncio.sleep(0)
+    endpoint.receive(b'{"jsonrpc":"2.0","id":"zc-out-0","error":{"code":-32000,"message":""}}')
+    with pytest.raises(RemoteError) as raised:
+        await asyncio.wait_for(asking, 5)
+    assert (raised.value.code, raised.value.message) == (-32000, "")
