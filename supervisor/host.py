@@ -37,6 +37,7 @@ from ipc.worker_wire import (
     WorkerMessage,
 )
 from storage.store import Store, open_store
+from supervisor.closings import Closings
 from supervisor.config import Settings
 from supervisor.orphans import become_subreaper, end_orphans
 from supervisor.routes import Peer, Route
@@ -50,6 +51,7 @@ log = logging.getLogger("zeroclaw.host")
 
 WORKER_READY_TIMEOUT = 30.0
 ORPHAN_SWEEP_SECS = 2.0
+CLOSE_CONFIRM_SECS = 10.0  # a worker that takes longer to drop a session is not waited for
 
 
 class Host:
@@ -64,7 +66,7 @@ class Host:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._sweeper: asyncio.Task[None] | None = None
         self._orphan_sweeper: asyncio.Task[None] | None = None
-        self._closing: dict[str, asyncio.Future[None]] = {}
+        self._closings = Closings()
         self.turns = TurnBook(self)
 
     # --- lifecycle ----------------------------------------------------------------
@@ -142,8 +144,9 @@ class Host:
     def apply_evictions(self, evictions: list[Eviction] | tuple[Eviction, ...]) -> None:
         for eviction in evictions:
             self.routes.pop(eviction.sid, None)
-            if eviction.worker_id:
-                self.pool.send(eviction.worker_id, CloseSession(eviction.sid))
+            if eviction.worker_id and self.pool.send(eviction.worker_id,
+                                                     CloseSession(eviction.sid)):
+                self._closings.sent(eviction.worker_id, eviction.sid, wait=False)
             log.info("evicted idle session %s", eviction.sid)
 
     async def evict(self, sid: str) -> bool:
@@ -184,9 +187,7 @@ class Host:
                 self.turns.settle(turn, error=InternalError("session worker exited"))
                 # the record says so until the next load or resume; nobody waits on it
                 self.persist("mark_killed", sid).add_done_callback(_log_write_failure)
-            waiter = self._closing.pop(sid, None)
-            if waiter and not waiter.done():
-                waiter.set_result(None)
+        self._closings.worker_gone(worker_id)
         if sids:
             log.warning("worker %s exited; %d session(s) dropped (restorable)", worker_id,
                         len(sids))
@@ -212,9 +213,7 @@ class Host:
             case UserAsk():
                 self._ask_user(worker_id, message)
             case SessionClosed(sid=sid):
-                waiter = self._closing.pop(sid, None)
-                if waiter and not waiter.done():
-                    waiter.set_result(None)
+                self._closings.confirmed(worker_id, sid)
             case OpenFailed(sid=sid, message=text):
                 log.error("worker %s could not open session %s: %s", worker_id, sid, text)
                 self.spawn(self._drop_broken(sid, text))
@@ -283,14 +282,14 @@ class Host:
 
     async def close_on_worker(self, route: Route) -> None:
         """Drop the session's actor and wait (bounded) for the worker to confirm."""
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._closing[route.sid] = waiter
-        if self.pool.send(route.worker_id, CloseSession(route.sid)):
-            try:
-                await asyncio.wait_for(waiter, timeout=10)
-            except TimeoutError:
-                log.warning("worker did not confirm closing %s", route.sid)
-        self._closing.pop(route.sid, None)
+        if not self.pool.send(route.worker_id, CloseSession(route.sid)):
+            return
+        waiter = self._closings.sent(route.worker_id, route.sid, wait=True)
+        assert waiter is not None
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter), timeout=CLOSE_CONFIRM_SECS)
+        except TimeoutError:
+            log.warning("worker did not confirm closing %s", route.sid)
 
     def session_info_event(self, title: str | None) -> SessionInfo:
         return SessionInfo(title=title, updated_at=iso_utc(time.time()))

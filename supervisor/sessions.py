@@ -16,6 +16,8 @@ import os
 import secrets
 import time
 import uuid
+from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +55,8 @@ class Sessions:
         self.shared = shared  # a daemon's host: a live session may be loaded elsewhere
         self.settings = host.settings
         self._creating: set[str] = set()  # client-chosen ids whose session/new is running
+        self._ending: Counter[str] = Counter()  # being closed or deleted: not to be revived
+        self._opening: dict[str, asyncio.Future[None]] = {}  # see _open
 
     # --- session/new ------------------------------------------------------------------
 
@@ -131,7 +135,22 @@ class Sessions:
         return route
 
     async def _open(self, peer: Peer, info: StoredSession, *, history: bool) -> Route:
-        """Admit, place and open a session actor for a stored or new session."""
+        """Admit, place and open a session actor for a stored or new session.
+
+        While it runs, the id is in ``_opening``: a close or delete that arrives
+        meanwhile waits for it, then finds the route (never a row deleted under a
+        session that goes live after all)."""
+        opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._opening[info.id] = opened
+        try:
+            return await self._admit_and_open(peer, info, history=history)
+        finally:
+            opened.set_result(None)
+            if self._opening.get(info.id) is opened:
+                del self._opening[info.id]
+
+    async def _admit_and_open(self, peer: Peer, info: StoredSession, *,
+                              history: bool) -> Route:
         host = self.host
         # Everything that waits comes before the admission, so that an admitted
         # session always has its route (eviction and restore rely on that).
@@ -175,6 +194,7 @@ class Sessions:
 
     async def live_route(self, sid: str, peer: Peer) -> Route:
         """The live route, restoring an evicted (not closed) session transparently."""
+        self._check_not_ending(sid)
         route = self.host.routes.get(sid)
         if route is not None:
             route.peer = peer
@@ -269,8 +289,35 @@ class Sessions:
         """Cancel every running turn that ``peer`` started (it went away)."""
         self.host.turns.cancel_all(peer)
 
+    @contextlib.contextmanager
+    def _ending_session(self, sid: str) -> Iterator[None]:
+        """While ``sid`` is being closed or deleted, nothing may restore it or write to
+        it: a prompt, load or event sent right behind the close answers -32000."""
+        self._ending[sid] += 1
+        try:
+            yield
+        finally:
+            self._ending[sid] -= 1
+            if not self._ending[sid]:
+                del self._ending[sid]
+
+    def _check_not_ending(self, sid: str) -> None:
+        if sid in self._ending:
+            raise SessionNotFound(f"Session not found: {sid} (it is being closed)")
+
     async def close(self, sid: str, *, wait_for_turn: bool = False) -> None:
         """Cancel (or, for ``session/stop``, await) the running turn, then drop the session."""
+        with self._ending_session(sid):
+            await self._opened(sid)
+            await self._close(sid, wait_for_turn)
+
+    async def _opened(self, sid: str) -> None:
+        """Wait for an open of ``sid`` already under way (see :meth:`_open`)."""
+        opening = self._opening.get(sid)
+        if opening is not None:
+            await opening
+
+    async def _close(self, sid: str, wait_for_turn: bool) -> None:
         turn = self.host.turns.running.get(sid)
         if turn is not None:
             if not wait_for_turn:
@@ -287,6 +334,7 @@ class Sessions:
     async def restore(self, peer: Peer, sid: str, *, replay: bool) -> Route:
         """``session/load`` / ``session/resume``; on a shared host a live idle session
         is handed to ``peer`` (another editor picks it up) instead of refused."""
+        self._check_not_ending(sid)
         route = self.host.routes.get(sid)
         if route is not None and not (self.shared and sid not in self.host.turns.running):
             raise InvalidParams(f"session {sid} is already active; call session/close first")
@@ -323,13 +371,16 @@ class Sessions:
             raise InvalidParams(f"cursor: {exc}") from None
 
     async def delete(self, sid: str) -> None:
-        if sid in self.host.routes:
-            await self.close(sid)
-        await self.host.persist("delete_session", sid)
+        with self._ending_session(sid):
+            await self._opened(sid)
+            if sid in self.host.routes:
+                await self._close(sid, wait_for_turn=False)
+            await self.host.persist("delete_session", sid)
 
     async def set_mode(self, peer: Peer, sid: str, mode: str) -> None:
         if mode not in AUTONOMY_LEVELS:
             raise InvalidParams(f"modeId must be one of {', '.join(AUTONOMY_LEVELS)}")
+        self._check_not_ending(sid)
         if sid not in self.host.routes and self.host.reader.get_session(sid) is None:
             raise SessionNotFound(f"Session not found: {sid}")
         await self.host.persist("set_mode", sid, mode)  # first: a refused write changes nothing
@@ -340,6 +391,7 @@ class Sessions:
         peer.send_event(sid, CurrentMode(mode))
 
     async def client_event(self, sid: str, kind: str, payload: dict[str, Any]) -> None:
+        self._check_not_ending(sid)
         if sid not in self.host.routes and self.host.reader.get_session(sid) is None:
             raise SessionNotFound(f"Session not found: {sid}")
         self.host.inform("touch", sid)

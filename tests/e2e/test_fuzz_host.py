@@ -96,13 +96,7 @@ ACP = Dialect(
     host_ids=tuple(f"zc-out-{n}" for n in range(4)),
     answer_request=answer_permission,
     react=lambda frame, rng: (),
-    internal_ok=(
-        *AGENT_FAILURES,
-        # Defect, reported (supervisor/sessions.py): session/delete racing a prompt or a
-        # session/update of the same session; the late write finds no session row.
-        "store write failed: no session",
-        "store write failed: FOREIGN KEY constraint failed",
-    ),
+    internal_ok=AGENT_FAILURES,
 )
 
 

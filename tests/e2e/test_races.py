@@ -63,6 +63,42 @@ def test_close_right_behind_a_prompt_answers_both(raw_host: RawHost, workspace: 
     assert "modes" in loaded
 
 
+def request(req_id: int, method: str, sid: str) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": req_id, "method": method, "params": {"sessionId": sid}}
+
+
+def test_a_prompt_right_behind_a_close_does_not_revive_the_session(
+    raw_host: RawHost, workspace: Path
+) -> None:
+    """close, prompt, close in one write: the prompt finds the session closed (it is
+    not restored behind the client's back) and the second close answers at once."""
+    raw_host.initialize()
+    sid = raw_host.new_session(workspace)
+    started = time.monotonic()
+    raw_host.send_bytes(frames(request(100, "session/close", sid), prompt(101, sid, "too late"),
+                               request(102, "session/close", sid)))
+    got = responses(raw_host, 3)
+    assert time.monotonic() - started < 5  # no close waits on a confirmation it never gets
+    assert got[100]["result"] == {}
+    assert got[101]["error"]["code"] == -32000 and got[102]["error"]["code"] == -32000
+    assert raw_host.call("session/list", {})["sessions"][0]["sessionId"] == sid  # kept
+
+
+def test_requests_right_behind_a_delete_answer_not_found(
+    raw_host: RawHost, workspace: Path
+) -> None:
+    raw_host.initialize()
+    sid = raw_host.new_session(workspace)
+    event = {"jsonrpc": "2.0", "id": 102, "method": "session/event",
+             "params": {"sessionId": sid, "type": "note"}}
+    raw_host.send_bytes(frames(request(100, "session/delete", sid), prompt(101, sid, "gone?"),
+                               event, request(103, "session/resume", sid)))
+    got = responses(raw_host, 4)
+    assert got[100]["result"] == {}
+    assert [got[i]["error"]["code"] for i in (101, 102, 103)] == [-32000] * 3
+    assert raw_host.call("session/list", {})["sessions"] == []
+
+
 def test_prompt_to_the_session_a_new_one_evicts_is_restored(
     raw_hosts: Any, config_dir: Path, workspace: Path
 ) -> None:
