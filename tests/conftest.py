@@ -10,10 +10,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pykka
 import pytest
 from hypothesis import HealthCheck, settings
+
+from actors.persistence import PersistenceActor
+from storage import Store, open_store
 
 settings.register_profile(
     "ci",
@@ -25,6 +30,22 @@ settings.register_profile(
 )
 settings.register_profile("explore", settings.get_profile("ci"), derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    """A fresh session store in a temp data dir (a module may define its own)."""
+    opened = open_store(tmp_path / "data" / "sessions" / "acp-sessions.db")
+    yield opened
+    opened.close()
+
+
+@pytest.fixture
+def writer(store: Store) -> Iterator[Any]:
+    """A running persistence actor's proxy, writing to ``store``."""
+    ref = PersistenceActor.start(store)
+    yield ref.proxy()
+    ref.stop()
 
 
 @pytest.fixture(autouse=True)

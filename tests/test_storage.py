@@ -13,7 +13,6 @@ import sqlite3
 import stat
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,20 +23,6 @@ from actors.persistence import PersistenceActor
 from ipc.events import TextItem, ToolItem, TurnRecord
 from storage import SCHEMA_VERSION, SessionInfo, Store, open_store
 from storage.store import encode_cursor
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    opened = open_store(tmp_path / "data" / "sessions" / "acp-sessions.db")
-    yield opened
-    opened.close()
-
-
-@pytest.fixture
-def writer(store: Store) -> Iterator[Any]:
-    ref = PersistenceActor.start(store)
-    yield ref.proxy()
-    ref.stop()
 
 
 def session(sid: str, *, cwd: str = "/src/a", last_activity: float = 1000.0) -> SessionInfo:

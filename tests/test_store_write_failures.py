@@ -10,35 +10,18 @@ itself, and a real SQLITE_READONLY through the persistence actor.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import peewee
-import pytest
 
-from actors.persistence import PersistenceActor, StoreWriteError
+from actors.persistence import StoreWriteError
 from ipc.errors import InternalError
-from storage import Store, open_store
+from storage import Store
 from storage.store import write_failure_reason
 from tests.test_persistence import call, session, ten_items, turn
 
 IO_HINT = "the disk may be full or read-only, or the file too large"
 
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    opened = open_store(tmp_path / "acp-sessions.db")
-    yield opened
-    opened.close()
-
-
-@pytest.fixture
-def writer(store: Store) -> Iterator[Any]:
-    """A running persistence actor's proxy."""
-    ref = PersistenceActor.start(store)
-    yield ref.proxy()
-    ref.stop()
 
 
 def sqlite_error(message: str, code: int | None) -> sqlite3.OperationalError:
