@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any, Protocol
 
 from ipc.events import Event, TurnRecord
@@ -37,7 +37,13 @@ class Peer(Protocol):
 
 @dataclass(slots=True)
 class Route:
-    """A live session as the loop sees it; also what ``status`` reports of it."""
+    """A live session as the loop sees it.
+
+    ``status`` is its entry in the ``status`` answer, kept up to date as its turns
+    start and end (``turns``: the completed or cancelled turns in the store), so
+    answering ``status`` copies no session state; only ``clients`` is filled in
+    then, from the ownership table.
+    """
 
     sid: str
     worker_id: str
@@ -46,11 +52,27 @@ class Route:
     workspace_dir: str
     cwd: str
     mode: str
-    turns: int = 0  # completed (or cancelled) turns in the store
-    last_activity: float = field(default_factory=time.time)
+    turns: InitVar[int] = 0
+    status: dict[str, Any] = field(init=False)
+
+    def __post_init__(self, turns: int) -> None:
+        self.status = {"sessionId": self.sid, "agentAlias": self.agent_alias, "state": "idle",
+                       "clients": 0, "lastActivity": time.time(), "turns": turns}
 
     def touch(self) -> None:
-        self.last_activity = time.time()
+        self.status["lastActivity"] = time.time()
+
+    def turn_started(self) -> None:
+        self.status["state"] = "busy"
+        self.touch()
+
+    def turn_ended(self, turns: int | None) -> None:
+        """Idle again; ``turns``: the store's count after it, None if it was not kept."""
+        status = self.status
+        status["state"] = "idle"
+        if turns is not None:
+            status["turns"] = turns
+        self.touch()
 
 
 @dataclass(slots=True)

@@ -257,7 +257,7 @@ class Sessions:
                 await self._until_forgotten(route)
                 continue
             turn.route, turn.admitted = route, True
-            route.touch()
+            route.turn_started()
             return route
         raise SessionNotFound(f"Session not found: {turn.sid}")
 

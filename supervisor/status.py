@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Container, Mapping
+from collections import Counter
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import psutil
@@ -35,19 +36,16 @@ _SAMPLE_SECS = 1.0
 _samples: dict[int, tuple[float, int, float]] = {}  # pid -> (taken at, rss, cpu%)
 
 
-def _session_entries(routes: Mapping[str, Route], running: Container[str],
-                     owners: Owners) -> tuple[list[dict[str, Any]], dict[str, int]]:
-    """The wire entries of the live sessions, and how many each worker hosts. Built
-    straight as dicts: ``status`` is polled every second, with thousands of sessions."""
-    per_worker: dict[str, int] = {}
-    entries = []
-    for r in routes.values():
-        per_worker[r.worker_id] = per_worker.get(r.worker_id, 0) + 1
-        entries.append({"sessionId": r.sid, "agentAlias": r.agent_alias,
-                        "state": "busy" if r.sid in running else "idle",
-                        "clients": owners.count(r.sid), "lastActivity": r.last_activity,
-                        "turns": r.turns})
-    return entries, per_worker
+def _session_entries(routes: Mapping[str, Route],
+                     owners: Owners) -> tuple[list[dict[str, Any]], Counter[str]]:
+    """The wire entries of the live sessions (each route keeps its own up to date;
+    see :class:`supervisor.routes.Route`), and how many sessions each worker hosts.
+    ``status`` is polled every second, with thousands of sessions: no copies."""
+    entries = [route.status for route in routes.values()]
+    count = owners.count
+    for entry in entries:
+        entry["clients"] = count(entry["sessionId"])
+    return entries, Counter(route.worker_id for route in routes.values())
 
 
 def _process_figures(pid: int) -> tuple[int, float]:
@@ -73,7 +71,7 @@ def _process_figures(pid: int) -> tuple[int, float]:
 def host_status(sessions: Sessions, owners: Owners) -> dict[str, Any]:
     """The ``status`` result; ``clients`` of a session = connections holding it."""
     host = sessions.host
-    entries, per_worker = _session_entries(host.routes, host.turns.running, owners)
+    entries, per_worker = _session_entries(host.routes, owners)
     pool = host.pool
     now = time.monotonic()
     silent_after = _SILENT_BEATS * pool.heartbeat_secs

@@ -126,9 +126,8 @@ class TurnBook:
             del self.running[turn.sid]
         if turn.admitted:
             self.host.inform("end_turn", turn.sid, value is not None)
-        if value is not None and turn.route is not None:
-            turn.route.turns = value[1]
-            turn.route.touch()
+        if turn.route is not None:
+            turn.route.turn_ended(None if value is None else value[1])
         for task in list(turn.permission_tasks):
             task.cancel()
         if not turn.result.done():
