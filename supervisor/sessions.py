@@ -156,8 +156,7 @@ class Sessions:
         # session always has its route (eviction and restore rely on that).
         items = await asyncio.to_thread(host.reader.load_items, info.id) if history else []
         ready = await host.ready_workers()
-        admission = await host.supervise("admit", info.id, info.agent_alias, info.turn_count,
-                                         ready)
+        admission = await host.supervise("admit", info.id, info.agent_alias, ready)
         host.apply_evictions(admission.evicted)
         worker_id = admission.worker_id
         deadline = time.monotonic() + 30

@@ -58,7 +58,6 @@ class Admission:
 class _Live:
     sid: str
     agent_alias: str
-    turns: int
     worker_id: str | None = None
     busy: bool = False
     last_used: float = field(default_factory=time.monotonic)
@@ -78,9 +77,7 @@ class SupervisorActor(CallableActor):
 
     # --- admission and placement ---------------------------------------------
 
-    def admit(
-        self, sid: str, agent_alias: str, turns: int, ready_workers: Sequence[str]
-    ) -> Admission:
+    def admit(self, sid: str, agent_alias: str, ready_workers: Sequence[str]) -> Admission:
         """Make room for ``sid`` (evicting LRU idle sessions) and place it on a worker."""
         if sid in self.sessions:
             raise InvalidParams(f"session {sid} is already active; call session/close first")
@@ -92,7 +89,7 @@ class SupervisorActor(CallableActor):
                     f"Maximum session limit reached ({self.limits.max_sessions})"
                 )
             evicted.append(Eviction(victim.sid, self._drop(victim.sid)))
-        self.sessions[sid] = _Live(sid, agent_alias, turns)
+        self.sessions[sid] = _Live(sid, agent_alias)
         return Admission(tuple(evicted), self.place(sid, ready_workers))
 
     def place(self, sid: str, ready_workers: Sequence[str]) -> str | None:
@@ -128,15 +125,14 @@ class SupervisorActor(CallableActor):
         live.touch()
         return live.worker_id
 
-    def end_turn(self, sid: str, completed: bool) -> int:
-        """Mark ``sid`` idle again; returns its number of completed turns."""
+    def end_turn(self, sid: str) -> bool:
+        """Mark ``sid`` idle again (its turn ended); False if it is no longer live."""
         live = self.sessions.get(sid)
         if live is None:
-            return 0
+            return False
         live.busy = False
-        live.turns += 1 if completed else 0
         live.touch()
-        return live.turns
+        return True
 
     def touch(self, sid: str) -> bool:
         live = self.sessions.get(sid)

@@ -125,7 +125,7 @@ class TurnBook:
         if self.running.get(turn.sid) is turn:
             del self.running[turn.sid]
         if turn.admitted:
-            self.host.inform("end_turn", turn.sid, value is not None)
+            self.host.inform("end_turn", turn.sid)
         if turn.route is not None:
             turn.route.turn_ended(None if value is None else value[1])
         for task in list(turn.permission_tasks):
