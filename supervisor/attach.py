@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import socket
 import sys
 import threading
@@ -48,6 +49,11 @@ REDIALS = 3  # connections that end unanswered, dialled again before giving up
 _RESTART_SECS = 0.5  # at most one daemon start per this, while an old one exits
 _CHUNK = 256 * 1024
 LOST = InternalError("the zeroclaw daemon went away before answering").to_error()
+HEAD_BYTES = 256
+# How the daemon's answers begin (orjson keeps the Endpoint's key order): the id of
+# an answer too long to parse whole is read from its first bytes.
+_ANSWER_HEAD = re.compile(
+    rb'\{"jsonrpc":"2\.0","id":("(?:[^"\\]|\\.)*"|-?\d+|null),"(?:result|error)"')
 
 
 def run_attach(settings: Settings) -> int:
@@ -242,6 +248,13 @@ class Link:
             with self._ids_lock:
                 self._ids.pop(_id_key(frame["id"]), None)
 
+    def received_long(self, head: bytes) -> None:
+        """An answer longer than the frame limit: its id, read from its first bytes."""
+        match = _ANSWER_HEAD.match(head)
+        if match is not None:
+            with self._ids_lock:
+                self._ids.pop(_id_key(orjson.loads(match.group(1))), None)
+
     def unanswered(self) -> list[Any]:
         with self._ids_lock:
             return list(self._ids.values())
@@ -263,13 +276,17 @@ class LineSplitter:
     """Feeds each complete line of a byte stream to ``on_line``; keeps the partial tail.
 
     A line longer than ``limit`` is not kept (memory stays bounded and the copy
-    linear): it is skipped up to its newline, as the daemon refuses it anyway.
+    linear): it is skipped up to its newline, and ``on_skipped`` gets its first
+    :data:`HEAD_BYTES` bytes (enough to find the id of a long answer).
     """
 
-    def __init__(self, on_line: Callable[[bytes], None], limit: int) -> None:
+    def __init__(self, on_line: Callable[[bytes], None], limit: int,
+                 on_skipped: Callable[[bytes], None] | None = None) -> None:
         self._on_line = on_line
+        self._on_skipped = on_skipped
         self._limit = limit
         self._tail = bytearray()
+        self._head = b""  # the start of the line being skipped
         self._skipping = False
 
     @property
@@ -284,12 +301,15 @@ class LineSplitter:
                 self._tail += data[start:end]
                 if self._tail.strip():
                     self._on_line(bytes(self._tail))
+            elif self._on_skipped is not None:
+                self._on_skipped(self._head)
             self._tail.clear()
             self._skipping = False
             start = end + 1
         if not self._skipping:
             self._tail += data[start:]
             if len(self._tail) > self._limit:
+                self._head = bytes(self._tail[:HEAD_BYTES])
                 self._tail.clear()
                 self._skipping = True
 
@@ -300,7 +320,7 @@ def _bridge(link: Link, dialer: Dialer, frame_limit: int) -> int | None:
     stdout_fd = sys.stdout.fileno()
     threading.Thread(target=_copy_in, args=(sys.stdin.fileno(), link, frame_limit),
                      daemon=True).start()
-    replies = LineSplitter(link.received, frame_limit)
+    replies = LineSplitter(link.received, frame_limit, link.received_long)
     for _ in range(REDIALS + 1):
         with contextlib.suppress(OSError):
             while data := link.sock.recv(_CHUNK):

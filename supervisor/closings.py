@@ -1,11 +1,14 @@
 """Close confirmations from workers, matched to the closes that asked for them.
 
 Runs on the asyncio loop thread. A worker answers every ``CloseSession`` with
-exactly one ``SessionClosed``, in the order it got them (an unknown session is
-answered at once). Closes of one session can overlap — an eviction, then a
+exactly one ``SessionClosed`` (an unknown session at once, a live one when its
+actor has stopped). Closes of one session can overlap — an eviction, then a
 restore and a ``session/close``; a close, a prompt that restores the session, a
 second close — so each confirmation goes to the oldest close still waiting on
-that worker for that session, never to whichever close registered last.
+that worker for that session, never to whichever close registered last. The
+confirmations carry no close id, so two overlapping closes may each be released
+by the other's confirmation; both still end. (A worker that never confirms a
+close delays the next close of that session there by one confirmation.)
 """
 
 from __future__ import annotations

@@ -60,12 +60,15 @@ class Owners:
     @contextlib.contextmanager
     def adopting(self, sid: str, peer: Peer) -> Iterator[None]:
         """:meth:`check` with adoption around a prompt: when the session turns out not
-        to exist (-32000), ``peer`` does not keep holding its id."""
+        to exist (-32000), a ``peer`` that adopted it here does not keep its id (one
+        that held it before keeps holding it)."""
+        adopted = not self._clients.get(sid)
         self.check(sid, peer, adopt=True)
         try:
             yield
         except SessionNotFound:
-            self.leave(sid, peer)
+            if adopted:
+                self.leave(sid, peer)
             raise
 
     def leave(self, sid: str, peer: Peer) -> None:

@@ -137,15 +137,18 @@ class Sessions:
     async def _open(self, peer: Peer, info: StoredSession, *, history: bool) -> Route:
         """Admit, place and open a session actor for a stored or new session.
 
-        While it runs, the id is in ``_opening``: a close or delete that arrives
-        meanwhile waits for it, then finds the route (never a row deleted under a
-        session that goes live after all)."""
+        While it runs, the id is in ``_opening``: anything else that would open,
+        close or delete the session waits for it (:meth:`_opened`), then finds the
+        route. So a session is never opened twice at once (a second load or prompt
+        uses the first's route), and no row is deleted under a session that goes
+        live after all."""
         opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._opening[info.id] = opened
         try:
             return await self._admit_and_open(peer, info, history=history)
         finally:
-            opened.set_result(None)
+            if not opened.done():
+                opened.set_result(None)
             if self._opening.get(info.id) is opened:
                 del self._opening[info.id]
 
@@ -193,6 +196,7 @@ class Sessions:
 
     async def live_route(self, sid: str, peer: Peer) -> Route:
         """The live route, restoring an evicted (not closed) session transparently."""
+        await self._opened(sid)
         self._check_not_ending(sid)
         route = self.host.routes.get(sid)
         if route is not None:
@@ -311,10 +315,11 @@ class Sessions:
             await self._close(sid, wait_for_turn)
 
     async def _opened(self, sid: str) -> None:
-        """Wait for an open of ``sid`` already under way (see :meth:`_open`)."""
+        """Wait for an open of ``sid`` already under way (see :meth:`_open`); shielded,
+        so a waiter whose request is cancelled leaves the open and its marker alone."""
         opening = self._opening.get(sid)
         if opening is not None:
-            await opening
+            await asyncio.shield(opening)
 
     async def _close(self, sid: str, wait_for_turn: bool) -> None:
         turn = self.host.turns.running.get(sid)
@@ -333,6 +338,7 @@ class Sessions:
     async def restore(self, peer: Peer, sid: str, *, replay: bool) -> Route:
         """``session/load`` / ``session/resume``; on a shared host a live idle session
         is handed to ``peer`` (another editor picks it up) instead of refused."""
+        await self._opened(sid)
         self._check_not_ending(sid)
         route = self.host.routes.get(sid)
         if route is not None and not (self.shared and sid not in self.host.turns.running):
@@ -340,6 +346,8 @@ class Sessions:
         opened = route is None
         if route is not None:
             route.peer = peer
+            route.touch()  # just picked up: not the next LRU or idle-sweep victim
+            self.host.inform("touch", sid)
         else:
             info = self.host.reader.get_session(sid)
             if info is None:

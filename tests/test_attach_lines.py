@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from supervisor.attach import LineSplitter
+from supervisor.attach import LineSplitter, Link
 
 
 def collect(limit: int, chunks: list[bytes]) -> tuple[list[bytes], LineSplitter]:
@@ -27,3 +27,14 @@ def test_a_line_over_the_limit_is_skipped_and_memory_stays_bounded() -> None:
     lines, splitter = collect(10_000, [b"y" * 50_000])
     assert lines == [] and splitter.mid_line  # still inside the skipped line
     assert len(splitter._tail) == 0  # nothing of it is kept
+
+
+def test_the_id_of_an_answer_over_the_limit_is_read_from_its_head() -> None:
+    link = Link(None)  # type: ignore[arg-type]  # only its id bookkeeping: no socket
+    link.sent(b'{"jsonrpc":"2.0","id":7,"method":"session/prompt","params":{}}')
+    link.sent(b'{"jsonrpc":"2.0","id":"s\\"8","method":"session/load","params":{}}')
+    replies = LineSplitter(link.received, 100, link.received_long)
+    replies.feed(b'{"jsonrpc":"2.0","id":7,"result":{"content":"' + b"x" * 500 + b'"}}\n')
+    assert link.unanswered() == ['s"8']
+    replies.feed(b'{"jsonrpc":"2.0","id":"s\\"8","error":{"message":"' + b"y" * 500 + b'"}}\n')
+    assert link.unanswered() == []

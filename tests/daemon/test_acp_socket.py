@@ -100,6 +100,26 @@ def test_a_prompt_to_an_unknown_id_does_not_claim_it(daemons: Any) -> None:
         assert refused(editor, "session/close", {"sessionId": unknown}) == -32003
 
 
+def test_two_editors_resuming_one_evicted_session_at_once_both_get_it(daemons: Any) -> None:
+    """The second resume waits for the first's restore and joins it, instead of
+    racing it to a second open (-32602 "already active")."""
+    config_dir = short_dir()
+    (config_dir / "config.toml").write_text("[acp]\nmax_sessions = 1\n")
+    daemon = daemons(config_dir)
+    acp_path, cwd = daemon.socket_path.parent / "acp.sock", str(config_dir)
+    with RpcClient(acp_path) as one, RpcClient(acp_path) as two, daemon.client() as ops:
+        sid = ops.request("session/new", {"keep_siblings": True})["sessionId"]
+        for n in range(20):  # enough history that the restore takes a moment
+            ops.request("session/prompt", {"sessionId": sid, "prompt": f"turn {n} " * 200})
+        ops.request("session/new", {"keep_siblings": True})  # evicts sid (max_sessions 1)
+        resume = {"sessionId": sid, "cwd": cwd, "mcpServers": []}
+        asked = [(client, client.send("session/resume", resume)) for client in (one, two)]
+        for client, request_id in asked:
+            assert request_id is not None
+            assert "result" in client.wait_response(request_id), client.frames[-1]
+        assert clients_of(daemon)[sid] == 3  # its creator and both editors
+
+
 @pytest.mark.parametrize("socket_name", ["acp.sock", "daemon.sock"])
 def test_a_client_gone_while_its_session_is_created_holds_nothing(
     daemons: Any, socket_name: str
