@@ -182,6 +182,8 @@ class RunTurn:
 class CloseActor:
     """Actor message: answer SessionClosed and stop (queued behind any running turn)."""
 
+    close_id: int = 0
+
 
 class SessionActor(SimpleInboxActor):
     """One session: runs turns one at a time on its own (daemon) thread."""
@@ -213,7 +215,7 @@ class SessionActor(SimpleInboxActor):
         if isinstance(message, RunTurn):
             self._run_turn(message)
         elif isinstance(message, CloseActor):
-            self.send(SessionClosed(sid=self.config.sid))
+            self.send(SessionClosed(sid=self.config.sid, close_id=message.close_id))
             self.stop()
         else:
             logger.warning("session %s: unexpected actor message %r", self.config.sid, message)

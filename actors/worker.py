@@ -236,8 +236,8 @@ class WorkerProcess:
                 self.permissions.resolve(request_id, option_id)
             case SetMode(sid=sid, mode=mode):
                 self._set_mode(sid, mode)
-            case CloseSession(sid=sid):
-                self._close(sid)
+            case CloseSession(sid=sid, close_id=close_id):
+                self._close(sid, close_id)
             case Ping():
                 pass
             case Shutdown():
@@ -294,16 +294,17 @@ class WorkerProcess:
         except ValueError as exc:
             logger.warning("session %s: %s; mode unchanged", sid, exc)
 
-    def _close(self, sid: str) -> None:
+    def _close(self, sid: str, close_id: int) -> None:
         live = self.sessions.pop(sid, None)
         self._cancel(sid)
+        closed = SessionClosed(sid=sid, close_id=close_id)
         if live is None:
-            self.outbox.put(SessionClosed(sid=sid))
+            self.outbox.put(closed)
             return
         try:
-            live.actor.tell(CloseActor())  # answers SessionClosed once the turn has ended
+            live.actor.tell(CloseActor(close_id))  # answers once the turn has ended
         except pykka.ActorDeadError:
-            self.outbox.put(SessionClosed(sid=sid))
+            self.outbox.put(closed)
 
     def _teardown(self) -> None:
         """Cancel every turn, stop the actors (bounded), send what is queued, close."""

@@ -117,10 +117,12 @@ class SetMode:
 
 @dataclass(frozen=True, slots=True)
 class CloseSession:
-    """Cancel any running turn, then drop the actor; answered by SessionClosed."""
+    """Cancel any running turn, then drop the actor; answered by a SessionClosed
+    carrying the same ``close_id`` (the host's number for this close)."""
 
     T: ClassVar[str] = "close"
     sid: str
+    close_id: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,6 +228,7 @@ class TurnFailed:
 class SessionClosed:
     T: ClassVar[str] = "closed"
     sid: str
+    close_id: int = 0
 
 
 HostMessage: TypeAlias = (

@@ -144,9 +144,8 @@ class Host:
     def apply_evictions(self, evictions: list[Eviction] | tuple[Eviction, ...]) -> None:
         for eviction in evictions:
             self.routes.pop(eviction.sid, None)
-            if eviction.worker_id and self.pool.send(eviction.worker_id,
-                                                     CloseSession(eviction.sid)):
-                self._closings.sent(eviction.worker_id, eviction.sid, wait=False)
+            if eviction.worker_id:
+                self._send_close(eviction.worker_id, eviction.sid, wait=False)
             log.info("evicted idle session %s", eviction.sid)
 
     async def evict(self, sid: str) -> bool:
@@ -212,8 +211,8 @@ class Host:
                 self._ask_permission(worker_id, message)
             case UserAsk():
                 self._ask_user(worker_id, message)
-            case SessionClosed(sid=sid):
-                self._closings.confirmed(worker_id, sid)
+            case SessionClosed(close_id=close_id):
+                self._closings.confirmed(close_id)
             case OpenFailed(sid=sid, message=text):
                 log.error("worker %s could not open session %s: %s", worker_id, sid, text)
                 self.spawn(self._drop_broken(sid, text))
@@ -282,14 +281,23 @@ class Host:
 
     async def close_on_worker(self, route: Route) -> None:
         """Drop the session's actor and wait (bounded) for the worker to confirm."""
-        if not self.pool.send(route.worker_id, CloseSession(route.sid)):
-            return
-        waiter = self._closings.sent(route.worker_id, route.sid, wait=True)
-        assert waiter is not None
+        close_id, waiter = self._send_close(route.worker_id, route.sid, wait=True)
+        if waiter is None:
+            return  # the worker is gone: nothing to close there
         try:
-            await asyncio.wait_for(asyncio.shield(waiter), timeout=CLOSE_CONFIRM_SECS)
+            await asyncio.wait_for(waiter, timeout=CLOSE_CONFIRM_SECS)
         except TimeoutError:
+            self._closings.forget(close_id)
             log.warning("worker did not confirm closing %s", route.sid)
+
+    def _send_close(self, worker_id: str, sid: str, *,
+                    wait: bool) -> tuple[int, asyncio.Future[None] | None]:
+        """Send a numbered ``CloseSession``; its number, and a future for its
+        confirmation when ``wait`` (None when the send failed)."""
+        close_id = self._closings.number()
+        if not self.pool.send(worker_id, CloseSession(sid, close_id)):
+            return close_id, None
+        return close_id, self._closings.sent(close_id, worker_id, wait=wait)
 
     def session_info_event(self, title: str | None) -> SessionInfo:
         return SessionInfo(title=title, updated_at=iso_utc(time.time()))
