@@ -29,6 +29,7 @@ from typing import Any
 
 import psutil
 from bench_lib import (
+    FLOOR_SCRIPT,
     MEASUREMENT_ERRORS,
     BenchSizes,
     Goal,
@@ -47,7 +48,6 @@ from load_lib import Daemon, started_daemon, stored_user_messages
 
 __all__ = ["run_daemon"]
 
-FLOOR_SCRIPT = Path(__file__).resolve().parent / "echo_floor.py"
 MIB = 1024 * 1024
 SETTLE_SECS = 1.0
 

@@ -30,11 +30,16 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from bench_rpc_lib import RpcFailure, RpcPeer, percentile
 
+FLOOR_SCRIPT = Path(__file__).resolve().parent / "echo_floor.py"
+"""The do-nothing NDJSON server every rate is compared with."""
+
 __all__ = [
+    "FLOOR_SCRIPT",
     "MEASUREMENT_ERRORS",
     "BenchSizes",
     "Goal",

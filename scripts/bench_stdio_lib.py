@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_lib import (
+    FLOOR_SCRIPT,
     BenchSizes,
     Goal,
     MetricSpec,
@@ -37,7 +38,6 @@ from bench_rpc_lib import RpcFailure, RpcPeer
 
 __all__ = ["run_stdio"]
 
-FLOOR_SCRIPT = Path(__file__).resolve().parent / "echo_floor.py"
 
 
 @dataclass(frozen=True)

@@ -251,17 +251,24 @@ def test_attach_answers_pending_requests_and_fails_when_the_daemon_dies() -> Non
     assert not reap_leaks([p for p in family if p.is_running()], timeout=10)
 
 
-def test_attach_replays_on_a_connection_dropped_before_any_answer() -> None:
-    """A daemon that accepts and drops the connection before answering anything (an
-    ephemeral one stopping as the editor arrives): ``--attach`` dials again and replays
-    what the editor sent, so the editor never notices."""
-    config_dir = short_dir()
+def fake_daemon(config_dir: Path) -> socket.socket:
+    """A listener where ``--attach`` looks for the daemon's ``acp.sock``; the test
+    plays the daemon on the connections it accepts."""
     path = config_dir / "data" / "acp.sock"
     path.parent.mkdir(mode=0o700)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(path))
     listener.listen()
     listener.settimeout(20)
+    return listener
+
+
+def test_attach_replays_on_a_connection_dropped_before_any_answer() -> None:
+    """A daemon that accepts and drops the connection before answering anything (an
+    ephemeral one stopping as the editor arrives): ``--attach`` dials again and replays
+    what the editor sent, so the editor never notices."""
+    config_dir = short_dir()
+    listener = fake_daemon(config_dir)
     editor = Editor(config_dir, host_env())
     sent_id = editor.send("initialize", {"protocolVersion": 1})
     first, _ = listener.accept()
@@ -285,12 +292,7 @@ def test_attach_keeps_frames_whole_when_the_daemon_dies_mid_frame() -> None:
     """The daemon answered once, then died halfway through a frame: the editor gets a
     newline ending the cut-off line and then the -32603 answer, each on its own line."""
     config_dir = short_dir()
-    path = config_dir / "data" / "acp.sock"
-    path.parent.mkdir(mode=0o700)
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
-        listener.bind(str(path))
-        listener.listen()
-        listener.settimeout(20)
+    with fake_daemon(config_dir) as listener:
         editor = Editor(config_dir, host_env())
         first = editor.send("initialize", {"protocolVersion": 1})
         connection, _ = listener.accept()
