@@ -330,8 +330,8 @@ class Sessions:
         route = self.host.routes.get(sid)
         if route is None:
             raise SessionNotFound(f"Session not found: {sid}")
-        await self._forget(route)
-        await self.host.persist("mark_closed", sid, time.time())
+        await self.host.persist("mark_closed", sid, time.time())  # first: a refused
+        await self._forget(route)  # write leaves the session as it was, live
 
     # --- load, resume -------------------------------------------------------------------
 

@@ -316,3 +316,24 @@ def test_unwritable_store_at_set_mode_leaves_the_mode_unchanged(
                "result": {"outcome": {"outcome": "cancelled"}}})
     assert "result" in wait_responses(host, {asked}, REFUSED_WRITE_SECS, {})[asked]
     assert not (workspace / "unasked.txt").exists()
+
+
+def test_unwritable_store_at_session_close_leaves_the_session_live(
+    raw_hosts: RawHostFactory, config_dir: Path, workspace: Path, unwritable: Fault
+) -> None:
+    host = raw_hosts()
+    host.initialize()
+    sid = host.new_session(workspace)
+    assert_turn_ok(host, sid, "before the fault")
+    close = {"sessionId": sid}
+    with unwritable(host.pid, store_path(config_dir)):
+        assert_write_failed(host.request("session/close", close, timeout=REFUSED_WRITE_SECS))
+        assert live_turns(host) == {sid: 1}  # refused: nothing changed
+    assert_turn_ok(host, sid, "still open")
+    assert host.call("session/close", close) == {}
+    assert live_turns(host) == {}
+    host.close()
+    second = raw_hosts()
+    second.initialize()
+    refused = second.request("session/prompt", {"sessionId": sid, "prompt": "closed?"})
+    assert refused["error"]["code"] == -32000  # closed for good: not restored
