@@ -1,5 +1,5 @@
 """The ACP v1 server: binds the ACP dialect (:mod:`ipc.acp`) to the host's session
-operations, for stdio (``zeroclaw acp``) and later the daemon's ``acp.sock``.
+operations, for stdio (``zeroclaw acp``) and the daemon's ``acp.sock``.
 
 Everything here runs on the asyncio loop thread. On a daemon's shared host the
 connections hold sessions through the host's one ownership table

@@ -204,8 +204,7 @@ class Daemon:
             log.info("connection #%d closed", number)
 
     async def _shutdown(self) -> None:
-        for listener in self._listeners:
-            listener.close()  # stop accepting; open connections go on for now
+        self.begin_stop()  # also when the host failed to start; open connections go on
         sessions = await self.host.settled()
         self.rpc.drop_queued("the daemon is stopping")  # queued prompts start no turn
         if sessions is not None:

@@ -121,6 +121,14 @@ class Host:
         """Tell the supervisor something without waiting (a failure is logged there)."""
         tell(self.supervisor, method, *args)
 
+    def touch(self, sid: str) -> None:
+        """Activity on a session: its LRU place (the supervisor's) and, when it is live,
+        its ``lastActivity`` (its route's)."""
+        self.inform("touch", sid)
+        route = self.routes.get(sid)
+        if route is not None:
+            route.touch()
+
     def persist(self, method: str, *args: Any) -> asyncio.Future[Any]:
         """Run a PersistenceActor write; the future settles once it is committed."""
         loop = asyncio.get_running_loop()

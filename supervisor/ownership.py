@@ -86,13 +86,11 @@ class Owners:
         for peer in holders:
             self.leave(sid, peer)
 
-    def leave_all(self, peer: Peer) -> list[str]:
-        """``peer`` went away: it leaves every session, for good; the ids it held."""
+    def leave_all(self, peer: Peer) -> None:
+        """``peer`` went away: it leaves every session, for good."""
         self._departed.add(peer)
-        held = self.sessions_of(peer)
-        for sid in held:
+        for sid in self.sessions_of(peer):
             self.leave(sid, peer)
-        return held
 
     def sessions_of(self, peer: Peer) -> list[str]:
         return [sid for sid, clients in self._clients.items() if peer in clients]

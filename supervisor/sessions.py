@@ -196,8 +196,7 @@ class Sessions:
 
     async def live_route(self, sid: str, peer: Peer) -> Route:
         """The live route, restoring an evicted (not closed) session transparently."""
-        await self._opened(sid)
-        self._check_not_ending(sid)
+        await self._usable(sid)
         route = self.host.routes.get(sid)
         if route is not None:
             route.peer = peer
@@ -308,6 +307,12 @@ class Sessions:
         if sid in self._ending:
             raise SessionNotFound(f"Session not found: {sid} (it is being closed)")
 
+    async def _usable(self, sid: str) -> None:
+        """Before opening or handing over ``sid``: wait for an open of it under way
+        (its route is then there to use), and refuse one being closed or deleted."""
+        await self._opened(sid)
+        self._check_not_ending(sid)
+
     async def close(self, sid: str, *, wait_for_turn: bool = False) -> None:
         """Cancel (or, for ``session/stop``, await) the running turn, then drop the session."""
         with self._ending_session(sid):
@@ -338,16 +343,14 @@ class Sessions:
     async def restore(self, peer: Peer, sid: str, *, replay: bool) -> Route:
         """``session/load`` / ``session/resume``; on a shared host a live idle session
         is handed to ``peer`` (another editor picks it up) instead of refused."""
-        await self._opened(sid)
-        self._check_not_ending(sid)
+        await self._usable(sid)
         route = self.host.routes.get(sid)
         if route is not None and not (self.shared and sid not in self.host.turns.running):
             raise InvalidParams(f"session {sid} is already active; call session/close first")
         opened = route is None
         if route is not None:
             route.peer = peer
-            route.touch()  # just picked up: not the next LRU or idle-sweep victim
-            self.host.inform("touch", sid)
+            self.host.touch(sid)  # just picked up: not the next LRU or idle-sweep victim
         else:
             info = self.host.reader.get_session(sid)
             if info is None:
@@ -401,10 +404,7 @@ class Sessions:
         self._check_not_ending(sid)
         if sid not in self.host.routes and self.host.reader.get_session(sid) is None:
             raise SessionNotFound(f"Session not found: {sid}")
-        self.host.inform("touch", sid)
-        route = self.host.routes.get(sid)
-        if route is not None:
-            route.touch()
+        self.host.touch(sid)
         await self.host.persist("record_event", sid, kind, payload)
 
 

@@ -1,10 +1,10 @@
 """The ``status`` answer (SPEC §4 shape), shared by every transport.
 
 Runs on the asyncio loop thread and waits on nothing: the session entries are
-the loop's own view of the live sessions (its routes and running turns, updated
-as each turn is admitted and settled), so ``status`` never asks the supervisor, a
-worker or the writer, and a prompt's answer is never followed by a status that
-still shows its turn running. Worker figures come from the pool plus psutil,
+the loop's own view of the live sessions (each route's entry, updated as its turns
+are admitted and settled), so ``status`` never asks the supervisor, a worker or
+the writer, and a prompt's answer is never followed by a status that still shows
+its turn running. Worker figures come from the pool plus psutil,
 sampled at most once a second per worker (Process objects are kept, since the
 first ``cpu_percent()`` of a new one is always 0.0).
 """
