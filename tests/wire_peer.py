@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import itertools
 import random
+import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import orjson
@@ -36,7 +38,19 @@ from tests.wire_fuzz import (
 )
 from tests.wire_model import Verdict, classify, id_key, parse_reply, split_lines
 
-__all__ = ["PROMPTS", "Dialect", "PeerFuzz", "Plan", "Wire", "fuzz_plans", "prompt_value"]
+__all__ = [
+    "PROMPTS",
+    "SESSIONS",
+    "WORKSPACE",
+    "Dialect",
+    "PeerFuzz",
+    "Plan",
+    "Wire",
+    "filler",
+    "fuzz_plans",
+    "prompt_value",
+    "session_id_value",
+]
 
 ANY = None
 """A slot any result or allowed error fills (a request to a served method)."""
@@ -57,6 +71,25 @@ PROMPTS = (
     "!tool shell {not json",
 )
 AGENT_FAILURES = ("on purpose", "!tool ")
+SESSIONS = ("@sid0@", "@sid1@")
+"""Placeholders in generated frames for the test's own sessions (see :func:`filler`)."""
+WORKSPACE = "@ws@"
+"""Placeholder in generated frames for the test's workspace directory."""
+
+
+def session_id_value(rng: random.Random) -> Any:
+    """A ``sessionId``: mostly one of the test's sessions, else unknown or ill-typed."""
+    return rng.choice((*SESSIONS, *SESSIONS, str(uuid.UUID(int=rng.getrandbits(128))), "", 5))
+
+
+def filler(sids: Sequence[str], workspace: Path) -> Callable[[bytes], bytes]:
+    """Put the test's real session ids and workspace in place of the placeholders."""
+    def fill_in(stream: bytes) -> bytes:
+        for placeholder, sid in zip(SESSIONS, sids, strict=True):
+            stream = stream.replace(placeholder.encode(), sid.encode())
+        return stream.replace(WORKSPACE.encode(), str(workspace).encode())
+
+    return fill_in
 """How -32603 answers of turns the echo agent fails on purpose begin (SPEC: a failed
 turn is -32603 with the agent's message)."""
 

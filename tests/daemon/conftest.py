@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from .helpers import DaemonProc
+from .helpers import DaemonProc, short_dir
 
 
 @pytest.fixture
@@ -29,3 +30,12 @@ def daemons() -> Iterator[Callable[..., DaemonProc]]:
     for daemon in started:
         leaks += daemon.cleanup()
     assert not leaks, f"processes left behind: {leaks}"
+
+
+@pytest.fixture
+def scratch_dir() -> Iterator[Path]:
+    """A short temp dir (socket paths under it stay within the 106-byte limit),
+    removed afterwards."""
+    path = short_dir()
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

@@ -4,16 +4,16 @@ and the ephemeral lifetime. Real daemon processes in short temporary config dirs
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import stat
 import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
-from .helpers import DaemonProc, short_dir, zeroclaw_argv
+from .helpers import DaemonProc, zeroclaw_argv
 
 Daemons = Callable[..., DaemonProc]
 
@@ -31,31 +31,25 @@ def test_socket_is_0600_in_a_0700_dir_and_the_lock_names_the_pid(daemons: Daemon
     assert lock.read_text().strip() == str(daemon.pid)
 
 
-def test_existing_data_dir_is_tightened_to_0700(daemons: Daemons) -> None:
-    config = short_dir()
-    try:
-        (config / "data").mkdir(mode=0o755)
-        os.chmod(config / "data", 0o755)
-        daemon = daemons(config)
-        assert _mode(daemon.socket_path.parent) == 0o700
-    finally:
-        shutil.rmtree(config, ignore_errors=True)
+def test_existing_data_dir_is_tightened_to_0700(daemons: Daemons, scratch_dir: Path) -> None:
+    config = scratch_dir
+    (config / "data").mkdir(mode=0o755)
+    os.chmod(config / "data", 0o755)
+    daemon = daemons(config)
+    assert _mode(daemon.socket_path.parent) == 0o700
 
 
-def test_zeroclaw_socket_env_creates_a_private_dir(daemons: Daemons) -> None:
-    base = short_dir()
-    try:
-        path = base / "sub" / "d.sock"
-        daemon = daemons(None, env_extra={"ZEROCLAW_SOCKET": str(path)})
-        assert daemon.socket_path == path
-        assert _mode(path) == 0o600
-        assert _mode(path.parent) == 0o700
-        with daemon.client() as client:
-            assert client.request("status")["pid"] == daemon.pid
-        assert daemon.terminate() == 0
-        assert not path.exists()
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+def test_zeroclaw_socket_env_creates_a_private_dir(daemons: Daemons, scratch_dir: Path) -> None:
+    base = scratch_dir
+    path = base / "sub" / "d.sock"
+    daemon = daemons(None, env_extra={"ZEROCLAW_SOCKET": str(path)})
+    assert daemon.socket_path == path
+    assert _mode(path) == 0o600
+    assert _mode(path.parent) == 0o700
+    with daemon.client() as client:
+        assert client.request("status")["pid"] == daemon.pid
+    assert daemon.terminate() == 0
+    assert not path.exists()
 
 
 def test_second_daemon_is_refused_with_the_owner_pid(daemons: Daemons) -> None:
@@ -69,62 +63,52 @@ def test_second_daemon_is_refused_with_the_owner_pid(daemons: Daemons) -> None:
     assert first.socket_path.exists()
 
 
-def test_stale_socket_is_replaced(daemons: Daemons) -> None:
-    config = short_dir()
-    try:
-        path = config / "data" / "daemon.sock"
-        path.parent.mkdir(mode=0o700)
-        dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        dead.bind(str(path))  # bound, never listening: nothing answers
-        dead.close()
-        daemon = daemons(config)
-        with daemon.client() as client:
-            assert client.request("status")["pid"] == daemon.pid
-        assert "removing stale socket" in daemon.stderr()
-        assert _mode(path) == 0o600
-    finally:
-        shutil.rmtree(config, ignore_errors=True)
+def test_stale_socket_is_replaced(daemons: Daemons, scratch_dir: Path) -> None:
+    config = scratch_dir
+    path = config / "data" / "daemon.sock"
+    path.parent.mkdir(mode=0o700)
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    dead.bind(str(path))  # bound, never listening: nothing answers
+    dead.close()
+    daemon = daemons(config)
+    with daemon.client() as client:
+        assert client.request("status")["pid"] == daemon.pid
+    assert "removing stale socket" in daemon.stderr()
+    assert _mode(path) == 0o600
 
 
-def test_a_file_in_the_way_is_left_alone(daemons: Daemons) -> None:
-    config = short_dir()
-    try:
-        path = config / "data" / "daemon.sock"
-        path.parent.mkdir(mode=0o700)
-        path.write_text("not a socket")
-        daemon = daemons(config, wait=False)
-        assert daemon.wait(20) == 1
-        assert "not a socket" in daemon.stderr()
-        assert path.read_text() == "not a socket"
-    finally:
-        shutil.rmtree(config, ignore_errors=True)
+def test_a_file_in_the_way_is_left_alone(daemons: Daemons, scratch_dir: Path) -> None:
+    config = scratch_dir
+    path = config / "data" / "daemon.sock"
+    path.parent.mkdir(mode=0o700)
+    path.write_text("not a socket")
+    daemon = daemons(config, wait=False)
+    assert daemon.wait(20) == 1
+    assert "not a socket" in daemon.stderr()
+    assert path.read_text() == "not a socket"
 
 
-def test_a_lock_file_that_is_a_symlink_is_not_followed(daemons: Daemons) -> None:
-    config = short_dir()
-    try:
-        data = config / "data"
-        data.mkdir(mode=0o700)
-        victim = config / "victim"
-        victim.write_text("precious")
-        (data / "daemon.sock.lock").symlink_to(victim)
-        daemon = daemons(config, wait=False)
-        assert daemon.wait(20) == 1
-        assert "symbolic link" in daemon.stderr()
-        assert victim.read_text() == "precious"
-    finally:
-        shutil.rmtree(config, ignore_errors=True)
+def test_a_lock_file_that_is_a_symlink_is_not_followed(
+    daemons: Daemons, scratch_dir: Path
+) -> None:
+    config = scratch_dir
+    data = config / "data"
+    data.mkdir(mode=0o700)
+    victim = config / "victim"
+    victim.write_text("precious")
+    (data / "daemon.sock.lock").symlink_to(victim)
+    daemon = daemons(config, wait=False)
+    assert daemon.wait(20) == 1
+    assert "symbolic link" in daemon.stderr()
+    assert victim.read_text() == "precious"
 
 
-def test_a_socket_path_over_the_limit_fails_clearly(daemons: Daemons) -> None:
-    base = short_dir()
-    try:
-        long_path = base / ("x" * 120) / "d.sock"
-        daemon = daemons(None, env_extra={"ZEROCLAW_SOCKET": str(long_path)}, wait=False)
-        assert daemon.wait(20) == 1
-        assert "106-byte limit" in daemon.stderr()
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+def test_a_socket_path_over_the_limit_fails_clearly(daemons: Daemons, scratch_dir: Path) -> None:
+    base = scratch_dir
+    long_path = base / ("x" * 120) / "d.sock"
+    daemon = daemons(None, env_extra={"ZEROCLAW_SOCKET": str(long_path)}, wait=False)
+    assert daemon.wait(20) == 1
+    assert "106-byte limit" in daemon.stderr()
 
 
 def test_sigterm_cancels_the_running_turn_answers_it_and_exits_0(daemons: Daemons) -> None:

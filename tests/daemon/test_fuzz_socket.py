@@ -12,7 +12,6 @@ from __future__ import annotations
 import itertools
 import json
 import random
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,15 +19,23 @@ from typing import Any
 import pytest
 
 from tests.wire_fuzz import random_params
-from tests.wire_peer import Dialect, PeerFuzz, Plan, fuzz_plans, prompt_value
+from tests.wire_peer import (
+    SESSIONS,
+    WORKSPACE,
+    Dialect,
+    PeerFuzz,
+    Plan,
+    filler,
+    fuzz_plans,
+    prompt_value,
+    session_id_value,
+)
 
 from .helpers import DaemonProc, RpcClient
 
 STREAMS = 25
 LINES = 500
 PRE_INITIALIZE_LINES = 50
-SESSIONS = ("@sid0@", "@sid1@")
-WORKSPACE = "@ws@"
 METHODS = frozenset({
     "initialize", "status", "session/new", "session/prompt", "session/cancel", "session/close",
     "session/approve",
@@ -42,7 +49,7 @@ def rpc_params(rng: random.Random, method: str) -> Any:
     """Mostly what the method wants (the test's sessions and workspace), sometimes anything."""
     if rng.random() < 0.15:
         return random_params(rng, method)
-    sid = rng.choice((*SESSIONS, *SESSIONS, str(uuid.UUID(int=rng.getrandbits(128))), "", 5))
+    sid = session_id_value(rng)
     params: dict[str, Any] = {"sessionId": sid}
     if method == "session/new":
         params = {"agentAlias": rng.choice(("default", "default", "nope", 3)),
@@ -125,15 +132,6 @@ def one_stream(fuzz: PeerFuzz, client: RpcClient, plan: Plan, workspace: Path) -
     ask = {"sessionId": sids[0], "prompt": '!tool shell {"command": "echo fuzz"}'}
     fuzz.send(_line({"id": f"ask-{sids[0]}", "method": "session/prompt", "params": ask}))
     fuzz.stream(plan, LINES, filler(sids, workspace))
-
-
-def filler(sids: list[str], workspace: Path) -> Callable[[bytes], bytes]:
-    def fill_in(stream: bytes) -> bytes:
-        for placeholder, sid in zip(SESSIONS, sids, strict=True):
-            stream = stream.replace(placeholder.encode(), sid.encode())
-        return stream.replace(WORKSPACE.encode(), str(workspace).encode())
-
-    return fill_in
 
 
 @pytest.mark.timeout(120)

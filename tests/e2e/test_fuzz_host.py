@@ -14,22 +14,30 @@ from __future__ import annotations
 
 import json
 import random
-import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.wire_fuzz import random_params
-from tests.wire_peer import AGENT_FAILURES, Dialect, PeerFuzz, Plan, fuzz_plans, prompt_value
+from tests.wire_peer import (
+    AGENT_FAILURES,
+    SESSIONS,
+    WORKSPACE,
+    Dialect,
+    PeerFuzz,
+    Plan,
+    filler,
+    fuzz_plans,
+    prompt_value,
+    session_id_value,
+)
 
 from .rawclient import RawHost
 
 STREAMS = 24
 LINES = 500
 PRE_INITIALIZE_LINES = 100
-SESSIONS = ("@sid0@", "@sid1@")
-WORKSPACE = "@ws@"
 METHODS = frozenset({
     "initialize", "status", "session/new", "session/prompt", "session/cancel", "session/close",
     "session/stop", "session/set_mode", "session/update", "session/event", "session/load",
@@ -46,7 +54,7 @@ def acp_params(rng: random.Random, method: str) -> Any:
     """Mostly what the method wants (the test's sessions and workspace), sometimes anything."""
     if rng.random() < 0.15:
         return random_params(rng, method)
-    sid = rng.choice((*SESSIONS, *SESSIONS, str(uuid.UUID(int=rng.getrandbits(128))), "", 5))
+    sid = session_id_value(rng)
     params: dict[str, Any] = {"sessionId": sid}
     if method == "session/new":
         params = {"cwd": rng.choice(CWDS), "mcpServers": rng.choice(MCP)}
@@ -120,13 +128,7 @@ def one_stream(fuzz: PeerFuzz, raw: RawHost, plan: Plan, workspace: Path) -> Non
     ask = {"sessionId": sids[0], "prompt": '!tool shell {"command": "echo fuzz"}'}
     fuzz.send(json.dumps({"jsonrpc": "2.0", "id": f"ask-{sids[0]}", "method": "session/prompt",
                           "params": ask}).encode() + b"\n")
-
-    def fill_in(stream: bytes) -> bytes:
-        for placeholder, sid in zip(SESSIONS, sids, strict=True):
-            stream = stream.replace(placeholder.encode(), sid.encode())
-        return stream.replace(WORKSPACE.encode(), str(workspace).encode())
-
-    fuzz.stream(plan, LINES, fill_in)
+    fuzz.stream(plan, LINES, filler(sids, workspace))
 
 
 @pytest.mark.timeout(120)

@@ -172,8 +172,9 @@ def test_locked_store_at_session_new_fails_clearly_and_recovers(
     assert replayed_user_turns(second, sid, workspace) == ["the store works again"]
 
 
-def assert_write_failed(response: dict[str, Any]) -> None:
-    """``response`` is the clear -32603 of a write refused by the unwritable store."""
+def assert_write_failed(host: RawHost, method: str, params: dict[str, Any]) -> None:
+    """``method`` answers the clear -32603 of a write refused by the unwritable store."""
+    response = host.request(method, params, timeout=REFUSED_WRITE_SECS)
     assert "result" not in response, f"answered as done although nothing was stored: {response}"
     assert response["error"] == {"code": -32603, "message": UNWRITABLE_MESSAGE}, response
 
@@ -220,8 +221,7 @@ def test_unwritable_store_fails_turns_clearly_and_the_host_recovers(
 
     with unwritable(host.pid, store_path(config_dir)):
         for text in ("a lost turn", "another lost turn"):  # it stays broken: each write fails
-            assert_write_failed(host.request("session/prompt", {"sessionId": sid, "prompt": text},
-                                             timeout=REFUSED_WRITE_SECS))
+            assert_write_failed(host, "session/prompt", {"sessionId": sid, "prompt": text})
         assert listed_ids(host) == {sid, control}  # the host keeps serving
         # a turn not stored is not completed, and the agent forgets it: the session
         # leaves memory, to be restored from the store by the next prompt
@@ -252,11 +252,9 @@ def test_unwritable_store_at_session_new_fails_clearly_and_recovers(
     new_session = {"cwd": str(workspace), "mcpServers": []}
     with unwritable(host.pid, store_path(config_dir)):
         for _ in range(2):
-            assert_write_failed(host.request("session/new", new_session,
-                                             timeout=REFUSED_WRITE_SECS))
-        assert_write_failed(host.request("session/prompt", {"sessionId": kept,
-                                                            "prompt": "a lost first turn"},
-                                         timeout=REFUSED_WRITE_SECS))
+            assert_write_failed(host, "session/new", new_session)
+        assert_write_failed(host, "session/prompt",
+                            {"sessionId": kept, "prompt": "a lost first turn"})
         # nothing half-written: neither stored nor admitted, no title for a lost turn;
         # the session whose turn was lost left memory (the next prompt restores it)
         assert listed_ids(host) == {kept}
@@ -290,7 +288,7 @@ def test_unwritable_store_at_session_load_fails_clearly_and_a_retry_loads(
     assert listed_ids(host) == {sid}  # the host has opened its store
     load = {"sessionId": sid, "cwd": str(workspace), "mcpServers": []}
     with unwritable(host.pid, store_path(config_dir)):
-        assert_write_failed(host.request("session/load", load, timeout=REFUSED_WRITE_SECS))
+        assert_write_failed(host, "session/load", load)
         assert live_turns(host) == {}, "a session whose load failed was left admitted"
     assert replayed_user_turns(host, sid, workspace) == ["stored before"]
     assert_turn_ok(host, sid, "after the fault")
@@ -305,8 +303,7 @@ def test_unwritable_store_at_set_mode_leaves_the_mode_unchanged(
     host.initialize()
     sid = host.new_session(workspace)  # supervised: a mutating tool asks first
     with unwritable(host.pid, store_path(config_dir)):
-        assert_write_failed(host.request("session/set_mode", {"sessionId": sid, "modeId": "full"},
-                                         timeout=REFUSED_WRITE_SECS))
+        assert_write_failed(host, "session/set_mode", {"sessionId": sid, "modeId": "full"})
     asked = prompt(host, sid, tool("file_write", {"path": "unasked.txt", "content": "x"}))
     frame = host.next_frame()
     while frame.get("method") == "session/update":
@@ -327,7 +324,7 @@ def test_unwritable_store_at_session_close_leaves_the_session_live(
     assert_turn_ok(host, sid, "before the fault")
     close = {"sessionId": sid}
     with unwritable(host.pid, store_path(config_dir)):
-        assert_write_failed(host.request("session/close", close, timeout=REFUSED_WRITE_SECS))
+        assert_write_failed(host, "session/close", close)
         assert live_turns(host) == {sid: 1}  # refused: nothing changed
     assert_turn_ok(host, sid, "still open")
     assert host.call("session/close", close) == {}
