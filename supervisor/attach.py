@@ -24,11 +24,15 @@ cause goes to stderr and the exit status is 1.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import re
+import select
 import socket
+import struct
 import sys
+import termios
 import threading
 import time
 from collections.abc import Callable, Hashable
@@ -200,6 +204,9 @@ class Link:
         self._ids: dict[Hashable, Any] = {}
         self._ids_lock = threading.Lock()
         self.input_ended = False  # the editor closed stdin (set by the stdin thread)
+        # Held while a chunk of the editor's input is read and handled, so that the
+        # main thread can take the rest of the input in itself once the daemon is gone.
+        self.input_lock = threading.Lock()
 
     def send(self, data: bytes) -> None:
         """Stdin thread: forward ``data`` (a dead connection is noticed by the reader)."""
@@ -317,9 +324,9 @@ class LineSplitter:
 def _bridge(link: Link, dialer: Dialer, frame_limit: int) -> int | None:
     """Copy both ways until the daemon closes; None when that was the normal end,
     else how many requests were left unanswered (each answered -32603 here)."""
-    stdout_fd = sys.stdout.fileno()
-    threading.Thread(target=_copy_in, args=(sys.stdin.fileno(), link, frame_limit),
-                     daemon=True).start()
+    stdout_fd, stdin_fd = sys.stdout.fileno(), sys.stdin.fileno()
+    requests = LineSplitter(link.sent, frame_limit)
+    threading.Thread(target=_copy_in, args=(stdin_fd, link, requests), daemon=True).start()
     replies = LineSplitter(link.received, frame_limit, link.received_long)
     for _ in range(REDIALS + 1):
         with contextlib.suppress(OSError):
@@ -335,6 +342,7 @@ def _bridge(link: Link, dialer: Dialer, frame_limit: int) -> int | None:
             break
         link.replace(sock)
     link.sock.close()
+    _take_written_input(stdin_fd, link, requests)
     pending = link.unanswered()
     if link.input_ended and not pending:
         return None
@@ -347,13 +355,43 @@ def _bridge(link: Link, dialer: Dialer, frame_limit: int) -> int | None:
     return len(pending)
 
 
-def _copy_in(stdin_fd: int, link: Link, frame_limit: int) -> None:
-    requests = LineSplitter(link.sent, frame_limit)
-    with contextlib.suppress(OSError):
-        while data := os.read(stdin_fd, _CHUNK):
-            requests.feed(data)
-            link.send(data)
+def _copy_in(stdin_fd: int, link: Link, requests: LineSplitter) -> None:
+    """Stdin thread: copy the editor's input to the daemon until EOF.
+
+    Each chunk is read and handled under ``link.input_lock`` (the wait for input is
+    outside it), so :func:`_take_written_input` sees every byte either handled or
+    still unread.
+    """
+    with contextlib.suppress(OSError, ValueError):
+        while True:
+            select.select([stdin_fd], [], [])
+            with link.input_lock:
+                data = os.read(stdin_fd, _CHUNK)
+                if not data:
+                    break
+                requests.feed(data)
+                link.send(data)
     link.end_input()
+
+
+def _take_written_input(stdin_fd: int, link: Link, requests: LineSplitter) -> None:
+    """Main thread, the daemon gone: note the requests the editor already wrote that
+    the stdin thread has not read yet, so that each of them is answered too."""
+    with link.input_lock, contextlib.suppress(OSError):
+        while _unread_bytes(stdin_fd) > 0:
+            data = os.read(stdin_fd, _CHUNK)
+            if not data:
+                break
+            requests.feed(data)
+
+
+def _unread_bytes(fd: int) -> int:
+    """Bytes waiting to be read on ``fd`` (a pipe, socket or terminal), or 0."""
+    try:
+        raw = fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0")
+    except OSError:
+        return 0
+    return int(struct.unpack("i", raw)[0])
 
 
 def _write_all(fd: int, data: bytes) -> None:
