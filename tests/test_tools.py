@@ -374,3 +374,26 @@ def test_forbidden_directory_is_refused_under_another_name(
 def test_relative_forbidden_entries_are_refused() -> None:
     with pytest.raises(ValueError, match="not absolute"):
         PathPolicy.build("/", "/", ["secret-rel"])
+
+
+# --- the shell's environment ----------------------------------------------------------------
+
+
+def test_shell_gets_no_host_secrets_only_allowed_variables_and_the_agent_env(
+    dirs: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ZC_TEST_SECRET_API_KEY", "sk-unit-secret")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "aws-unit-secret")
+    monkeypatch.setenv("LC_TIME", "C")
+    monkeypatch.setenv("LANG", "C.UTF-8")
+    policy = PathPolicy.build(str(dirs[0]), str(dirs[1]), ())
+    env = ToolEnv(paths=policy, cancelled=threading.Event(),
+                  agent_env={"RUST_LOG": "debug", "LANG": "en_US.UTF-8"})
+    result = ShellTool().run({"command": "env"}, env)
+    seen = dict(line.split("=", 1) for line in result.text.splitlines() if "=" in line)
+    assert "unit-secret" not in result.text
+    assert seen["RUST_LOG"] == "debug" and seen["LANG"] == "en_US.UTF-8"
+    assert seen["LC_TIME"] == "C" and seen["PATH"] == os.environ["PATH"]
+    assert set(seen) <= {"PATH", "HOME", "LANG", "TERM", "USER", "LOGNAME", "SHELL", "TMPDIR",
+                         "TZ", "LC_TIME", "LC_ALL", "LC_CTYPE", "RUST_LOG", "PWD", "SHLVL", "_",
+                         "OLDPWD", "LANGUAGE"}, sorted(seen)
