@@ -313,7 +313,7 @@ def test_file_read_never_returns_a_file_swapped_in_for_a_symlink(
     assert tool.run({"path": "toc.txt"}, env).text == "inside"
     outcomes: dict[str, int] = {}
     with Flipper(cwd, "toc.txt", "toc.swap") as flipper:
-        for _ in range(400):
+        for _ in range(2000):
             try:
                 text = tool.run({"path": "toc.txt"}, env).text
             except ToolError as exc:
@@ -332,7 +332,7 @@ def test_file_write_never_lands_in_a_directory_swapped_for_a_symlink(
     env, tool = make_env(cwd, workspace), FileWriteTool()
     tool.run({"path": "compdir/first.txt", "content": "x"}, env)
     with Flipper(cwd, "compdir", "compdir.swap") as flipper:
-        for n in range(400):
+        for n in range(2000):
             with contextlib.suppress(ToolError):
                 tool.run({"path": f"compdir/w{n}.txt", "content": "x"}, env)
     assert flipper.flips > 0
