@@ -22,13 +22,12 @@ runs them, once per tool call); each open descriptor is owned by one call.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import shlex
 import stat
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -189,7 +188,7 @@ class PathPolicy:
 def _open_child_dir(fd: int, name: str, *, create: bool, given: str) -> int:
     """Open directory ``name`` under ``fd`` (made first if ``create``), never through a link."""
     if create:
-        with contextlib.suppress(FileExistsError):
+        with suppress(FileExistsError):
             os.mkdir(name, 0o777, dir_fd=fd)
     try:
         return os.open(name, _DIR_FLAGS, dir_fd=fd)
