@@ -232,6 +232,9 @@ class ActorTurnContext:
         if mode != "supervised":
             return f"denied: autonomy is {mode}"
         choice = self.ask_permission(call_id, tool.name, title, tool.kind, args)
+        mode = self._session.state.mode  # set_mode may have come while the client decided
+        if mode == "read_only":
+            return f"denied: autonomy is {mode}"
         normalized = choice.replace("-", "_") if choice else None
         if normalized == "allow_always":
             self._session.always_allowed.add(tool.name)
@@ -243,7 +246,9 @@ class ActorTurnContext:
         return f"denied: the user chose {choice!r}"
 
     def _execute(self, tool: Tool, call_id: str, args: dict[str, Any]) -> ToolCallOutcome:
-        env = ToolEnv(paths=self._session.config.paths, cancelled=self._cancelled)
+        config = self._session.config
+        env = ToolEnv(paths=config.paths, cancelled=self._cancelled,
+                      agent_env=config.agent.get("env") or {})
         self.emit(ToolCallFinished(call_id, tool.name, "in_progress", None, ""))
         try:
             result = tool.run(args, env)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -49,12 +50,15 @@ class AgentConfig:
     workspace: Path
     enabled: bool
     raw: Mapping[str, Any] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
 
     def to_wire(self) -> dict[str, Any]:
         """What a worker needs to build the agent (sent in ``OpenSession``)."""
-        wire = {k: v for k, v in self.raw.items() if isinstance(v, str | int | float | bool)}
+        wire: dict[str, Any] = {
+            k: v for k, v in self.raw.items() if isinstance(v, str | int | float | bool)}
         wire.update(alias=self.alias, provider=self.provider, model=self.model)
         wire["workspace"] = str(self.workspace)
+        wire["env"] = dict(self.env)
         return wire
 
 
@@ -152,8 +156,26 @@ def _agents(doc: Mapping[str, Any], config_dir: Path) -> dict[str, AgentConfig]:
             workspace=Path(str(workspace)).expanduser().absolute(),
             enabled=bool(section.get("enabled", True)),
             raw=section,
+            env=_agent_env(alias, section),
         )
     return agents
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _agent_env(alias: str, section: Mapping[str, Any]) -> dict[str, str]:
+    """``[agents.<alias>] env = {NAME = "value"}``: the variables its shell commands get."""
+    env = section.get("env", {})
+    if not isinstance(env, Mapping) or not all(
+        isinstance(name, str) and _ENV_NAME.fullmatch(name)
+        and isinstance(value, str) and "\x00" not in value
+        for name, value in env.items()
+    ):
+        raise ConfigError(
+            f"agents.{alias}.env must be a table of string values with variable names "
+            'as keys, e.g. env = {RUST_LOG = "debug"}')
+    return dict(env)
 
 
 def _int(section: Mapping[str, Any], key: str, default: int, minimum: int) -> int:
@@ -196,6 +218,7 @@ def settings_from_document(
     forbidden = autonomy.get("forbidden_paths", ["/etc", "~/.ssh"])
     if not isinstance(forbidden, list) or not all(isinstance(p, str) for p in forbidden):
         raise ConfigError("autonomy.forbidden_paths must be an array of strings")
+    forbidden = [_forbidden_path(p, env) for p in forbidden if p.strip()]
     agents = _agents(doc, config_dir)
     default_agent = acp.get("default_agent")
     if default_agent is not None and default_agent not in agents:
@@ -216,6 +239,32 @@ def settings_from_document(
         frame_limit=_int(acp, "frame_limit", 32 * 1024 * 1024, 1024),
         log_level=str(env.get("ZEROCLAW_LOG") or _section(doc, "log").get("level", "warning")),
     )
+
+
+_VARIABLE = re.compile(r"\$(?:([A-Za-z_][A-Za-z0-9_]*)|\{([^}]*)\})")
+
+
+def _forbidden_path(entry: str, env: Mapping[str, str]) -> str:
+    """A ``forbidden_paths`` entry with ``$VAR``/``${VAR}`` and ``~`` expanded; it must then be
+    absolute (a relative one would be judged from a worker's cwd and protect nothing)."""
+
+    def variable(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(2)
+        if not env.get(name):
+            raise ConfigError(
+                f"autonomy.forbidden_paths entry {entry!r}: ${name} is not set (or empty)")
+        return env[name]
+
+    expanded = _VARIABLE.sub(variable, entry)
+    if expanded == "~" or expanded.startswith("~/"):
+        home = env.get("HOME") or os.path.expanduser("~")
+        expanded = home + expanded[1:]
+    expanded = os.path.expanduser(expanded)  # ~user
+    if not os.path.isabs(expanded):
+        raise ConfigError(
+            f"autonomy.forbidden_paths entry {entry!r} is not an absolute path; write it "
+            "from / (or ~ or $VAR), e.g. \"/home/me/secrets\" or \"$HOME/.aws\"")
+    return os.path.normpath(expanded)
 
 
 def _section(doc: Mapping[str, Any], name: str) -> Mapping[str, Any]:

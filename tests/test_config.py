@@ -57,3 +57,27 @@ def test_default_agent_must_name_a_configured_agent(tmp_path):
     (tmp_path / "config.toml").write_text('[acp]\ndefault_agent = "ghost"\n')
     with pytest.raises(ConfigError, match="ghost"):
         load_settings(str(tmp_path), env={})
+
+
+def test_forbidden_paths_expand_home_and_variables_and_refuse_the_rest(tmp_path):
+    env = {"HOME": "/home/me", "SECRETS": "/srv/keys"}
+    (tmp_path / "config.toml").write_text(
+        '[autonomy]\nforbidden_paths = ["~/.ssh", "$HOME/.aws", "${SECRETS}/x", "/etc/"]\n')
+    assert load_settings(str(tmp_path), env=env).forbidden_paths == (
+        "/home/me/.ssh", "/home/me/.aws", "/srv/keys/x", "/etc")
+    for entry, message in (("secret-rel", "not an absolute path"),
+                           ("./x", "not an absolute path"),
+                           ("$NOPE/.aws", r"\$NOPE is not set")):
+        (tmp_path / "config.toml").write_text(f'[autonomy]\nforbidden_paths = ["{entry}"]\n')
+        with pytest.raises(ConfigError, match=message):
+            load_settings(str(tmp_path), env=env)
+
+
+def test_agent_env_is_a_table_of_strings(tmp_path):
+    (tmp_path / "config.toml").write_text('[agents.a]\nenv = {RUST_LOG = "debug"}\n')
+    agent = load_settings(str(tmp_path), env={}).agents["a"]
+    assert agent.to_wire()["env"] == {"RUST_LOG": "debug"}
+    for bad in ('"x"', "{A = 1}", '{"A B" = "x"}'):
+        (tmp_path / "config.toml").write_text(f"[agents.a]\nenv = {bad}\n")
+        with pytest.raises(ConfigError, match=r"agents\.a\.env"):
+            load_settings(str(tmp_path), env={})

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -248,3 +251,149 @@ def test_file_read_refuses_a_fifo_instead_of_blocking(dirs: tuple[Path, Path]) -
     assert time.monotonic() - started < 2
     with pytest.raises(ToolError, match="is a directory"):
         FileReadTool().run({"path": "."}, make_env(cwd, workspace))
+
+
+# --- check-then-open races ------------------------------------------------------------------
+
+#: Swaps two names atomically (renameat2 RENAME_EXCHANGE: never a moment without either)
+#: in a tight loop, in its own process so that it really runs alongside the tool calls,
+#: until stdin closes; then prints how many swaps it made.
+_FLIP_SCRIPT = """
+import ctypes, os, sys, threading
+directory, a, b = sys.argv[1:4]
+libc = ctypes.CDLL(None, use_errno=True)
+fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+stop = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+flips = 0
+print("ready", flush=True)
+while not stop.is_set():
+    if libc.renameat2(fd, a.encode(), fd, b.encode(), 2) != 0:
+        sys.exit(f"renameat2: {os.strerror(ctypes.get_errno())}")
+    flips += 1
+print(flips, flush=True)
+"""
+
+
+class Flipper:
+    """A process swapping ``name`` and ``swap`` in ``directory`` while the block runs."""
+
+    def __init__(self, directory: Path, name: str, swap: str) -> None:
+        self.flips = 0
+        self._argv = [sys.executable, "-c", _FLIP_SCRIPT, str(directory), name, swap]
+
+    def __enter__(self) -> Flipper:
+        self._proc = subprocess.Popen(self._argv, stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, text=True)
+        assert self._proc.stdout is not None
+        assert self._proc.stdout.readline().strip() == "ready"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        out, _ = self._proc.communicate(timeout=10)
+        assert self._proc.returncode == 0, out
+        self.flips = int(out.strip())
+
+
+@pytest.fixture
+def outside(tmp_path: Path) -> Path:
+    path = tmp_path / "outside"
+    path.mkdir()
+    (path / "secret.txt").write_text("OUTSIDE-SECRET")
+    return path
+
+
+def test_file_read_never_returns_a_file_swapped_in_for_a_symlink(
+    dirs: tuple[Path, Path], outside: Path
+) -> None:
+    cwd, workspace = dirs
+    (cwd / "toc.txt").write_text("inside")
+    (cwd / "toc.swap").symlink_to(outside / "secret.txt")
+    env, tool = make_env(cwd, workspace), FileReadTool()
+    assert tool.run({"path": "toc.txt"}, env).text == "inside"
+    outcomes: dict[str, int] = {}
+    with Flipper(cwd, "toc.txt", "toc.swap") as flipper:
+        for _ in range(2000):
+            try:
+                text = tool.run({"path": "toc.txt"}, env).text
+            except ToolError as exc:
+                text = "refused" if "OUTSIDE" not in str(exc) else str(exc)
+            outcomes[text] = outcomes.get(text, 0) + 1
+    assert flipper.flips > 0
+    assert set(outcomes) <= {"inside", "refused"}, outcomes
+
+
+def test_file_write_never_lands_in_a_directory_swapped_for_a_symlink(
+    dirs: tuple[Path, Path], outside: Path
+) -> None:
+    cwd, workspace = dirs
+    (cwd / "compdir").mkdir()
+    (cwd / "compdir.swap").symlink_to(outside)
+    env, tool = make_env(cwd, workspace), FileWriteTool()
+    tool.run({"path": "compdir/first.txt", "content": "x"}, env)
+    with Flipper(cwd, "compdir", "compdir.swap") as flipper:
+        for n in range(2000):
+            with contextlib.suppress(ToolError):
+                tool.run({"path": f"compdir/w{n}.txt", "content": "x"}, env)
+    assert flipper.flips > 0
+    assert sorted(p.name for p in outside.iterdir()) == ["secret.txt"]
+
+
+def test_dotdot_and_links_inside_the_roots(dirs: tuple[Path, Path], outside: Path) -> None:
+    cwd, workspace = dirs
+    (cwd / "real").mkdir()
+    (cwd / "real" / "a.txt").write_text("via link")
+    (cwd / "alias").symlink_to(cwd / "real")
+    env = make_env(cwd, workspace)
+    assert FileReadTool().run({"path": "alias/a.txt"}, env).text == "via link"
+    FileWriteTool().run({"path": "alias/new/b.txt", "content": "b"}, env)
+    assert (cwd / "real" / "new" / "b.txt").read_text() == "b"
+    assert FileReadTool().run({"path": "real/../real/a.txt"}, env).text == "via link"
+    with pytest.raises(ToolError, match="outside"):
+        FileReadTool().run({"path": "real/../../outside/secret.txt"}, env)
+
+
+def test_forbidden_directory_is_refused_under_another_name(
+    dirs: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A hard link or bind mount gives a forbidden file or directory a second name
+    inside the roots; what is opened is compared by device and inode."""
+    cwd, workspace = dirs
+    secret_dir = cwd / "keys"
+    secret_dir.mkdir()
+    (secret_dir / "id").write_text("KEY")
+    os.link(secret_dir / "id", cwd / "id-copy")
+    env = make_env(cwd, workspace, forbidden=(str(secret_dir / "id"),))
+    with pytest.raises(ToolError, match="forbidden"):
+        FileReadTool().run({"path": "id-copy"}, env)
+    with pytest.raises(ToolError, match="forbidden"):
+        FileWriteTool().run({"path": "id-copy", "content": "x"}, env)
+    assert (secret_dir / "id").read_text() == "KEY"
+
+
+def test_relative_forbidden_entries_are_refused() -> None:
+    with pytest.raises(ValueError, match="not absolute"):
+        PathPolicy.build("/", "/", ["secret-rel"])
+
+
+# --- the shell's environment ----------------------------------------------------------------
+
+
+def test_shell_gets_no_host_secrets_only_allowed_variables_and_the_agent_env(
+    dirs: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ZC_TEST_SECRET_API_KEY", "sk-unit-secret")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "aws-unit-secret")
+    monkeypatch.setenv("LC_TIME", "C")
+    monkeypatch.setenv("LANG", "C.UTF-8")
+    policy = PathPolicy.build(str(dirs[0]), str(dirs[1]), ())
+    env = ToolEnv(paths=policy, cancelled=threading.Event(),
+                  agent_env={"RUST_LOG": "debug", "LANG": "en_US.UTF-8"})
+    result = ShellTool().run({"command": "env"}, env)
+    seen = dict(line.split("=", 1) for line in result.text.splitlines() if "=" in line)
+    assert "unit-secret" not in result.text
+    assert seen["RUST_LOG"] == "debug" and seen["LANG"] == "en_US.UTF-8"
+    assert seen["LC_TIME"] == "C" and seen["PATH"] == os.environ["PATH"]
+    assert set(seen) <= {"PATH", "HOME", "LANG", "TERM", "USER", "LOGNAME", "SHELL", "TMPDIR",
+                         "TZ", "LC_TIME", "LC_ALL", "LC_CTYPE", "RUST_LOG", "PWD", "SHLVL", "_",
+                         "OLDPWD", "LANGUAGE"}, sorted(seen)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from actors.tools.paths import PathPolicy
@@ -24,10 +25,12 @@ class ToolError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class ToolEnv:
-    """What a tool may use: the session's path policy and the turn's cancel flag."""
+    """What a tool may use: the session's path policy, the turn's cancel flag, and the
+    variables the agent's configuration (``[agents.NAME] env``) gives its commands."""
 
     paths: PathPolicy
     cancelled: threading.Event
+    agent_env: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,29 +1,30 @@
 """The ``file_read`` and ``file_write`` tools, confined by the session's :class:`PathPolicy`.
 
-Run on the session actor's thread. Writes are atomic (a temporary file in the
-same directory, then ``os.replace``), so a reader never sees half a file.
+Run on the session actor's thread. Both open their file through
+:meth:`PathPolicy.open_parent`, relative to a directory descriptor held beneath
+the root and never through a symlink, so a path swapped after its check cannot
+escape the roots. Writes are atomic (a temporary file created in that same
+opened directory, then ``os.replace`` between the two names under it), so a
+reader never sees half a file.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import secrets
 import stat
-import tempfile
 from pathlib import Path
 from typing import Any, ClassVar
 
 from actors.tools.base import Tool, ToolEnv, ToolError, ToolResult, require_str
-from actors.tools.paths import PathDenied
+from actors.tools.paths import OpenedParent, PathDenied, changed_to_symlink, is_symlink_at
 
 __all__ = ["FileReadTool", "FileWriteTool"]
 
-
-def _confined(args: dict[str, Any], env: ToolEnv) -> Path:
-    try:
-        return env.paths.resolve(require_str(args, "path"))
-    except PathDenied as exc:
-        raise ToolError(str(exc)) from None
+_READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+_TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def _path_title(verb: str, args: dict[str, Any]) -> str:
@@ -45,9 +46,14 @@ class FileReadTool(Tool):
         return _path_title("Read", args)
 
     def run(self, args: dict[str, Any], env: ToolEnv) -> ToolResult:
-        path = _confined(args, env)
+        given = require_str(args, "path")
+        path = Path(given)
         try:
-            data = _read_regular_file(path, self.max_bytes + 1)
+            with env.paths.open_parent(given) as parent:
+                path = parent.path
+                data = _read_regular_file(parent, given, self.max_bytes + 1)
+        except PathDenied as exc:
+            raise ToolError(str(exc)) from None
         except FileNotFoundError:
             raise ToolError(f"no such file: {path}") from None
         except IsADirectoryError:
@@ -73,48 +79,79 @@ class FileWriteTool(Tool):
         return _path_title("Write", args)
 
     def run(self, args: dict[str, Any], env: ToolEnv) -> ToolResult:
-        path = _confined(args, env)
+        given = require_str(args, "path")
         data = require_str(args, "content", allow_empty=True).encode("utf-8")
-        if path.is_dir():
-            raise ToolError(f"is a directory, not a file: {path}")
+        path = Path(given)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            _write_atomically(path, data)
+            with env.paths.open_parent(given, create=True) as parent:
+                path = parent.path
+                _write_atomically(parent, data)
+        except PathDenied as exc:
+            raise ToolError(str(exc)) from None
+        except IsADirectoryError:
+            raise ToolError(f"is a directory, not a file: {path}") from None
         except OSError as exc:
             raise ToolError(f"cannot write {path}: {exc.strerror or exc}") from None
         raw = {"path": str(path), "bytes": len(data)}
         return ToolResult(text=f"wrote {len(data)} bytes to {path}", raw_output=raw)
 
 
-def _read_regular_file(path: Path, limit: int) -> bytes:
+def _read_regular_file(parent: OpenedParent, given: str, limit: int) -> bytes:
     """Up to ``limit`` bytes of a regular file; a FIFO or device could block the turn forever."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
-        mode = os.fstat(fd).st_mode
-        if stat.S_ISDIR(mode):
-            raise IsADirectoryError(path)
-        if not stat.S_ISREG(mode):
-            raise ToolError(f"not a regular file: {path}")
+        fd = os.open(parent.name, _READ_FLAGS, dir_fd=parent.fd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and is_symlink_at(parent.fd, parent.name):
+            raise changed_to_symlink(given, parent.name) from None
+        raise
+    try:
+        st = os.fstat(fd)
+        parent.check_not_forbidden(st)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(parent.path)
+        if not stat.S_ISREG(st.st_mode):
+            raise ToolError(f"not a regular file: {parent.path}")
         with os.fdopen(fd, "rb", closefd=False) as handle:
             return handle.read(limit)
     finally:
         os.close(fd)
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
+def _existing_mode(parent: OpenedParent) -> int:
+    """The mode to keep: the current file's, or 0644 for a new one (a link is not followed)."""
     try:
-        mode = stat.S_IMODE(path.stat().st_mode)
+        st = os.stat(parent.name, dir_fd=parent.fd, follow_symlinks=False)
     except FileNotFoundError:
-        mode = 0o644
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        return 0o644
+    if stat.S_ISDIR(st.st_mode):
+        raise IsADirectoryError(parent.path)
+    parent.check_not_forbidden(st)
+    return stat.S_IMODE(st.st_mode) if stat.S_ISREG(st.st_mode) else 0o644
+
+
+def _write_atomically(parent: OpenedParent, data: bytes) -> None:
+    mode = _existing_mode(parent)
+    tmp_name, fd = _create_temp(parent)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
+            os.fchmod(handle.fileno(), mode)
             os.fsync(handle.fileno())
-        os.chmod(tmp_name, mode)
-        os.replace(tmp_name, path)
+        os.replace(tmp_name, parent.name, src_dir_fd=parent.fd, dst_dir_fd=parent.fd)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp_name)
+            os.unlink(tmp_name, dir_fd=parent.fd)
         raise
+
+
+def _create_temp(parent: OpenedParent) -> tuple[str, int]:
+    """A new, empty temporary file beside the target, in the already opened directory."""
+    prefix = f".{parent.name}." if parent.name != "." else "."
+    for _ in range(100):
+        name = f"{prefix}{secrets.token_hex(6)}.tmp"
+        try:
+            return name, os.open(name, _TEMP_FLAGS, 0o600, dir_fd=parent.fd)
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name in {parent.path.parent}")

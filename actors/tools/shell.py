@@ -3,23 +3,40 @@
 Runs on the session actor's thread. The command gets its own process group so
 that a timeout, a cancelled turn, or the end of the call kills it and anything
 it started in the background; output (stdout and stderr merged) is capped.
+
+The command does not inherit the host's environment, which may hold API keys
+and tokens that would then stream to the client and into the store: it gets
+only :data:`INHERITED_VARIABLES` (and the locale's ``LC_*`` categories) from
+the worker's environment, plus the agent's configured ``env``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import selectors
 import signal
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from actors.tools.base import Tool, ToolEnv, ToolError, ToolResult, require_str
 from actors.tools.paths import PathDenied
 
-__all__ = ["ShellTool"]
+__all__ = ["INHERITED_VARIABLES", "ShellTool", "command_environment"]
+
+#: The host's variables a command sees; nothing else of the host's environment is passed.
+INHERITED_VARIABLES = frozenset(
+    {"PATH", "HOME", "LANG", "LANGUAGE", "TERM", "USER", "LOGNAME", "SHELL", "TMPDIR", "TZ"})
+#: The POSIX and glibc locale categories (``LC_ALL``, ``LC_CTYPE``, …), passed as well.
+_LOCALE_CATEGORIES = frozenset({
+    "LC_ALL", "LC_ADDRESS", "LC_COLLATE", "LC_CTYPE", "LC_IDENTIFICATION", "LC_MEASUREMENT",
+    "LC_MESSAGES", "LC_MONETARY", "LC_NAME", "LC_NUMERIC", "LC_PAPER", "LC_TELEPHONE",
+    "LC_TIME"})
+_VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 _POLL_SECS = 0.05
 _READ_SIZE = 65536
@@ -61,6 +78,7 @@ class ShellTool(Tool):
         proc = subprocess.Popen(
             ["/bin/sh", "-c", command],
             cwd=env.paths.cwd,
+            env=command_environment(env.agent_env),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -127,6 +145,21 @@ class ShellTool(Tool):
         raw = {"exit_code": exit_code, "output": output, "truncated": truncated}
         text = output if exit_code == 0 else f"{output}\n[exit code {exit_code}]".lstrip("\n")
         return ToolResult(text=text, raw_output=raw, ok=exit_code == 0)
+
+
+def command_environment(
+    agent_env: Mapping[str, str], host_env: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """A command's whole environment: the allowed host variables, then the agent's ``env``
+    (which wins). ``PATH`` falls back to the system default when the host has none."""
+    host_env = os.environ if host_env is None else host_env
+    allowed = INHERITED_VARIABLES | _LOCALE_CATEGORIES
+    environment = {name: value for name, value in host_env.items() if name in allowed}
+    environment.setdefault("PATH", os.defpath)
+    for name, value in agent_env.items():
+        if isinstance(value, str) and _VARIABLE_NAME.fullmatch(name) and "\x00" not in value:
+            environment[name] = value
+    return environment
 
 
 def _has_exited(proc: subprocess.Popen[bytes]) -> bool:
