@@ -50,9 +50,8 @@ class TurnOutcome:
 class Sessions:
     """The operations; one instance per host, used by every connection."""
 
-    def __init__(self, host: Host, *, shared: bool = False) -> None:
+    def __init__(self, host: Host) -> None:
         self.host = host
-        self.shared = shared  # a daemon's host: a live session may be loaded elsewhere
         self.settings = host.settings
         self._creating: set[str] = set()  # client-chosen ids whose session/new is running
         self._ending: Counter[str] = Counter()  # being closed or deleted: not to be revived
@@ -341,12 +340,13 @@ class Sessions:
     # --- load, resume -------------------------------------------------------------------
 
     async def restore(self, peer: Peer, sid: str, *, replay: bool) -> Route:
-        """``session/load`` / ``session/resume``; on a shared host a live idle session
-        is handed to ``peer`` (another editor picks it up) instead of refused."""
+        """``session/load`` / ``session/resume``. A live session is handed to ``peer``
+        as it is, not refused: an editor reopening it from its history (Zed does, on
+        the connection that has it open) or another editor on a shared host picks it
+        up. A turn running meanwhile goes on, streaming to whoever prompted it; the
+        replay holds the turns completed so far."""
         await self._usable(sid)
         route = self.host.routes.get(sid)
-        if route is not None and not (self.shared and sid not in self.host.turns.running):
-            raise InvalidParams(f"session {sid} is already active; call session/close first")
         opened = route is None
         if route is not None:
             route.peer = peer
