@@ -188,6 +188,7 @@ class AcpServer:
     def initialize(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
         if not isinstance(params, Mapping):
             raise InvalidParams("params must be an object")
+        acp_handshake.check_protocol_version(params.get("protocolVersion"))
         endpoint.state["client"] = params.get("clientCapabilities") or {}
         asyncio.get_running_loop().call_soon(self.host.start)
         return self.handshake

@@ -207,7 +207,7 @@ def settings_from_document(
         store_path=data_dir / "sessions" / "acp-sessions.db",
         default_agent=default_agent,
         max_sessions=_int(acp, "max_sessions", 10, 1),
-        session_timeout_secs=float(timeout),
+        session_timeout_secs=_whole_if_integral(timeout),
         agents=agents,
         autonomy_level=level,
         forbidden_paths=tuple(forbidden),
@@ -216,6 +216,11 @@ def settings_from_document(
         frame_limit=_int(acp, "frame_limit", 32 * 1024 * 1024, 1024),
         log_level=str(env.get("ZEROCLAW_LOG") or _section(doc, "log").get("level", "warning")),
     )
+
+
+def _whole_if_integral(seconds: float) -> float:
+    """3600.0 (from a flag) as 3600: clients expect an integer ``sessionTimeoutSecs``."""
+    return int(seconds) if float(seconds).is_integer() else float(seconds)
 
 
 def _section(doc: Mapping[str, Any], name: str) -> Mapping[str, Any]:

@@ -90,6 +90,19 @@ def test_ownership_is_one_table_for_both_sockets(daemons: Any) -> None:
         assert clients_of(daemon) == {mine: 1, theirs: 1}
 
 
+def test_acp_sock_initialize_wants_an_integer_protocol_version(daemons: Any) -> None:
+    """As on stdio: "one" is -32602 naming protocolVersion; any integer, 0 too, gets 1;
+    ``sessionTimeoutSecs`` is an integer."""
+    daemon = daemons()
+    with RpcClient(daemon.socket_path.parent / "acp.sock", initialize=False) as editor:
+        with pytest.raises(RpcFailure) as info:
+            editor.request("initialize", {"protocolVersion": "one"})
+        assert info.value.code == -32602 and "protocolVersion" in info.value.message
+        result = editor.request("initialize", {"protocolVersion": 0})
+        assert result["protocolVersion"] == 1
+        assert type(result["_meta"]["zeroclaw"]["sessionTimeoutSecs"]) is int
+
+
 def test_a_prompt_to_an_unknown_id_does_not_claim_it(daemons: Any) -> None:
     daemon = daemons()
     unknown = str(uuid.uuid4())
