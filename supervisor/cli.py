@@ -87,6 +87,9 @@ def _run_acp(args: argparse.Namespace) -> int:
         settings = load_settings(args.config_dir, overrides)
     except ConfigError as exc:
         logging.getLogger("zeroclaw").error("configuration error: %s", exc)
+        from supervisor.stdio import serve_config_error
+
+        asyncio.run(serve_config_error(str(exc)))  # the editor gets the reason too
         return 2
     if args.attach:
         from supervisor.attach import run_attach

@@ -105,9 +105,12 @@ def _parse_env_value(text: str) -> Any:
 
 
 def _apply_env(doc: dict[str, Any], env: Mapping[str, str]) -> None:
-    """``ZEROCLAW_acp__max_sessions=20`` sets ``doc["acp"]["max_sessions"] = 20``."""
+    """``ZEROCLAW_acp__max_sessions=20`` sets ``doc["acp"]["max_sessions"] = 20``.
+
+    An empty (or blank) value counts as unset, as ``export ZEROCLAW_acp__default_agent=``
+    reads: the file's value, or the default, stays."""
     for name, value in env.items():
-        if not name.startswith("ZEROCLAW_") or "__" not in name:
+        if not name.startswith("ZEROCLAW_") or "__" not in name or not value.strip():
             continue
         path = name[len("ZEROCLAW_") :].split("__")
         if not all(path):
@@ -198,7 +201,9 @@ def settings_from_document(
         raise ConfigError("autonomy.forbidden_paths must be an array of strings")
     agents = _agents(doc, config_dir)
     default_agent = acp.get("default_agent")
-    if default_agent is not None and default_agent not in agents:
+    if default_agent is not None and (
+        not isinstance(default_agent, str) or default_agent not in agents
+    ):
         raise ConfigError(f"acp.default_agent names no configured agent: {default_agent!r}")
     return Settings(
         config_dir=config_dir,
