@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ipc.errors import InvalidParams, clip
+from ipc.errors import InvalidParams
 
 __all__ = [
     "MODES", "PROTOCOL_VERSION", "check_protocol_version", "initialize_result", "modes_state",
@@ -30,7 +30,7 @@ def check_protocol_version(value: Any) -> None:
     if value is None or type(value) is int or (type(value) is float and value.is_integer()):
         return
     raise InvalidParams(f"protocolVersion must be an integer (zeroclaw speaks ACP "
-                        f"{PROTOCOL_VERSION}), got {clip(repr(value))}")
+                        f"{PROTOCOL_VERSION}), got {value!r}")
 
 
 def initialize_result(

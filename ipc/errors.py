@@ -47,8 +47,8 @@ def clip(text: str, limit: int = QUOTE_LIMIT) -> str:
 
 def bounded_message(text: str) -> str:
     """An error message fit for the wire: each run of more than :data:`QUOTE_LIMIT`
-    non-blank characters (an id, a path, a name the client sent) is clipped, then
-    the whole to :data:`MESSAGE_LIMIT`. Messages written here are short words."""
+    non-blank characters (an id, a path, a name the client sent: the words of the
+    messages themselves are short) is clipped, then the whole to :data:`MESSAGE_LIMIT`."""
     if len(text) > QUOTE_LIMIT:
         text = clip(_LONG_RUN.sub(lambda run: clip(run.group()), text), MESSAGE_LIMIT)
     return text

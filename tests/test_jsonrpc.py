@@ -669,3 +669,15 @@ async def test_drain_waits_for_running_handlers() -> None:
     assert endpoint.running_handlers == 10
     await asyncio.wait_for(endpoint.drain(), 5)
     assert sorted(reply["id"] for reply in wire.take()) == list(range(10))
+
+
+def test_error_messages_quote_client_input_cut_short() -> None:
+    """Every error message is bounded where errors are made (:mod:`ipc.errors`):
+    a run of client input is cut to 128 characters, the whole message to 1,024."""
+    endpoint, wire = make()
+    endpoint.receive(frame(id=1, method="m" * 1_000_000))
+    message = error_of(only(wire))[2]
+    assert message == "Method not found: " + "m" * 128 + "…"
+    spaced = InvalidParams("cwd is not a usable directory: " + "a b " * 100_000).message
+    assert len(spaced) == 1025 and spaced.endswith("…")
+    assert InvalidParams("short words stay as they are").message == "short words stay as they are"
