@@ -90,6 +90,29 @@ def test_ownership_is_one_table_for_both_sockets(daemons: Any) -> None:
         assert clients_of(daemon) == {mine: 1, theirs: 1}
 
 
+def test_a_second_editor_loads_a_session_while_its_turn_runs(daemons: Any) -> None:
+    """The turn goes on for the editor that prompted it; the loader gets the completed
+    turns replayed, then can prompt once the turn is over."""
+    daemon = daemons()
+    acp_path, cwd = daemon.socket_path.parent / "acp.sock", str(daemon.config_dir)
+    with RpcClient(acp_path) as first, RpcClient(acp_path) as second:
+        sid = first.request("session/new", {"cwd": cwd})["sessionId"]
+        first.request("session/prompt", {"sessionId": sid, "prompt": "completed turn"})
+        running = first.send("session/prompt", {"sessionId": sid, "prompt":
+                                                '!tool shell {"command": "echo held"}\nheld turn'})
+        ask = first.read_frame()
+        while ask.get("method") != "session/request_permission":
+            ask = first.read_frame()
+        second.request("session/load", {"sessionId": sid, "cwd": cwd})
+        assert texts(second, "user_message_chunk") == ["completed turn"]
+        first.sock.sendall(json.dumps({"jsonrpc": "2.0", "id": ask["id"], "result": {
+            "outcome": {"outcome": "selected", "optionId": "allow-once"}}}).encode() + b"\n")
+        assert running is not None
+        assert first.wait_response(running)["result"]["stopReason"] == "end_turn"
+        assert second.request("session/prompt", {"sessionId": sid, "prompt": "from two"})[
+            "content"] == "from two"
+
+
 def test_acp_sock_initialize_wants_an_integer_protocol_version(daemons: Any) -> None:
     """As on stdio: "one" is -32602 naming protocolVersion; any integer, 0 too, gets 1;
     ``sessionTimeoutSecs`` is an integer."""
