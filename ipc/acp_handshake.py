@@ -9,7 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["MODES", "PROTOCOL_VERSION", "initialize_result", "modes_state"]
+from ipc.errors import InvalidParams
+
+__all__ = [
+    "MODES", "PROTOCOL_VERSION", "check_protocol_version", "initialize_result", "modes_state",
+]
 
 PROTOCOL_VERSION = 1
 MODES = (
@@ -17,6 +21,18 @@ MODES = (
     ("supervised", "Supervised", "The agent asks before running or changing anything."),
     ("full", "Full", "The agent runs tools without asking; forbidden paths still apply."),
 )
+
+
+def check_protocol_version(value: Any) -> None:
+    """-32602 unless ``protocolVersion`` is a whole number (or absent, as from older
+    clients). Any number is answered with :data:`PROTOCOL_VERSION` (0 gets 1); the
+    client decides whether it can speak it."""
+    if value is None or type(value) is int or (type(value) is float and value.is_integer()):
+        return
+    raise InvalidParams(f"protocolVersion must be an integer (zeroclaw speaks ACP "
+                        f"{PROTOCOL_VERSION}), got {value!r}")
+
+
 def initialize_result(
     *, version: str, persistent: bool, default_model: str, max_sessions: int, timeout: float
 ) -> dict[str, Any]:

@@ -5,12 +5,15 @@ ZeroClaw's numbering is kept on purpose: in the ACP specification -32000 means
 already key on the numbers below, so we keep them and document the difference.
 
 Any thread may raise these; the endpoint turns them into error responses with
-:meth:`RpcError.to_error`. Messages never carry stack traces.
+:meth:`RpcError.to_error`. Messages never carry stack traces, and never more of
+the client's input than :data:`QUOTE_LIMIT` characters at a time: every message
+passes :func:`bounded_message` here, so a 1 MB ``sessionId`` is not echoed whole.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+import re
+from typing import Any, ClassVar, Final
 
 __all__ = [
     "FirstRequestNotInitialize",
@@ -25,8 +28,30 @@ __all__ = [
     "SessionLimitReached",
     "SessionNotFound",
     "SessionNotOwned",
+    "bounded_message",
+    "clip",
     "error_for_code",
 ]
+
+QUOTE_LIMIT: Final = 128
+"""Longest run of client input (a run of non-blank characters) an error message quotes."""
+MESSAGE_LIMIT: Final = 1024
+"""Longest error message (client input with blanks in it is bounded by this)."""
+_LONG_RUN: Final = re.compile(rf"\S{{{QUOTE_LIMIT + 1},}}")
+
+
+def clip(text: str, limit: int = QUOTE_LIMIT) -> str:
+    """``text`` cut to ``limit`` characters, with an ellipsis when it was longer."""
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def bounded_message(text: str) -> str:
+    """An error message fit for the wire: each run of more than :data:`QUOTE_LIMIT`
+    non-blank characters (an id, a path, a name the client sent: the words of the
+    messages themselves are short) is clipped, then the whole to :data:`MESSAGE_LIMIT`."""
+    if len(text) > QUOTE_LIMIT:
+        text = clip(_LONG_RUN.sub(lambda run: clip(run.group()), text), MESSAGE_LIMIT)
+    return text
 
 
 class RpcError(Exception):
@@ -36,7 +61,7 @@ class RpcError(Exception):
     default_message: ClassVar[str] = "Internal error"
 
     def __init__(self, message: str | None = None, data: Any = None) -> None:
-        self.message = message or self.default_message
+        self.message = bounded_message(message) if message else self.default_message
         self.data = data
         super().__init__(self.message)
 

@@ -21,6 +21,7 @@ Threading: every method runs on the asyncio loop thread only.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final, TypeAlias
@@ -34,6 +35,7 @@ from ipc.errors import (
     MethodNotFound,
     ParseError,
     RpcError,
+    clip,
 )
 
 __all__ = [
@@ -49,9 +51,7 @@ log = logging.getLogger("zeroclaw.ipc.jsonrpc")
 Handler: TypeAlias = Callable[[Any, "Endpoint"], Any]
 """``handler(params, endpoint)`` returning a JSON value or an awaitable of one."""
 
-_INT64_MIN: Final = -(2**63)
-_INT64_MAX: Final = 2**63 - 1
-_MAX_LOGGED_NAME: Final = 80
+_ID_TYPES: Final = frozenset({str, int, float, orjson.Fragment, type(None)})
 _NL: Final = orjson.OPT_APPEND_NEWLINE
 _dumps: Final = orjson.dumps
 _loads: Final = orjson.loads
@@ -86,16 +86,25 @@ class RemoteError(RpcError):
 
 
 def is_valid_request_id(value: Any) -> bool:
-    """A request id we can echo: a string, an int64, or null (bools are not ids)."""
-    kind = type(value)
-    if kind is str or value is None:
-        return True
-    return kind is int and _INT64_MIN <= value <= _INT64_MAX
+    """A request id we can echo: a string, a number, or null (bools are not ids).
+
+    A number orjson could only read as a float is an ``orjson.Fragment`` of its
+    exact text by then (see :func:`_id_as_written`), so every id echoes as sent.
+    """
+    return type(value) in _ID_TYPES
 
 
-def _short(text: str) -> str:
-    """A peer-supplied name cut to a loggable length."""
-    return text if len(text) <= _MAX_LOGGED_NAME else text[:_MAX_LOGGED_NAME] + "…"
+def _id_as_written(frame: bytes, parsed: float) -> Any:
+    """The exact text of a number id that orjson read as a float (a fraction, or an
+    integer past 64 bits: 2**64 would come back as 1.8446744073709552e+19), as an
+    ``orjson.Fragment`` that serialises verbatim. Rare, so the stdlib parser reads
+    the frame again for it; ``parsed`` stays if that fails (nesting too deep)."""
+    try:
+        document = json.loads(frame, parse_int=orjson.Fragment, parse_float=orjson.Fragment)
+    except (ValueError, RecursionError):
+        return parsed
+    written = document.get("id") if type(document) is dict else None
+    return written if type(written) is orjson.Fragment else parsed
 
 
 class Endpoint:
@@ -159,6 +168,8 @@ class Endpoint:
             log.debug("%s: unparsable frame (%d bytes)", self.name, len(frame))
             self._send(_PARSE_ERROR_FRAME)
             return
+        if type(message) is dict and type(message.get("id")) is float:
+            message["id"] = _id_as_written(frame, message["id"])
         try:
             self._dispatch(message)
         except Exception:
@@ -200,7 +211,7 @@ class Endpoint:
             self._receive_notification(message, method)
             return
         request_id = message["id"]
-        if type(request_id) is not str and not is_valid_request_id(request_id):
+        if not is_valid_request_id(request_id):
             self._reply_error(None, InvalidRequest("Invalid Request: bad id"))
             return
         params = message.get("params", _ABSENT)
@@ -217,7 +228,7 @@ class Endpoint:
             return
         handler = self._methods.get(method)
         if handler is None:
-            self._reply_error(request_id, MethodNotFound(f"Method not found: {_short(method)}"))
+            self._reply_error(request_id, MethodNotFound(f"Method not found: {method}"))
             return
         try:
             result = handler(params, self)
@@ -242,19 +253,19 @@ class Endpoint:
             log.debug("%s: dropped invalid notification: %s", self.name, _envelope_problem(message))
             return
         if self._gated and not self.initialized:
-            log.debug("%s: notification %s before initialize ignored", self.name, _short(method))
+            log.debug("%s: notification %s before initialize ignored", self.name, clip(method))
             return
         handler = self._methods.get(method)
         if handler is None:
-            log.debug("%s: notification for unknown method %s", self.name, _short(method))
+            log.debug("%s: notification for unknown method %s", self.name, clip(method))
             return
         try:
             result = handler({} if params is _ABSENT else params, self)
         except RpcError as error:
-            log.debug("%s: notification %s failed: %s", self.name, _short(method), error.message)
+            log.debug("%s: notification %s failed: %s", self.name, clip(method), error.message)
             return
         except Exception:
-            log.exception("%s: notification %s handler crashed", self.name, _short(method))
+            log.exception("%s: notification %s handler crashed", self.name, clip(method))
             return
         if type(result) not in _PLAIN and hasattr(result, "__await__"):
             self._start_task(self._finish_notification(method, result))
@@ -304,12 +315,12 @@ class Endpoint:
         try:
             await awaitable
         except RpcError as error:
-            log.debug("%s: notification %s failed: %s", self.name, _short(method), error.message)
+            log.debug("%s: notification %s failed: %s", self.name, clip(method), error.message)
         except asyncio.CancelledError:
             if _being_cancelled():
                 raise
         except Exception:
-            log.exception("%s: notification %s handler crashed", self.name, _short(method))
+            log.exception("%s: notification %s handler crashed", self.name, clip(method))
 
     async def drain(self) -> None:
         """Wait until every running handler task has finished."""
@@ -382,7 +393,7 @@ class Endpoint:
         self._send(frame)
 
     def _reply_internal(self, request_id: Any, method: str, error: Exception) -> None:
-        log.error("%s: handler for %s raised", self.name, _short(method), exc_info=error)
+        log.error("%s: handler for %s raised", self.name, clip(method), exc_info=error)
         message = f"Internal error: {type(error).__name__}"
         self._reply_error(request_id, InternalError(message))
 

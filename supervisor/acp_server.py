@@ -188,6 +188,7 @@ class AcpServer:
     def initialize(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
         if not isinstance(params, Mapping):
             raise InvalidParams("params must be an object")
+        acp_handshake.check_protocol_version(params.get("protocolVersion"))
         endpoint.state["client"] = params.get("clientCapabilities") or {}
         asyncio.get_running_loop().call_soon(self.host.start)
         return self.handshake
@@ -209,8 +210,9 @@ class AcpServer:
         peer = endpoint.state["peer"]
         with self.host.owners.adopting(request.session_id, peer):
             outcome = await (await self.sessions()).prompt(peer, request)
-        return {"sessionId": outcome.sid, "stopReason": outcome.stop_reason,
-                "content": outcome.content}
+        return _with_agent_fallback(
+            {"sessionId": outcome.sid, "stopReason": outcome.stop_reason,
+             "content": outcome.content}, outcome.agent_fallback)
 
     async def cancel(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
         sid = self._held(params, endpoint)
@@ -236,7 +238,8 @@ class AcpServer:
         peer = endpoint.state["peer"]
         route = await sessions.restore(peer, sid, replay=replay)
         self.host.owners.join(sid, peer)  # a no-op if the client left meanwhile
-        return {"modes": acp_handshake.modes_state(route.mode)}
+        return _with_agent_fallback({"modes": acp_handshake.modes_state(route.mode)},
+                                    route.agent_fallback)
 
     async def load(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
         return await self._restore(params, endpoint, replay=True)
@@ -282,6 +285,16 @@ class AcpServer:
         from supervisor.status import host_status
 
         return host_status(await self.sessions(), self.host.owners)
+
+
+def _with_agent_fallback(
+    result: dict[str, Any], fallback: dict[str, str] | None
+) -> dict[str, Any]:
+    """``_meta.zeroclaw.agentFallback: {from, to}`` on a load, resume or prompt result of a
+    session whose own agent was disabled or removed (it runs on ``to`` instead)."""
+    if fallback is not None:
+        result["_meta"] = {"zeroclaw": {"agentFallback": fallback}}
+    return result
 
 
 def _listed(row: Any) -> dict[str, Any]:

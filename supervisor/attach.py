@@ -57,7 +57,8 @@ HEAD_BYTES = 256
 # How the daemon's answers begin (orjson keeps the Endpoint's key order): the id of
 # an answer too long to parse whole is read from its first bytes.
 _ANSWER_HEAD = re.compile(
-    rb'\{"jsonrpc":"2\.0","id":("(?:[^"\\]|\\.)*"|-?\d+|null),"(?:result|error)"')
+    rb'\{"jsonrpc":"2\.0","id":("(?:[^"\\]|\\.)*"|-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|null),'
+    rb'"(?:result|error)"')
 
 
 def run_attach(settings: Settings) -> int:

@@ -12,7 +12,8 @@ import asyncio
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
+from typing import Any
 
 from supervisor import __version__
 
@@ -87,7 +88,9 @@ def _run_acp(args: argparse.Namespace) -> int:
         settings = load_settings(args.config_dir, overrides)
     except ConfigError as exc:
         logging.getLogger("zeroclaw").error("configuration error: %s", exc)
-        return 2
+        from supervisor.stdio import serve_config_error
+
+        return _serve_stdio(serve_config_error(str(exc)), 2)  # the editor gets the reason too
     if args.attach:
         from supervisor.attach import run_attach
 
@@ -97,11 +100,16 @@ def _run_acp(args: argparse.Namespace) -> int:
         return run_attach(settings)
     from supervisor.stdio import serve_acp_stdio
 
+    return _serve_stdio(serve_acp_stdio(settings), 0)
+
+
+def _serve_stdio(serving: Coroutine[Any, Any, None], exit_code: int) -> int:
+    """Run a stdio server until EOF; ``exit_code`` then, 130 on Ctrl-C."""
     try:
-        asyncio.run(serve_acp_stdio(settings))
+        asyncio.run(serving)
     except KeyboardInterrupt:
         return 130
-    return 0
+    return exit_code
 
 
 def _run_daemon(args: argparse.Namespace) -> int:

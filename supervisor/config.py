@@ -109,9 +109,12 @@ def _parse_env_value(text: str) -> Any:
 
 
 def _apply_env(doc: dict[str, Any], env: Mapping[str, str]) -> None:
-    """``ZEROCLAW_acp__max_sessions=20`` sets ``doc["acp"]["max_sessions"] = 20``."""
+    """``ZEROCLAW_acp__max_sessions=20`` sets ``doc["acp"]["max_sessions"] = 20``.
+
+    An empty (or blank) value counts as unset, as ``export ZEROCLAW_acp__default_agent=``
+    reads: the file's value, or the default, stays."""
     for name, value in env.items():
-        if not name.startswith("ZEROCLAW_") or "__" not in name:
+        if not name.startswith("ZEROCLAW_") or "__" not in name or not value.strip():
             continue
         path = name[len("ZEROCLAW_") :].split("__")
         if not all(path):
@@ -221,7 +224,9 @@ def settings_from_document(
     forbidden = [_forbidden_path(p, env) for p in forbidden if p.strip()]
     agents = _agents(doc, config_dir)
     default_agent = acp.get("default_agent")
-    if default_agent is not None and default_agent not in agents:
+    if default_agent is not None and (
+        not isinstance(default_agent, str) or default_agent not in agents
+    ):
         raise ConfigError(f"acp.default_agent names no configured agent: {default_agent!r}")
     return Settings(
         config_dir=config_dir,
@@ -230,7 +235,7 @@ def settings_from_document(
         store_path=data_dir / "sessions" / "acp-sessions.db",
         default_agent=default_agent,
         max_sessions=_int(acp, "max_sessions", 10, 1),
-        session_timeout_secs=float(timeout),
+        session_timeout_secs=_whole_if_integral(timeout),
         agents=agents,
         autonomy_level=level,
         forbidden_paths=tuple(forbidden),
@@ -265,6 +270,11 @@ def _forbidden_path(entry: str, env: Mapping[str, str]) -> str:
             f"autonomy.forbidden_paths entry {entry!r} is not an absolute path; write it "
             "from / (or ~ or $VAR), e.g. \"/home/me/secrets\" or \"$HOME/.aws\"")
     return os.path.normpath(expanded)
+
+
+def _whole_if_integral(seconds: float) -> float:
+    """3600.0 (from a flag) as 3600: clients expect an integer ``sessionTimeoutSecs``."""
+    return int(seconds) if float(seconds).is_integer() else float(seconds)
 
 
 def _section(doc: Mapping[str, Any], name: str) -> Mapping[str, Any]:

@@ -115,7 +115,7 @@ class Daemon:
         self.ephemeral = ephemeral
         self.stop = asyncio.Event()
         self.lifetime = Lifetime(self.begin_stop, ephemeral=ephemeral)
-        self.host = HostHandle(settings, shared=True)
+        self.host = HostHandle(settings)
         self.rpc = RpcServer(__version__, self.host.sessions, self.host.owners)
         self.acp = AcpServer(settings, __version__, self.host)
         self.write_high_water = write_high_water()

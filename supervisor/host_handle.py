@@ -26,14 +26,12 @@ log = logging.getLogger("zeroclaw.host")
 class HostHandle:
     """Starts the host once, in the background; every connection awaits :meth:`sessions`.
 
-    ``shared``: a daemon's host, where a session outlives the connection that
-    made it and another connection may load it while it is live. ``owners``: which
-    connections hold which session, one table for every socket of the host.
+    ``owners``: which connections hold which session, one table for every socket
+    of the host.
     """
 
-    def __init__(self, settings: Settings, *, shared: bool = False) -> None:
+    def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.shared = shared
         self.owners = Owners()
         self.starting: asyncio.Task[Sessions] | None = None
 
@@ -48,7 +46,7 @@ class HostHandle:
 
         host = Host(self.settings)
         await host.start()
-        return Sessions(host, shared=self.shared)
+        return Sessions(host)
 
     async def sessions(self) -> Sessions:
         from ipc.errors import RpcError

@@ -53,11 +53,19 @@ class Route:
     cwd: str
     mode: str
     turns: InitVar[int] = 0
+    fallback_from: str | None = None  # its stored agent, disabled or removed since
     status: dict[str, Any] = field(init=False)
 
     def __post_init__(self, turns: int) -> None:
         self.status = {"sessionId": self.sid, "agentAlias": self.agent_alias, "state": "idle",
                        "clients": 0, "lastActivity": time.time(), "turns": turns}
+
+    @property
+    def agent_fallback(self) -> dict[str, str] | None:
+        """``{from, to}`` while the session runs on another agent than its own."""
+        if self.fallback_from is None:
+            return None
+        return {"from": self.fallback_from, "to": self.agent_alias}
 
     def touch(self) -> None:
         self.status["lastActivity"] = time.time()

@@ -45,14 +45,14 @@ class TurnOutcome:
     sid: str
     stop_reason: str
     content: str
+    agent_fallback: dict[str, str] | None = None  # see Route.agent_fallback
 
 
 class Sessions:
     """The operations; one instance per host, used by every connection."""
 
-    def __init__(self, host: Host, *, shared: bool = False) -> None:
+    def __init__(self, host: Host) -> None:
         self.host = host
-        self.shared = shared  # a daemon's host: a live session may be loaded elsewhere
         self.settings = host.settings
         self._creating: set[str] = set()  # client-chosen ids whose session/new is running
         self._ending: Counter[str] = Counter()  # being closed or deleted: not to be revived
@@ -74,6 +74,32 @@ class Sessions:
         if not agent.enabled:
             raise InvalidParams(f"agent {alias} is disabled")
         return agent
+
+    def agent_of_stored(self, info: StoredSession) -> tuple[AgentConfig, str | None]:
+        """The agent a stored session runs on, and the alias it fell back from.
+
+        Its own agent while that is configured and enabled; else (seed 000) the
+        operator's ``[acp].default_agent``, else the only enabled agent: a session
+        outlives its agent being disabled or removed. -32602 when none is left."""
+        own = self.settings.agents.get(info.agent_alias)
+        if own is not None and own.enabled:
+            return own, None
+        why = "disabled" if own is not None else "no longer configured"
+        fallback = self._fallback_agent()
+        if fallback is None:
+            raise InvalidParams(f"agent {info.agent_alias} is {why}, and there is no "
+                                "default agent to take over its sessions")
+        log.warning("session %s: agent %s is %s; it runs on %s instead", info.id,
+                    info.agent_alias, why, fallback.alias)
+        return fallback, info.agent_alias
+
+    def _fallback_agent(self) -> AgentConfig | None:
+        agents = self.settings.agents
+        default = agents.get(self.settings.default_agent or "")
+        if default is not None and default.enabled:
+            return default
+        enabled = [agent for agent in agents.values() if agent.enabled]
+        return enabled[0] if len(enabled) == 1 else None
 
     def resolve_cwd(self, cwd: str | None, agent: AgentConfig) -> str:
         """The session's canonical working directory (the agent's workspace by default)."""
@@ -155,11 +181,12 @@ class Sessions:
     async def _admit_and_open(self, peer: Peer, info: StoredSession, *,
                               history: bool) -> Route:
         host = self.host
+        agent, fallback_from = self.agent_of_stored(info)
         # Everything that waits comes before the admission, so that an admitted
         # session always has its route (eviction and restore rely on that).
         items = await asyncio.to_thread(host.reader.load_items, info.id) if history else []
         ready = await host.ready_workers()
-        admission = await host.supervise("admit", info.id, info.agent_alias, ready)
+        admission = await host.supervise("admit", info.id, agent.alias, ready)
         host.apply_evictions(admission.evicted)
         worker_id = admission.worker_id
         deadline = time.monotonic() + 30
@@ -170,18 +197,14 @@ class Sessions:
                 raise InternalError("no worker available")
             await asyncio.sleep(0.02)
             worker_id = await host.supervise("place", info.id, host.pool.ready_workers())
-        agent = self.settings.agents.get(info.agent_alias)
-        if agent is None:
-            await host.supervise("release", info.id)
-            raise InvalidParams(f"agent {info.agent_alias} is no longer configured")
         host.pool.send(worker_id, OpenSession(
             sid=info.id, agent=agent.to_wire(), workspace_dir=str(agent.workspace),
             cwd=info.cwd, mode=info.mode, forbidden_paths=list(self.settings.forbidden_paths),
             permission_timeout=self.settings.session_timeout_secs,
             history=[item_to_wire(i) for i in items],
         ))
-        route = Route(info.id, worker_id, peer, info.agent_alias, info.workspace_dir,
-                      info.cwd, info.mode, info.turn_count)
+        route = Route(info.id, worker_id, peer, agent.alias, info.workspace_dir,
+                      info.cwd, info.mode, info.turn_count, fallback_from)
         host.routes[info.id] = route
         host.scale_workers()
         return route
@@ -231,7 +254,8 @@ class Sessions:
             raise
         if count == 1:
             peer.send_event(turn.sid, self.host.session_info_event(_title(record)))
-        return TurnOutcome(turn.sid, record.stop_reason, record.content)
+        fallback = turn.route.agent_fallback if turn.route is not None else None
+        return TurnOutcome(turn.sid, record.stop_reason, record.content, fallback)
 
     async def _start(self, turn: RunningTurn, request: PromptRequest) -> None:
         """Restore if needed, mark busy, store attachments, then hand the turn to the worker."""
@@ -341,12 +365,13 @@ class Sessions:
     # --- load, resume -------------------------------------------------------------------
 
     async def restore(self, peer: Peer, sid: str, *, replay: bool) -> Route:
-        """``session/load`` / ``session/resume``; on a shared host a live idle session
-        is handed to ``peer`` (another editor picks it up) instead of refused."""
+        """``session/load`` / ``session/resume``. A live session is handed to ``peer``
+        as it is, not refused: an editor reopening it from its history (Zed does, on
+        the connection that has it open) or another editor on a shared host picks it
+        up. A turn running meanwhile goes on, streaming to whoever prompted it; the
+        replay holds the turns completed so far."""
         await self._usable(sid)
         route = self.host.routes.get(sid)
-        if route is not None and not (self.shared and sid not in self.host.turns.running):
-            raise InvalidParams(f"session {sid} is already active; call session/close first")
         opened = route is None
         if route is not None:
             route.peer = peer

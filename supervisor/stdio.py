@@ -2,19 +2,24 @@
 
 Runs on the asyncio loop (main thread). At EOF the running turns are cancelled
 (and persisted as cancelled), in-flight requests are answered, then the workers
-and actors stop and the process exits.
+and actors stop and the process exits. With a configuration that cannot be used,
+:func:`serve_config_error` answers every request with the reason instead.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator, Mapping
 
+from ipc.errors import InternalError
+from ipc.framing import DEFAULT_FRAME_LIMIT
+from ipc.jsonrpc import Endpoint, Handler
 from ipc.transports import open_stdio, serve_stream
 from supervisor import __version__
 from supervisor.acp_server import AcpServer
 from supervisor.config import Settings
 
-__all__ = ["serve_acp_stdio"]
+__all__ = ["serve_acp_stdio", "serve_config_error"]
 
 log = logging.getLogger("zeroclaw.stdio")
 
@@ -27,3 +32,37 @@ async def serve_acp_stdio(settings: Settings) -> None:
                            frame_limit=settings.frame_limit)
     finally:
         await server.shutdown()
+
+
+class _EveryMethod(Mapping[str, Handler]):
+    """A method table that has ``handler`` under every name."""
+
+    def __init__(self, handler: Handler) -> None:
+        self._handler = handler
+
+    def __getitem__(self, method: str) -> Handler:
+        return self._handler
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+
+async def serve_config_error(reason: str) -> None:
+    """Answer every request (``initialize`` first of all, so the editor shows it) with
+    -32603 ``configuration error: <reason>`` until EOF; notifications get nothing.
+    An editor that spawns ``zeroclaw acp`` sees why it cannot work, instead of a
+    process that died before its first answer."""
+    error = InternalError(f"configuration error: {reason}")
+
+    def refuse(params: object, endpoint: Endpoint) -> None:
+        raise error
+
+    methods = _EveryMethod(refuse)
+    reader, writer = await open_stdio(DEFAULT_FRAME_LIMIT)
+    await serve_stream(
+        reader, writer,
+        lambda send: Endpoint(send, methods, require_initialize=False, name="stdio"),
+    )

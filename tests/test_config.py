@@ -81,3 +81,26 @@ def test_agent_env_is_a_table_of_strings(tmp_path):
         (tmp_path / "config.toml").write_text(f"[agents.a]\nenv = {bad}\n")
         with pytest.raises(ConfigError, match=r"agents\.a\.env"):
             load_settings(str(tmp_path), env={})
+
+
+def test_an_empty_env_override_counts_as_unset(tmp_path):
+    (tmp_path / "config.toml").write_text(
+        '[acp]\ndefault_agent = "main"\nmax_sessions = 4\n[agents.main]\n[agents.b]\n')
+    env = {"ZEROCLAW_acp__default_agent": "", "ZEROCLAW_acp__max_sessions": "  "}
+    settings = load_settings(str(tmp_path), env=env)
+    assert settings.default_agent == "main" and settings.max_sessions == 4
+
+
+@pytest.mark.parametrize("value", ['["main"]', "{ a = 1 }", "3"])
+def test_default_agent_that_is_no_string_is_a_config_error(tmp_path, value):
+    (tmp_path / "config.toml").write_text(f"[acp]\ndefault_agent = {value}\n[agents.main]\n")
+    with pytest.raises(ConfigError, match="default_agent"):
+        load_settings(str(tmp_path), env={})
+
+
+def test_whole_session_timeouts_are_integers(tmp_path):
+    """Clients read ``sessionTimeoutSecs`` as an integer: a flag's 120.0 becomes 120."""
+    whole = load_settings(str(tmp_path), {"acp.session_timeout_secs": 120.0}, env={})
+    assert type(whole.session_timeout_secs) is int and whole.session_timeout_secs == 120
+    assert load_settings(str(tmp_path), {"acp.session_timeout_secs": 0.5},
+                         env={}).session_timeout_secs == 0.5

@@ -135,7 +135,7 @@ def test_bad_envelope_with_recoverable_id_echoes_it(message: dict[str, Any]) -> 
     assert error_of(only(wire))[:2] == (5, -32600)
 
 
-@pytest.mark.parametrize("bad_id", [1.5, True, False, {"a": 1}, [1], 2**63, -(2**63) - 1])
+@pytest.mark.parametrize("bad_id", [True, False, {"a": 1}, [1]])
 def test_invalid_id_is_answered_with_null_id(bad_id: Any) -> None:
     endpoint, wire = make()
     endpoint.receive(_raw_with_id(bad_id))
@@ -143,14 +143,14 @@ def test_invalid_id_is_answered_with_null_id(bad_id: Any) -> None:
 
 
 def _raw_with_id(value: Any) -> bytes:
-    """A request frame whose id is written verbatim (orjson cannot dump 2**63 + n)."""
+    """A request frame whose id is written verbatim (orjson cannot dump 2**64 + n)."""
     id_text = str(value).encode() if type(value) is int else orjson.dumps(value)
     return b'{"jsonrpc":"2.0","method":"echo","id":' + id_text + b"}"
 
 
 def test_invalid_id_and_bad_params_still_null_id() -> None:
     endpoint, wire = make()
-    endpoint.receive(b'{"jsonrpc":"2.0","method":"echo","id":2.5,"params":7}')
+    endpoint.receive(b'{"jsonrpc":"2.0","method":"echo","id":[2],"params":7}')
     assert error_of(only(wire))[:2] == (None, -32600)
 
 
@@ -160,7 +160,7 @@ def test_non_string_method_without_id_is_answered_with_null_id() -> None:
     assert error_of(only(wire))[:2] == (None, -32600)
 
 
-@pytest.mark.parametrize("good_id", ["abc", "", 0, -5, 2**63 - 1, -(2**63), None])
+@pytest.mark.parametrize("good_id", ["abc", "", 0, -5, 2**63 - 1, -(2**63), 2**64 - 1, None])
 def test_valid_ids_are_echoed(good_id: Any) -> None:
     endpoint, wire = make()
     endpoint.receive(_raw_with_id(good_id))
@@ -168,10 +168,27 @@ def test_valid_ids_are_echoed(good_id: Any) -> None:
     assert reply == {"jsonrpc": "2.0", "id": good_id, "result": {"echo": {}}}
 
 
+@pytest.mark.parametrize("id_text", [
+    b"18446744073709551616", b"-9223372036854775809", b"1" + b"0" * 40, b"1.50", b"-0.0",
+    b"2.5e-3", b"1E2",
+])
+def test_number_ids_orjson_reads_as_floats_are_echoed_as_written(id_text: bytes) -> None:
+    """JSON-RPC allows any number as an id; the answer carries the very same text,
+    for requests served and refused alike."""
+    for request, code in ((b'"method":"echo"', None), (b'"method":"nope"', -32601),
+                          (b'"method":"echo","params":7', -32600), (b'"method":3', -32600)):
+        sent: list[bytes] = []
+        endpoint = Endpoint(sent.append, {"echo": echo}, require_initialize=False)
+        endpoint.receive(b'{"jsonrpc":"2.0","id":' + id_text + b"," + request + b"}")
+        [line] = sent
+        assert line.startswith(b'{"jsonrpc":"2.0","id":' + id_text + b',"'), line
+        assert (orjson.loads(line).get("error") or {}).get("code") == code
+
+
 def test_is_valid_request_id() -> None:
     assert is_valid_request_id("x") and is_valid_request_id(None) and is_valid_request_id(7)
-    assert not is_valid_request_id(True) and not is_valid_request_id(1.0)
-    assert not is_valid_request_id(2**63)
+    assert is_valid_request_id(1.5) and is_valid_request_id(2**63)
+    assert not is_valid_request_id(True) and not is_valid_request_id([1])
 
 
 def test_oversized_frame_answer() -> None:
@@ -652,3 +669,15 @@ async def test_drain_waits_for_running_handlers() -> None:
     assert endpoint.running_handlers == 10
     await asyncio.wait_for(endpoint.drain(), 5)
     assert sorted(reply["id"] for reply in wire.take()) == list(range(10))
+
+
+def test_error_messages_quote_client_input_cut_short() -> None:
+    """Every error message is bounded where errors are made (:mod:`ipc.errors`):
+    a run of client input is cut to 128 characters, the whole message to 1,024."""
+    endpoint, wire = make()
+    endpoint.receive(frame(id=1, method="m" * 1_000_000))
+    message = error_of(only(wire))[2]
+    assert message == "Method not found: " + "m" * 128 + "…"
+    spaced = InvalidParams("cwd is not a usable directory: " + "a b " * 100_000).message
+    assert len(spaced) == 1025 and spaced.endswith("…")
+    assert InvalidParams("short words stay as they are").message == "short words stay as they are"

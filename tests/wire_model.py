@@ -30,7 +30,6 @@ __all__ = [
 
 Line = bytes | Oversized
 NULL_KEY: Final = "null"
-_INT64: Final = 2**63
 
 
 def split_lines(stream: bytes, limit: int) -> list[Line]:
@@ -54,10 +53,9 @@ def split_lines(stream: bytes, limit: int) -> list[Line]:
 
 
 def valid_id(value: Any) -> bool:
-    """A request id the host accepts: a string, null, or a 64-bit signed integer."""
-    if value is None or type(value) is str:
-        return True
-    return type(value) is int and -_INT64 <= value < _INT64
+    """A request id the host accepts: a string, null, or any number (echoed exactly
+    as written; read with orjson on both sides, so past 64 bits both are floats)."""
+    return value is None or type(value) in (str, int, float)
 
 
 def id_key(value: Any) -> str:

@@ -15,6 +15,7 @@ test's thread.
 from __future__ import annotations
 
 import itertools
+import json
 import random
 import uuid
 from collections import Counter, defaultdict
@@ -23,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import orjson
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
@@ -262,7 +262,7 @@ class PeerFuzz:
         if "method" in frame:
             self._from_host(frame)
             return
-        reply = parse_reply(orjson.dumps(frame, option=orjson.OPT_APPEND_NEWLINE))
+        reply = parse_reply(json.dumps(frame).encode() + b"\n")  # ids past 64 bits
         key = id_key(reply["id"])
         self._replies[key].append(reply)
         assert len(self._replies[key]) <= len(self._slots[key]), (

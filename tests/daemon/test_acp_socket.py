@@ -90,6 +90,42 @@ def test_ownership_is_one_table_for_both_sockets(daemons: Any) -> None:
         assert clients_of(daemon) == {mine: 1, theirs: 1}
 
 
+def test_a_second_editor_loads_a_session_while_its_turn_runs(daemons: Any) -> None:
+    """The turn goes on for the editor that prompted it; the loader gets the completed
+    turns replayed, then can prompt once the turn is over."""
+    daemon = daemons()
+    acp_path, cwd = daemon.socket_path.parent / "acp.sock", str(daemon.config_dir)
+    with RpcClient(acp_path) as first, RpcClient(acp_path) as second:
+        sid = first.request("session/new", {"cwd": cwd})["sessionId"]
+        first.request("session/prompt", {"sessionId": sid, "prompt": "completed turn"})
+        running = first.send("session/prompt", {"sessionId": sid, "prompt":
+                                                '!tool shell {"command": "echo held"}\nheld turn'})
+        ask = first.read_frame()
+        while ask.get("method") != "session/request_permission":
+            ask = first.read_frame()
+        second.request("session/load", {"sessionId": sid, "cwd": cwd})
+        assert texts(second, "user_message_chunk") == ["completed turn"]
+        first.sock.sendall(json.dumps({"jsonrpc": "2.0", "id": ask["id"], "result": {
+            "outcome": {"outcome": "selected", "optionId": "allow-once"}}}).encode() + b"\n")
+        assert running is not None
+        assert first.wait_response(running)["result"]["stopReason"] == "end_turn"
+        assert second.request("session/prompt", {"sessionId": sid, "prompt": "from two"})[
+            "content"] == "from two"
+
+
+def test_acp_sock_initialize_wants_an_integer_protocol_version(daemons: Any) -> None:
+    """As on stdio: "one" is -32602 naming protocolVersion; any integer, 0 too, gets 1;
+    ``sessionTimeoutSecs`` is an integer."""
+    daemon = daemons()
+    with RpcClient(daemon.socket_path.parent / "acp.sock", initialize=False) as editor:
+        with pytest.raises(RpcFailure) as info:
+            editor.request("initialize", {"protocolVersion": "one"})
+        assert info.value.code == -32602 and "protocolVersion" in info.value.message
+        result = editor.request("initialize", {"protocolVersion": 0})
+        assert result["protocolVersion"] == 1
+        assert type(result["_meta"]["zeroclaw"]["sessionTimeoutSecs"]) is int
+
+
 def test_a_prompt_to_an_unknown_id_does_not_claim_it(daemons: Any) -> None:
     daemon = daemons()
     unknown = str(uuid.uuid4())

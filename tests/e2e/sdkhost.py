@@ -78,6 +78,8 @@ class RecordingClient:
         self.updates: list[tuple[str, Any]] = []
         self.permission_asks: list[PermissionAsk] = []
         self.permission_policy: PermissionPolicy = "allow_once"
+        self.permission_gate = asyncio.Event()  # cleared: answers wait until it is set
+        self.permission_gate.set()
         self._changed = asyncio.Event()
 
     def _touch(self) -> None:
@@ -94,6 +96,7 @@ class RecordingClient:
     ) -> RequestPermissionResponse:
         self.permission_asks.append(PermissionAsk(session_id, tool_call, options))
         self._touch()
+        await self.permission_gate.wait()
         policy = self.permission_policy
         if policy == "never":
             await asyncio.Event().wait()  # the host's own timeout must deny the tool

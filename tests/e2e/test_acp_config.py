@@ -113,3 +113,89 @@ def test_unopenable_store_means_in_memory_sessions(
     sid = raw_host.new_session(workspace)
     result = raw_host.call("session/prompt", {"sessionId": sid, "prompt": "still works"})
     assert result["stopReason"] == "end_turn"
+
+
+def test_an_empty_env_override_counts_as_unset(
+    raw_hosts: RawHostFactory, config_dir: Path, workspace: Path
+) -> None:
+    """``export ZEROCLAW_acp__default_agent=`` used to stop ``zeroclaw acp`` before it
+    answered initialize; the file's value stands."""
+    write_config(config_dir, '[acp]\ndefault_agent = "beta"\n[agents.alpha]\n[agents.beta]\n')
+    raw = raw_hosts(env_extra={"ZEROCLAW_acp__default_agent": "",
+                               "ZEROCLAW_acp__max_sessions": " "})
+    assert raw.initialize()["_meta"]["zeroclaw"]["maxSessions"] == 10
+    assert agent_of(raw, raw.new_session(workspace)) == "beta"
+
+
+def test_a_bad_config_answers_every_request_with_the_reason(
+    raw_hosts: RawHostFactory, config_dir: Path
+) -> None:
+    """The editor sees why: initialize and everything after it get -32603
+    ``configuration error: ...``; stderr says it too; EOF ends it (exit 2)."""
+    write_config(config_dir, "[acp]\nmax_sessions = 0\n")
+    raw = raw_hosts()
+    for method in ("initialize", "session/new", "status"):
+        try:
+            raw.call(method, {"protocolVersion": 1})
+        except RawError as exc:
+            assert exc.code == -32603 and exc.message.startswith("configuration error: "), exc
+            assert "max_sessions" in exc.message
+        else:
+            raise AssertionError(f"{method} answered with a bad config")
+    raw.send({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": "x"}})
+    frame = raw.request("initialize", {"protocolVersion": 1})  # nothing for the notification
+    assert frame["error"]["code"] == -32603
+    raw.close()
+    assert raw.proc.returncode == 2
+    raw.problems.remove(f"host pid {raw.pid} exited with 2 on EOF")
+    assert "configuration error: max_sessions" in raw.stderr_path.read_text()
+
+
+def test_sessions_of_a_disabled_or_removed_agent_fall_back_to_the_default(
+    raw_hosts: RawHostFactory, config_dir: Path, workspace: Path
+) -> None:
+    """Seed 000: a restored session keeps its agent only while that agent can run;
+    else ``[acp].default_agent`` (else the only enabled agent) takes it, as the log
+    and ``_meta.zeroclaw.agentFallback`` of the load/resume/prompt result say."""
+    write_config(config_dir, '[acp]\ndefault_agent = "main"\n[agents.main]\n[agents.other]\n')
+    first = raw_hosts()
+    first.initialize()
+    sid = first.call("session/new", {"cwd": str(workspace), "agentAlias": "other"})["sessionId"]
+    first.call("session/prompt", {"sessionId": sid, "prompt": "before the change"})
+    first.close()
+    fallback = {"agentFallback": {"from": "other", "to": "main"}}
+
+    write_config(config_dir, '[acp]\ndefault_agent = "main"\n[agents.main]\n'
+                             '[agents.other]\nenabled = false\n')
+    disabled = raw_hosts()
+    disabled.initialize()
+    loaded = disabled.call("session/load", {"sessionId": sid, "cwd": str(workspace)})
+    assert loaded["_meta"]["zeroclaw"] == fallback
+    assert [n["params"]["update"]["content"]["text"] for n in disabled.notifications
+            if n["params"]["update"]["sessionUpdate"] == "user_message_chunk"] == [
+        "before the change"]
+    assert agent_of(disabled, sid) == "main"
+    result = disabled.call("session/prompt", {"sessionId": sid, "prompt": "on main now"})
+    assert result["content"] == "on main now" and result["_meta"]["zeroclaw"] == fallback
+    disabled.close()
+    assert "agent other is disabled; it runs on main" in disabled.stderr_path.read_text()
+
+    write_config(config_dir, "[agents.main]\n")  # removed, and no default_agent: the sole one
+    removed = raw_hosts()
+    removed.initialize()
+    result = removed.call("session/prompt", {"sessionId": sid, "prompt": "restored by a prompt"})
+    assert result["stopReason"] == "end_turn" and result["_meta"]["zeroclaw"] == fallback
+    removed.call("session/close", {"sessionId": sid})
+    resumed = removed.call("session/resume", {"sessionId": sid, "cwd": str(workspace)})
+    assert resumed["_meta"]["zeroclaw"] == fallback
+    removed.close()
+
+    write_config(config_dir, "[agents.main]\n[agents.third]\n")  # nobody to take it over
+    stuck = raw_hosts()
+    stuck.initialize()
+    try:
+        stuck.call("session/resume", {"sessionId": sid, "cwd": str(workspace)})
+    except RawError as exc:
+        assert exc.code == -32602 and "agent other is no longer configured" in exc.message
+    else:
+        raise AssertionError("resumed with no agent to run it")

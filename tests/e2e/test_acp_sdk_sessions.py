@@ -86,10 +86,38 @@ async def test_resume_restores_without_replay(sdk_hosts: SdkHostFactory, workspa
         assert replayed == []
         out = await second.prompt(sid, "after resume")
         assert out.stop_reason == "end_turn" and words(out.content) == ["after", "resume"]
-        exc = await expect_error(
-            second.conn.load_session(cwd=str(workspace), session_id=sid), -32602)
-        assert "session/close" in str(exc)
-        await expect_error(second.conn.resume_session(session_id=sid, cwd=str(workspace)), -32602)
+
+
+async def test_load_of_a_session_live_on_this_connection_replays_it_and_keeps_serving(
+    host: SdkHost, workspace: Path
+) -> None:
+    """Zed reopens a thread from its history with ``session/load`` on the connection
+    that has it open. The stored turns are replayed and the session stays live; a
+    turn running meanwhile goes on and ends normally; resuming it answers too."""
+    sid = await host.new_session(workspace)
+    await host.prompt(sid, "first turn words")
+    host.client.permission_gate.clear()
+    running = asyncio.create_task(host.prompt(
+        sid, tool("shell", {"command": "echo held-output"}) + "\nsecond turn done"))
+    await host.client.wait_until(lambda: bool(host.client.permission_asks), "a permission ask")
+    mark = host.client.mark()
+    loaded = await host.conn.load_session(cwd=str(workspace), session_id=sid)
+    assert loaded.modes is not None and loaded.modes.current_mode_id == "supervised"
+    replayed = split_turns(host.client.of(sid, start=mark))
+    assert [(t.user.strip(), words(t.agent)) for t in replayed] == [
+        ("first turn words", ["first", "turn", "words"])]
+    assert not running.done()
+    host.client.permission_gate.set()
+    out = await running
+    assert out.stop_reason == "end_turn" and "second turn done" in out.content
+    assert "held-output" in tool_result_text(host.client.of(sid, "tool_call_update", mark))
+    resumed = await host.conn.resume_session(session_id=sid, cwd=str(workspace))
+    assert resumed.modes is not None
+    assert (await host.prompt(sid, "third turn")).stop_reason == "end_turn"
+    mark = host.client.mark()
+    await host.conn.load_session(cwd=str(workspace), session_id=sid)
+    assert len(split_turns(host.client.of(sid, start=mark))) == 3
+    assert sid in await live_ids(host)
 
 
 async def test_load_and_resume_of_unknown_sessions(host: SdkHost, workspace: Path) -> None:

@@ -228,3 +228,64 @@ def test_unusable_cwd_is_invalid_params(ready: RawHost, workspace: Path, cwd: st
     assert response["error"]["code"] == -32602
     assert "cwd" in response["error"]["message"]
     ready.assert_alive(workspace)
+
+
+@pytest.mark.parametrize("id_text", [b"18446744073709551616", b"-9223372036854775809",
+                                     b"1" + b"0" * 30, b"1.50"])
+def test_number_ids_past_64_bits_or_with_a_fraction_are_answered_with_them(
+    ready: RawHost, workspace: Path, id_text: bytes
+) -> None:
+    """JSON-RPC allows any number as an id: served, refused or unknown, the answer
+    carries the id exactly as it was written, so the client can match it."""
+    for rest, code in ((b'"method":"session/list","params":{}', None),
+                       (b'"method":"no/such","params":{}', -32601),
+                       (b'"method":"session/list","params":null', -32600)):
+        ready.send_bytes(b'{"jsonrpc":"2.0","id":' + id_text + b"," + rest + b"}\n")
+        answer = ready.next_response()
+        assert ready.stdout_lines[-1].startswith(b'{"jsonrpc":"2.0","id":' + id_text + b',"')
+        assert answer["id"] == json.loads(id_text)
+        assert (answer.get("error") or {}).get("code") == code, answer
+    ready.assert_alive(workspace)
+
+
+def test_error_messages_quote_client_input_cut_short(ready: RawHost, workspace: Path) -> None:
+    """A 1 MB value is quoted in an error as its first 128 characters and an ellipsis."""
+    huge = "s" * MiB
+    for method, params, code in (
+        ("session/prompt", {"sessionId": huge, "prompt": "hi"}, -32000),
+        ("session/load", {"sessionId": huge, "cwd": str(workspace)}, -32000),
+        ("session/new", {"cwd": "/" + huge}, -32602),
+        ("session/new", {"agentAlias": huge}, -32602),
+        (huge, {}, -32601),
+    ):
+        frame = ready.request(method, params, timeout=30)
+        message = assert_error(frame, code, frame["id"])["message"]
+        assert "s" * 100 in message and message.endswith("s…"), (method, message[:300])
+        assert "s" * 129 not in message and len(message) < 300, (method, message[:300])
+    ready.assert_alive(workspace)
+
+
+@pytest.mark.parametrize("version", ["one", "1", True, [1], 1.5])
+def test_initialize_with_a_version_that_is_no_integer_is_invalid_params(
+    raw_host: RawHost, workspace: Path, version: Any
+) -> None:
+    frame = raw_host.request("initialize", {"protocolVersion": version})
+    assert "protocolVersion" in assert_error(frame, -32602, frame["id"])["message"]
+    refused = raw_host.request("session/list", {})  # not initialized by a refused initialize
+    assert_error(refused, -32010, refused["id"])
+    assert raw_host.call("initialize", {"protocolVersion": 0})["protocolVersion"] == 1
+    raw_host.assert_alive(workspace)
+
+
+def test_session_timeout_is_an_integer_on_the_wire(
+    raw_hosts: RawHostFactory, workspace: Path
+) -> None:
+    """``sessionTimeoutSecs`` in initialize's ``_meta`` and in status ``limits``: clients
+    read an integer (a flag or the default used to give 3600.0)."""
+    for args, seconds in (((), 3600), (("--session-timeout", "120"), 120)):
+        raw = raw_hosts(None, *args)
+        meta = raw.initialize()["_meta"]["zeroclaw"]
+        limits = raw.call("status", {})["limits"]
+        for value in (meta["sessionTimeoutSecs"], limits["sessionTimeoutSecs"]):
+            assert type(value) is int and value == seconds, (args, meta, limits)
+        raw.close()
