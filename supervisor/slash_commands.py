@@ -104,8 +104,8 @@ async def run_host_command(sessions: Sessions, turn: RunningTurn, route: Route, 
                         TextItem("assistant", reply)), stop_reason="end_turn",
                         content=reply, started_at=now, finished_at=now)
     await host.turns.complete(turn, record)
-    if command.name == "clear" and turn.result.exception() is None:
-        await host.evict(turn.sid)  # the next prompt restores it after the marker
+    if command.name == "clear":  # committed or not, the live agent must go: the next
+        await host.evict(turn.sid)  # prompt restores it as the store says (after the marker)
 
 
 async def _help(sessions: Sessions, turn: RunningTurn, route: Route, argument: str) -> str:
