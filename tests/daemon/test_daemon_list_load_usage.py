@@ -55,6 +55,17 @@ def test_list_pages_stored_sessions_newest_first(daemons: Daemons, tmp_path: Pat
             assert info.value.code == -32602
 
 
+def test_list_pages_through_a_cursor(daemons: Daemons) -> None:
+    daemon = daemons()
+    with daemon.client() as client:
+        created = {client.request("session/new")["sessionId"] for _ in range(101)}
+        first = client.request("session/list")
+        assert len(first["sessions"]) == 100 and first["nextCursor"]
+        rest = client.request("session/list", {"cursor": first["nextCursor"]})
+        assert len(rest["sessions"]) == 1 and "nextCursor" not in rest
+        assert {s["sessionId"] for s in first["sessions"] + rest["sessions"]} == created
+
+
 def test_load_replays_flat_updates_and_makes_the_connection_a_holder(daemons: Daemons) -> None:
     daemon = daemons()
     with daemon.client() as first:
