@@ -19,6 +19,8 @@ from urllib.parse import unquote, urlparse
 
 from ipc.errors import InvalidParams
 from ipc.events import (
+    AvailableCommands,
+    CommandInfo,
     CurrentMode,
     Event,
     MessageChunk,
@@ -32,6 +34,7 @@ from ipc.events import (
     TurnItem,
     UsageUpdate,
     UserChunk,
+    iso_utc,
 )
 
 __all__ = [
@@ -46,6 +49,7 @@ __all__ = [
     "prompt_request",
     "replay_events",
     "selected_option",
+    "session_entry",
     "session_id",
 ]
 
@@ -243,6 +247,10 @@ def blob_marker(blob: Blob, path: str) -> str:
 def permission_params(
     sid: str, tool_call_id: str, title: str, kind: str, raw_input: Any
 ) -> dict[str, Any]:
+    """``session/request_permission`` params. ``toolCall.content`` carries the summary a
+    client shows above the options: the tool call's title (e.g. ``shell: git status``,
+    ``Write /path``), the same text the daemon dialect's ``approval_request`` calls
+    ``summary``."""
     return {
         "sessionId": sid,
         "toolCall": {
@@ -251,6 +259,7 @@ def permission_params(
             "kind": kind,
             "status": "pending",
             "rawInput": raw_input,
+            "content": [{"type": "content", "content": {"type": "text", "text": title}}],
         },
         "options": list(PERMISSION_OPTIONS),
     }
@@ -333,7 +342,17 @@ def _update(event: Event) -> dict[str, Any]:
             if event.cost is not None:
                 usage["cost"] = {"amount": event.cost, "currency": "USD"}
             return usage
+        case AvailableCommands(commands=commands):
+            return {"sessionUpdate": "available_commands_update",
+                    "availableCommands": [_command(c) for c in commands]}
     raise TypeError(f"not an event: {event!r}")
+
+
+def _command(command: CommandInfo) -> dict[str, Any]:
+    entry: dict[str, Any] = {"name": command.name, "description": command.description}
+    if command.hint is not None:
+        entry["input"] = {"hint": command.hint}
+    return entry
 
 
 def encode_event(sid: str, event: Event) -> dict[str, Any]:
@@ -365,3 +384,15 @@ def replay_events(items: list[TurnItem]) -> list[Event]:
                 ToolCallFinished(item.tool_call_id, item.name, status, item.result, item.result)
             )
     return events
+
+
+def session_entry(row: Any) -> dict[str, Any]:
+    """A ``session/list`` entry for a stored session (:class:`storage.models.SessionInfo`)."""
+    entry: dict[str, Any] = {
+        "sessionId": row.id,
+        "cwd": row.cwd,
+        "updatedAt": iso_utc(row.last_activity),
+    }
+    if row.title:
+        entry["title"] = row.title
+    return entry

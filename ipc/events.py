@@ -18,6 +18,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Literal, TypeAlias
 
 __all__ = [
+    "AvailableCommands",
+    "CommandInfo",
     "CurrentMode",
     "Event",
     "MessageChunk",
@@ -134,6 +136,25 @@ class UsageUpdate:
     cost: float | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class CommandInfo:
+    """A command the client may offer: ``/name``, what it does, and a hint for its
+    argument (None: it takes none)."""
+
+    name: str
+    description: str
+    hint: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AvailableCommands:
+    """The commands a session understands (the host's slash commands). Made by the
+    host itself, never by a worker, so it has no wire form between processes."""
+
+    KIND: ClassVar[str] = "commands"
+    commands: tuple[CommandInfo, ...]
+
+
 Event: TypeAlias = (
     MessageChunk
     | ThoughtChunk
@@ -144,6 +165,7 @@ Event: TypeAlias = (
     | CurrentMode
     | SessionInfo
     | UsageUpdate
+    | AvailableCommands
 )
 
 _EVENT_TYPES: dict[str, type[Any]] = {

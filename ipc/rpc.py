@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from ipc.acp import NewSessionRequest, optional_str
+from ipc.acp import NewSessionRequest, optional_str, session_entry
 from ipc.errors import InvalidParams, ProtocolVersionMismatch
 from ipc.events import (
     Event,
@@ -40,6 +40,8 @@ __all__ = [
     "elicitation_request",
     "encode_event",
     "initialize_result",
+    "list_params",
+    "listed_session",
     "new_session_request",
     "protocol_version",
     "turn_complete",
@@ -123,6 +125,25 @@ def chosen_session_id(value: Any) -> str | None:
     return str(parsed)
 
 
+# --- session/list ---------------------------------------------------------------
+
+
+def list_params(params: Any) -> tuple[str | None, str | None]:
+    """``session/list {cwd?, cursor?}``: the filter and the cursor."""
+    p = _params(params)
+    return optional_str(p, "cwd"), optional_str(p, "cursor")
+
+
+def listed_session(row: Any) -> dict[str, Any]:
+    """A daemon ``session/list`` entry: ACP's ``{sessionId, cwd, title?, updatedAt}``
+    plus what ops tools want: ``agentAlias``, ``turns``, ``usage: {totalTokens}`` and
+    ``closed`` (closed by its client; still loadable)."""
+    entry = session_entry(row)
+    entry.update(agentAlias=row.agent_alias, turns=row.turn_count,
+                 usage={"totalTokens": row.token_count}, closed=row.closed_at is not None)
+    return entry
+
+
 # --- approvals ------------------------------------------------------------------
 
 
@@ -201,7 +222,7 @@ def encode_event(sid: str, event: Event) -> dict[str, Any] | None:
             plan = [{"content": e.content, "priority": e.priority, "status": e.status}
                     for e in entries]
             return {"sessionId": sid, "type": "plan", "entries": plan}
-    return None  # mode, session info and usage updates are ACP-only for now
+    return None  # mode, session info, usage and command updates are ACP-only for now
 
 
 def turn_outcome(stop_reason: str | None) -> str:

@@ -365,6 +365,15 @@ class StoreReader:
             query = query.where(SessionRow.cwd == cwd)
         return int(query.count(self._database()))
 
+    def usage_totals(self) -> tuple[int, int]:
+        """``(tokens, turns)`` summed over every stored session."""
+        query = SessionRow.select(
+            peewee.fn.COALESCE(peewee.fn.SUM(SessionRow.token_count), 0),
+            peewee.fn.COALESCE(peewee.fn.SUM(SessionRow.turn_count), 0),
+        ).tuples()
+        tokens, turns = query.execute(self._database())[0]
+        return int(tokens), int(turns)
+
     def load_events(self, session_id: str) -> list[SessionEvent]:
         """The custom events recorded for the session, oldest first."""
         query = (

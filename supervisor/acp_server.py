@@ -199,6 +199,7 @@ class AcpServer:
         peer = endpoint.state["peer"]
         route = await sessions.new(peer, request)
         self.host.owners.join(route.sid, peer)  # a no-op if the client left meanwhile
+        _announce_commands(peer, route.sid)
         return {
             "sessionId": route.sid,
             "workspaceDir": route.workspace_dir,
@@ -238,6 +239,7 @@ class AcpServer:
         peer = endpoint.state["peer"]
         route = await sessions.restore(peer, sid, replay=replay)
         self.host.owners.join(sid, peer)  # a no-op if the client left meanwhile
+        _announce_commands(peer, sid)
         return _with_agent_fallback({"modes": acp_handshake.modes_state(route.mode)},
                                     route.agent_fallback)
 
@@ -254,7 +256,7 @@ class AcpServer:
         cursor = acp.optional_str(params, "cursor")
         sessions = await self.stored()
         rows, next_cursor = sessions.list(cwd, cursor)
-        result: dict[str, Any] = {"sessions": [_listed(row) for row in rows]}
+        result: dict[str, Any] = {"sessions": [acp.session_entry(row) for row in rows]}
         if next_cursor:
             result["nextCursor"] = next_cursor
         return result
@@ -297,14 +299,10 @@ def _with_agent_fallback(
     return result
 
 
-def _listed(row: Any) -> dict[str, Any]:
-    from ipc.events import iso_utc  # imported once, with the first list; not at start
+def _announce_commands(peer: AcpPeer, sid: str) -> None:
+    """Send the session's ``available_commands_update`` right after the answer being
+    made: the endpoint writes a handler's result as soon as it returns, before any
+    callback scheduled now runs, so the client knows the session id when this arrives."""
+    from supervisor.slash_commands import available_commands
 
-    entry: dict[str, Any] = {
-        "sessionId": row.id,
-        "cwd": row.cwd,
-        "updatedAt": iso_utc(row.last_activity),
-    }
-    if row.title:
-        entry["title"] = row.title
-    return entry
+    asyncio.get_running_loop().call_soon(peer.send_event, sid, available_commands())

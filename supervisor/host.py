@@ -43,6 +43,7 @@ from supervisor.orphans import become_subreaper, end_orphans
 from supervisor.routes import Peer, Route
 from supervisor.supervisor import Eviction, Limits, SupervisorActor, workers_wanted
 from supervisor.turns import TurnBook
+from supervisor.usage import UsageTotals
 from supervisor.workers import WorkerPool
 
 __all__ = ["Host"]
@@ -68,6 +69,7 @@ class Host:
         self._orphan_sweeper: asyncio.Task[None] | None = None
         self._closings = Closings()
         self.turns = TurnBook(self)
+        self.usage = UsageTotals()
 
     # --- lifecycle ----------------------------------------------------------------
 
@@ -75,6 +77,7 @@ class Host:
         settings = self.settings
         self.store = await asyncio.to_thread(open_store, settings.store_path)
         self.reader = self.store.reader
+        self.usage.seed(await asyncio.to_thread(self.reader.usage_totals))
         self.persistence = PersistenceActor.start(self.store)
         limits = Limits(settings.max_sessions, settings.session_timeout_secs,
                         settings.sessions_per_worker)

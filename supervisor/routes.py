@@ -40,7 +40,8 @@ class Route:
     """A live session as the loop sees it.
 
     ``status`` is its entry in the ``status`` answer, kept up to date as its turns
-    start and end (``turns``: the completed or cancelled turns in the store), so
+    start and end (``turns``: the completed or cancelled turns in the store;
+    ``usage.totalTokens``: the store's token count of the session), so
     answering ``status`` copies no session state; only ``clients`` is filled in
     then, from the ownership table.
     """
@@ -53,12 +54,14 @@ class Route:
     cwd: str
     mode: str
     turns: InitVar[int] = 0
+    tokens: InitVar[int] = 0
     fallback_from: str | None = None  # its stored agent, disabled or removed since
     status: dict[str, Any] = field(init=False)
 
-    def __post_init__(self, turns: int) -> None:
+    def __post_init__(self, turns: int, tokens: int) -> None:
         self.status = {"sessionId": self.sid, "agentAlias": self.agent_alias, "state": "idle",
-                       "clients": 0, "lastActivity": time.time(), "turns": turns}
+                       "clients": 0, "lastActivity": time.time(), "turns": turns,
+                       "usage": {"totalTokens": tokens}}
 
     @property
     def agent_fallback(self) -> dict[str, str] | None:
@@ -74,12 +77,14 @@ class Route:
         self.status["state"] = "busy"
         self.touch()
 
-    def turn_ended(self, turns: int | None) -> None:
-        """Idle again; ``turns``: the store's count after it, None if it was not kept."""
+    def turn_ended(self, turns: int | None, tokens: int = 0) -> None:
+        """Idle again; ``turns``: the store's count after it, None if it was not kept;
+        ``tokens``: what the kept turn added to the session's token count."""
         status = self.status
         status["state"] = "idle"
         if turns is not None:
             status["turns"] = turns
+            status["usage"]["totalTokens"] += tokens
         self.touch()
 
 

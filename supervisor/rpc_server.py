@@ -151,6 +151,8 @@ class RpcServer:
             "session/cancel": self.cancel,
             "session/close": self.close,
             "session/approve": self.approve,
+            "session/list": self.list,
+            "session/load": self.load,
         }
 
     def make_endpoint(self, send: Callable[[bytes], None], name: str = "") -> Endpoint:
@@ -211,6 +213,25 @@ class RpcServer:
         self.owners.join(route.sid, peer)  # a no-op if the client left meanwhile
         return {"sessionId": route.sid, "agentAlias": route.agent_alias,
                 "workspaceDir": route.workspace_dir}
+
+    async def list(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
+        """Stored sessions, newest activity first: ``{sessions, nextCursor?}`` (as ACP's)."""
+        cwd, cursor = rpc.list_params(params)
+        rows, next_cursor = (await self._sessions()).list(cwd, cursor)
+        result: dict[str, Any] = {"sessions": [rpc.listed_session(row) for row in rows]}
+        if next_cursor:
+            result["nextCursor"] = next_cursor
+        return result
+
+    async def load(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
+        """Replay the stored turns as flat ``session/update`` notifications, then hold the
+        session (as ``session/load`` on ``acp.sock``: a live idle session is joined)."""
+        sid = session_id(params)
+        peer: DaemonPeer = endpoint.state["peer"]
+        route = await (await self._sessions()).restore(peer, sid, replay=True)
+        self.owners.join(sid, peer)  # a no-op if the client left meanwhile
+        return {"sessionId": sid, "agentAlias": route.agent_alias,
+                "workspaceDir": route.workspace_dir, "mode": route.mode}
 
     async def _evict_siblings(self, sessions: Sessions, peer: DaemonPeer, alias: str) -> None:
         """Drop this connection's idle live sessions of ``alias`` (kept in the store);

@@ -30,6 +30,7 @@ from storage.models import SessionInfo as StoredSession
 from supervisor.config import AUTONOMY_LEVELS, AgentConfig
 from supervisor.host import Host, canonical_dir
 from supervisor.routes import Peer, Route, RunningTurn
+from supervisor.slash_commands import agent_history, parse, run_host_command
 
 __all__ = ["Sessions", "TurnOutcome"]
 
@@ -201,10 +202,10 @@ class Sessions:
             sid=info.id, agent=agent.to_wire(), workspace_dir=str(agent.workspace),
             cwd=info.cwd, mode=info.mode, forbidden_paths=list(self.settings.forbidden_paths),
             permission_timeout=self.settings.session_timeout_secs,
-            history=[item_to_wire(i) for i in items],
+            history=[item_to_wire(i) for i in agent_history(items)],
         ))
         route = Route(info.id, worker_id, peer, agent.alias, info.workspace_dir,
-                      info.cwd, info.mode, info.turn_count, fallback_from)
+                      info.cwd, info.mode, info.turn_count, info.token_count, fallback_from)
         host.routes[info.id] = route
         host.scale_workers()
         return route
@@ -264,6 +265,10 @@ class Sessions:
         text = await self._materialise(route, request)
         if turn.cancel_requested:
             host.spawn(host.turns.complete_unstarted(turn, text))
+            return
+        command = parse(text)
+        if command is not None:  # a slash command: the host answers, not the agent
+            host.spawn(run_host_command(self, turn, route, text, command))
             return
         if not host.pool.send(route.worker_id, StartTurn(turn.sid, turn.turn_id, text)):
             raise InternalError("session worker exited")
@@ -410,7 +415,10 @@ class Sessions:
             await self._opened(sid)
             if sid in self.host.routes:
                 await self._close(sid, wait_for_turn=False)
+            stored = self.host.reader.get_session(sid)
             await self.host.persist("delete_session", sid)
+            if stored is not None:
+                self.host.usage.forget_session(stored.token_count, stored.turn_count)
 
     async def set_mode(self, peer: Peer, sid: str, mode: str) -> None:
         if mode not in AUTONOMY_LEVELS:

@@ -6,7 +6,8 @@ are admitted and settled), so ``status`` never asks the supervisor, a worker or
 the writer, and a prompt's answer is never followed by a status that still shows
 its turn running. Worker figures come from the pool plus psutil,
 sampled at most once a second per worker (Process objects are kept, since the
-first ``cpu_percent()`` of a new one is always 0.0).
+first ``cpu_percent()`` of a new one is always 0.0). ``usage`` is the host's
+running totals (:mod:`supervisor.usage`); each session entry has its own.
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ def host_status(sessions: Sessions, owners: Owners) -> dict[str, Any]:
         "activeSessions": len(entries),
         "sessions": entries,
         "workers": workers,
+        "usage": host.usage.to_wire(),
         "limits": {"maxSessions": settings.max_sessions,
                    "sessionTimeoutSecs": settings.session_timeout_secs},
         "store": {"path": str(host.store.path), "backend": "sqlite",

@@ -152,6 +152,12 @@ def _mib(n: Any) -> str:
     return f"{(n or 0) / 1048576:.1f} MiB"
 
 
+def _tokens(usage: Any) -> str:
+    """``usage.totalTokens`` for the table (``-`` when a daemon does not report it)."""
+    total = usage.get("totalTokens") if isinstance(usage, dict) else None
+    return str(total) if isinstance(total, int) else "-"
+
+
 def render(status: dict[str, Any], now: float | None = None) -> str:
     """The human table for a ``status`` result."""
     now = time.time() if now is None else now
@@ -169,12 +175,16 @@ def render(status: dict[str, Any], now: float | None = None) -> str:
         committed = store.get("lastCommit")
         last = f", last commit {_duration(now - committed)} ago" if committed else ""
         lines.append(f"store: {store.get('path')} ({kind}{last})")
-    lines += ["", f"{'SESSION':<36}  {'AGENT':<12} {'STATE':<5} {'CLIENTS':>7} {'TURNS':>5}  "
-              "LAST ACTIVITY"]
+    usage = status.get("usage")
+    if isinstance(usage, dict):
+        lines.append(f"usage: {_tokens(usage)} tokens in {usage.get('turns', 0)} turns "
+                     "(every stored session)")
+    lines += ["", f"{'SESSION':<36}  {'AGENT':<12} {'STATE':<5} {'CLIENTS':>7} {'TURNS':>5} "
+              f"{'TOKENS':>9}  LAST ACTIVITY"]
     for s in status.get("sessions") or []:
         lines.append(f"{s.get('sessionId', '')!s:<36}  {str(s.get('agentAlias'))[:12]:<12} "
-                     f"{s.get('state')!s:<5} {s.get('clients', 0):>7} {s.get('turns', 0):>5}  "
-                     f"{_ago(s.get('lastActivity'), now)}")
+                     f"{s.get('state')!s:<5} {s.get('clients', 0):>7} {s.get('turns', 0):>5} "
+                     f"{_tokens(s.get('usage')):>9}  {_ago(s.get('lastActivity'), now)}")
     if not status.get("sessions"):
         lines.append("(no live sessions)")
     lines += ["", f"{'WORKER PID':>10}  {'RSS':>10}  {'CPU%':>6}  {'SESSIONS':>8}  HEALTH"]

@@ -92,6 +92,7 @@ class TurnBook:
             self._forget_unstored(turn)  # its first step runs before the client can answer
             self.settle(turn, error=InternalError(str(exc)))
             return
+        self.host.usage.add_turn(record.tokens)
         self.settle(turn, value=(record, turns))
 
     def _forget_unstored(self, turn: RunningTurn) -> None:
@@ -127,7 +128,10 @@ class TurnBook:
         if turn.admitted:
             self.host.inform("end_turn", turn.sid)
         if turn.route is not None:
-            turn.route.turn_ended(None if value is None else value[1])
+            if value is None:
+                turn.route.turn_ended(None)
+            else:
+                turn.route.turn_ended(value[1], value[0].tokens)
         for task in list(turn.permission_tasks):
             task.cancel()
         if not turn.result.done():

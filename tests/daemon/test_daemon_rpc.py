@@ -234,7 +234,7 @@ def test_status_shape(daemon: DaemonProc) -> None:
 def test_unknown_method_and_bad_params(daemon: DaemonProc) -> None:
     with daemon.client() as client:
         with pytest.raises(RpcFailure) as info:
-            client.request("session/load", {"sessionId": "x"})
+            client.request("session/teleport", {"sessionId": "x"})
         assert info.value.code == -32601
         with pytest.raises(RpcFailure) as info:
             client.request("session/prompt", {"prompt": "x"})
