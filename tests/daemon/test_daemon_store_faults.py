@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from tests.e2e.faults import (
@@ -131,3 +132,22 @@ def test_daemon_store_deleted_fails_writes_until_a_restart(daemons: Daemons) -> 
         client.request("session/prompt", {"sessionId": kept, "prompt": "new store"})
     assert restarted.terminate() == 0
     assert stored_user_turns(restarted.config_dir, kept) == ["new store"]
+
+
+def test_store_the_probe_passes_but_sqlite_refuses_is_advertised_once_known(
+    daemons: Daemons, scratch_dir: Path
+) -> None:
+    """A file with SQLite's header and garbage after it passes the cheap probe at
+    start; once the host has opened (and refused) it, ``initialize`` says so."""
+    corrupt = b"SQLite format 3\x00" + b"\xff" * 4080
+    store_path(scratch_dir).parent.mkdir(parents=True)
+    store_path(scratch_dir).write_bytes(corrupt)
+    daemon = daemons(scratch_dir)
+    with daemon.client() as ops:
+        assert ops.request("status")["store"]["persistent"] is False  # the host is up
+    with RpcClient(daemon.socket_path.parent / "acp.sock") as editor:
+        caps = editor.request("initialize", {"protocolVersion": 1})["agentCapabilities"]
+        assert caps["loadSession"] is False and caps["sessionCapabilities"] == {}
+        assert error_of(editor, "session/list", {}) == NO_STORE
+    assert daemon.terminate() == 0
+    assert store_path(scratch_dir).read_bytes() == corrupt  # left alone
