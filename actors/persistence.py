@@ -361,7 +361,6 @@ class PersistenceActor(SimpleInboxActor):
         _deliver(reply, None, result, operation)
         return result
 
-
     def _failure(self, exc: Exception, operation: str, session_id: str | None) -> StoreWriteError:
         """``exc`` as the error callers get, logged (a vanished store file: once)."""
         error = _write_error(exc)
