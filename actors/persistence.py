@@ -18,6 +18,12 @@ The methods never raise, so neither ``tell``-style calls (``proxy.m.defer()``)
 nor a full disk can kill the actor; a later write succeeds again once the
 store is writable. Failures are logged without any session content.
 
+Before each commit the actor checks that the store's file is still the one it
+opened (:meth:`storage.Store.check_file`: one ``stat``). Once it was deleted or
+replaced, every write fails with that reason (logged once, at error level):
+writing on into the unlinked file would report success for data that is gone
+at the next start. A restart creates a new store.
+
 Stopping the actor (``stop()``) queues behind pending writes, so they finish.
 """
 
@@ -38,7 +44,7 @@ from ipc.errors import InternalError
 from ipc.events import TurnRecord
 from storage.models import MessageRow, SessionEventRow, SessionInfo, SessionRow, ToolCallRow
 from storage.prepared_writes import TITLE_MAX_CHARS, MissingSession, PreparedWrites, title_of
-from storage.store import Store, write_failure_reason, write_transaction
+from storage.store import Store, StoreFileGone, write_failure_reason, write_transaction
 
 __all__ = [
     "TITLE_MAX_CHARS",
@@ -106,6 +112,7 @@ class PersistenceActor(SimpleInboxActor):
         self._db = store.writer
         self._prepared = PreparedWrites(self._db)
         self._held: list[PersistRequest] = []
+        self._store_gone_logged = False
 
     # --- messages and group commit -----------------------------------------------
 
@@ -158,11 +165,11 @@ class PersistenceActor(SimpleInboxActor):
                 self._run_request(request)
             return
         try:
+            self._store.check_file()
             db.commit()
         except Exception as exc:
             self._abandon()
-            error = _write_error(exc)
-            logger.warning("store group commit of %d writes failed: %s", len(held), error.reason)
+            error = self._failure(exc, f"group commit of {len(held)} writes", None)
             for request in held:
                 _deliver(request.reply, error, None, request.method)
             return
@@ -345,17 +352,26 @@ class PersistenceActor(SimpleInboxActor):
         if self._held:
             self.flush()
         try:
+            self._store.check_file()
             result = work()
         except Exception as exc:
-            error = _write_error(exc)
-            logger.warning(
-                "store %s failed for session %s: %s", operation, session_id, error.reason
-            )
-            _deliver(reply, error, None, operation)
+            _deliver(reply, self._failure(exc, operation, session_id), None, operation)
             return None
         self._store.last_commit = time.time()
         _deliver(reply, None, result, operation)
         return result
+
+    def _failure(self, exc: Exception, operation: str, session_id: str | None) -> StoreWriteError:
+        """``exc`` as the error callers get, logged (a vanished store file: once)."""
+        error = _write_error(exc)
+        if isinstance(exc, StoreFileGone):
+            if not self._store_gone_logged:
+                self._store_gone_logged = True
+                logger.error("session store %s: %s", self._store.path, exc)
+            return error
+        where = "" if session_id is None else f" for session {session_id}"
+        logger.warning("store %s failed%s: %s", operation, where, error.reason)
+        return error
 
 
 def _write_error(exc: Exception) -> StoreWriteError:
@@ -364,6 +380,8 @@ def _write_error(exc: Exception) -> StoreWriteError:
         return exc
     if isinstance(exc, MissingSession):
         return StoreWriteError(f"no session {exc}")
+    if isinstance(exc, StoreFileGone):
+        return StoreWriteError(str(exc))
     if isinstance(exc, peewee.PeeweeException | sqlite3.Error):
         reason = write_failure_reason(exc)  # SQLite's words, e.g. "database is locked"
     else:

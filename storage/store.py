@@ -1,11 +1,18 @@
 """Opening the session store, and the read API.
 
 :func:`open_store` opens (or creates) the SQLite file in WAL mode. When the
-file cannot be used (read-only disk, bad permissions, a parent that is not a
-directory, a corrupt file) it falls back to an *ephemeral* store in a private
-temporary file, so the host still works with in-memory-only sessions; callers
-check :attr:`Store.persistent` (``:memory:`` cannot be used: it is one database
+file cannot be used (read-only disk, full disk, bad permissions, a parent that
+is not a directory, a corrupt file) it falls back to an *ephemeral* store kept
+in memory (SQLite's ``memdb`` VFS: one database shared by this process's
+connections, no file at all, so a full disk cannot break it; a private
+temporary file only where the SQLite library is too old for ``memdb``). The
+host then works with in-memory-only sessions; callers check
+:attr:`Store.persistent` (plain ``:memory:`` cannot be used: it is one database
 per connection, and the writer and the readers need to share one).
+
+While the host runs, :meth:`Store.check_file` tells whether the file it opened
+is still the one at its path (it was not deleted or replaced); the writer asks
+before each commit, so writes into a deleted file fail instead of being lost.
 
 Threads:
 
@@ -23,6 +30,7 @@ import binascii
 import contextlib
 import logging
 import os
+import secrets
 import shutil
 import sqlite3
 import tempfile
@@ -50,6 +58,7 @@ __all__ = [
     "DEFAULT_BUSY_TIMEOUT_MS",
     "MAX_PAGE_SIZE",
     "Store",
+    "StoreFileGone",
     "StoreReader",
     "decode_cursor",
     "encode_cursor",
@@ -74,12 +83,21 @@ _FAILURE_HINTS = {
 }
 
 
+class StoreFileGone(Exception):
+    """The store's file was deleted or replaced while the host had it open: what is
+    written now would be lost at exit, so nothing more is written (see
+    :meth:`Store.check_file`). The message says so, for the user and the log."""
+
+
 class Store:
     """An open session store: where it lives, the writer, and the reader.
 
-    ``path`` is the file in use (a temporary file when ``persistent`` is
-    false); ``requested_path`` is the one :func:`open_store` was asked for.
-    Close it with :meth:`close` once the persistence actor has stopped.
+    ``path`` is the file in use (a temporary file when ``persistent`` is false
+    and the SQLite library cannot keep the store in memory; the requested path
+    when it is in memory); ``requested_path`` is the one :func:`open_store` was
+    asked for; ``location`` is what SQLite opened (a file name, or a ``file:``
+    URI when ``uri``). Close it with :meth:`close` once the persistence actor
+    has stopped.
     """
 
     def __init__(
@@ -90,17 +108,36 @@ class Store:
         persistent: bool,
         writer: peewee.SqliteDatabase,
         busy_timeout_ms: int,
+        location: str | None = None,
+        uri: bool = False,
         temp_dir: Path | None = None,
     ) -> None:
         self.path = path
         self.requested_path = requested_path
         self.persistent = persistent
+        self.location = str(path) if location is None else location
         #: UNIX time of the last successful write, set by the persistence actor's
         #: thread; read anywhere (a float assignment is atomic).
         self.last_commit: float | None = None
         self.writer = writer
-        self.reader = StoreReader(path, busy_timeout_ms)
+        self.reader = StoreReader(self.location, busy_timeout_ms, uri=uri)
         self._temp_dir = temp_dir
+        self._file_id = _file_id(path) if persistent else None
+
+    def check_file(self) -> None:
+        """Raise :class:`StoreFileGone` when the file at ``path`` is no longer the one
+        this store opened (deleted, or replaced by another). One ``stat``; any thread."""
+        if self._file_id is None:
+            return
+        try:
+            same = _file_id(self.path) == self._file_id
+        except FileNotFoundError:
+            same = False
+        if not same:
+            raise StoreFileGone(
+                "the store file was deleted or replaced while zeroclaw was running; "
+                "nothing more can be saved until zeroclaw is restarted"
+            )
 
     def close(self) -> None:
         """Close every connection; an ephemeral store's file is removed. Any thread."""
@@ -121,10 +158,10 @@ def open_store(path: Path, *, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) ->
     """
     path = Path(path).expanduser()
     try:
-        writer = _open_writer(path, busy_timeout_ms, create_parents=True)
+        writer = _open_file_writer(path, busy_timeout_ms, create_parents=True)
     except _OPEN_ERRORS as exc:
         logger.warning(
-            "session store %s is unusable (%s); sessions will be kept only until exit",
+            "session store %s is unusable (%s); sessions will be kept in memory until exit",
             path,
             _describe(exc),
         )
@@ -136,21 +173,38 @@ def open_store(path: Path, *, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) ->
             writer=writer,
             busy_timeout_ms=busy_timeout_ms,
         )
+    try:
+        return _open_in_memory(path, busy_timeout_ms)
+    except _OPEN_ERRORS as exc:  # an SQLite library older than 3.36 has no memdb
+        logger.info("in-memory store unavailable (%s); using a temporary file", _describe(exc))
+    return _open_temporary(path, busy_timeout_ms)
+
+
+def _open_in_memory(requested: Path, busy_timeout_ms: int) -> Store:
+    """An ephemeral store in memory: a ``memdb`` database named for this store alone."""
+    location = f"file:/zeroclaw-{os.getpid()}-{secrets.token_hex(8)}?vfs=memdb"
+    writer = _connect_writer(location, busy_timeout_ms, uri=True)
+    return Store(path=requested, requested_path=requested, persistent=False, writer=writer,
+                 busy_timeout_ms=busy_timeout_ms, location=location, uri=True)
+
+
+def _open_temporary(requested: Path, busy_timeout_ms: int) -> Store:
+    """An ephemeral store in a private temporary file (removed by :meth:`Store.close`)."""
     temp_dir = Path(tempfile.mkdtemp(prefix="zeroclaw-store-"))
     temp_path = temp_dir / "sessions.db"
     try:
-        writer = _open_writer(temp_path, busy_timeout_ms, create_parents=False)
+        writer = _open_file_writer(temp_path, busy_timeout_ms, create_parents=False)
     except BaseException:
         shutil.rmtree(temp_dir, ignore_errors=True)
         raise
-    return Store(
-        path=temp_path,
-        requested_path=path,
-        persistent=False,
-        writer=writer,
-        busy_timeout_ms=busy_timeout_ms,
-        temp_dir=temp_dir,
-    )
+    return Store(path=temp_path, requested_path=requested, persistent=False, writer=writer,
+                 busy_timeout_ms=busy_timeout_ms, temp_dir=temp_dir)
+
+
+def _file_id(path: Path) -> tuple[int, int]:
+    """Which file ``path`` names: (device, inode)."""
+    found = os.stat(path)
+    return found.st_dev, found.st_ino
 
 
 @contextlib.contextmanager
@@ -194,14 +248,19 @@ def _sqlite_result_code(exc: BaseException) -> int:
     return 0
 
 
-def _open_writer(
+def _open_file_writer(
     path: Path, busy_timeout_ms: int, *, create_parents: bool
 ) -> peewee.SqliteDatabase:
     if create_parents:
         _make_private_dirs(path.parent)
     _create_private_file(path)
+    return _connect_writer(str(path), busy_timeout_ms, uri=False)
+
+
+def _connect_writer(location: str, busy_timeout_ms: int, *, uri: bool) -> peewee.SqliteDatabase:
+    """The writer's connection, schema created (which proves the store is writable)."""
     writer = peewee.SqliteDatabase(
-        str(path),
+        location,
         pragmas=[
             ("journal_mode", "wal"),
             ("synchronous", "normal"),
@@ -210,6 +269,7 @@ def _open_writer(
         ],
         timeout=busy_timeout_ms / 1000,
         lock_type="IMMEDIATE",
+        uri=uri,
         # One connection, handed from the opening thread to the actor's thread.
         thread_safe=False,
         check_same_thread=False,
@@ -217,9 +277,9 @@ def _open_writer(
     try:
         writer.connect()
         journal_mode = writer.execute_sql("PRAGMA journal_mode").fetchone()[0]
-        if str(journal_mode).lower() != "wal":
+        if str(journal_mode).lower() != "wal" and not uri:  # memory has no WAL
             logger.warning(
-                "session store %s: WAL unavailable (journal_mode=%s)", path, journal_mode
+                "session store %s: WAL unavailable (journal_mode=%s)", location, journal_mode
             )
         _create_schema(writer)
     except BaseException:
@@ -279,8 +339,11 @@ class StoreReader:
     :meth:`close` closes all of them; call it only when no read is running.
     """
 
-    def __init__(self, path: Path, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> None:
+    def __init__(self, path: Path | str, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
+                 *, uri: bool = False) -> None:
+        """``path``: the store's file, or a ``file:`` URI when ``uri``."""
         self._path = path
+        self._uri = uri
         self._busy_timeout_ms = busy_timeout_ms
         self._local = threading.local()
         self._lock = threading.Lock()
@@ -401,6 +464,7 @@ class StoreReader:
                 str(self._path),
                 pragmas=[("query_only", 1), ("busy_timeout", int(self._busy_timeout_ms))],
                 timeout=self._busy_timeout_ms / 1000,
+                uri=self._uri,
                 thread_safe=False,
                 # Used by one thread only; close() may run on another one.
                 check_same_thread=False,

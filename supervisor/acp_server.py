@@ -15,6 +15,7 @@ right after it, in the background, and other methods wait for them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import Callable, Mapping
@@ -61,9 +62,11 @@ _SQLITE_HEADER = b"SQLite format 3\x00"
 def probe_store(path: os.PathLike[str]) -> bool:
     """Cheap check (no SQLite import) that the store can be created, written and read.
 
-    An existing file must be empty or start with the SQLite header; the host opens
-    the store for real right after ``initialize`` and, should that still fail,
-    refuses load/list/resume rather than pretending (see :meth:`AcpServer.stored`).
+    An existing file must be empty or start with the SQLite header, and a scratch
+    file beside it must take a few bytes (a full disk, or a file size limit, fails
+    here; opening alone would not tell). The host opens the store for real right
+    after ``initialize`` and, should that still fail, refuses the methods that
+    need it rather than pretending (see :meth:`AcpServer._needing_store`).
     """
     try:
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
@@ -72,9 +75,21 @@ def probe_store(path: os.PathLike[str]) -> bool:
             header = os.read(fd, len(_SQLITE_HEADER))
         finally:
             os.close(fd)
+        _write_scratch(f"{os.fspath(path)}.probe")
     except OSError:
         return False
     return header in (b"", _SQLITE_HEADER)
+
+
+def _write_scratch(scratch: str) -> None:
+    """Write a page to ``scratch`` and remove it; OSError when the disk refuses."""
+    fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, bytes(4096))
+    finally:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(scratch)
 
 
 class AcpPeer:
@@ -117,32 +132,34 @@ class AcpServer:
     def __init__(self, settings: Settings, version: str, host: HostHandle | None = None) -> None:
         """``host``: a daemon's shared host; without one the server has its own (embedded)."""
         self.settings = settings
+        self.version = version
         self.owns_host = host is None
         self.host = host if host is not None else HostHandle(settings)
-        self.persistent = probe_store(settings.store_path)
-        self.handshake = acp_handshake.initialize_result(
-            version=version, persistent=self.persistent, default_model=settings.default_model,
-            max_sessions=settings.max_sessions, timeout=settings.session_timeout_secs,
-        )
+        self._advertise(probe_store(settings.store_path))
         self.methods: dict[str, Callable[[Any, Endpoint], Any]] = {
             "initialize": self.initialize,
             "session/new": self.new_session,
             "session/prompt": self.prompt,
             "session/cancel": self.cancel,
-            "session/close": self.close,
             "session/stop": self.stop,
             "session/set_mode": self.set_mode,
             "session/update": self.client_event,
             "session/event": self.client_event,
             "status": self.status,
         }
-        if self.persistent:
-            self.methods.update({
-                "session/load": self.load,
-                "session/resume": self.resume,
-                "session/list": self.list,
-                "session/delete": self.delete,
-            })
+        for method, handler in (("session/load", self.load), ("session/resume", self.resume),
+                                ("session/list", self.list), ("session/close", self.close),
+                                ("session/delete", self.delete)):
+            self.methods[method] = self._needing_store(handler)
+
+    def _advertise(self, persistent: bool) -> None:
+        """Prepare the ``initialize`` answer: with a store, or in-memory sessions only."""
+        self.persistent = persistent
+        settings = self.settings
+        self.handshake = acp_handshake.initialize_result(
+            version=self.version, persistent=persistent, default_model=settings.default_model,
+            max_sessions=settings.max_sessions, timeout=settings.session_timeout_secs,
+        )
 
     def make_endpoint(self, send: Callable[[bytes], None], name: str = "acp") -> Endpoint:
         endpoint = Endpoint(send, self.methods, name=name)
@@ -164,12 +181,21 @@ class AcpServer:
     async def sessions(self) -> Sessions:
         return await self.host.sessions()
 
-    async def stored(self) -> Sessions:
-        """The sessions, for methods that need the store to outlive this process."""
-        sessions = await self.sessions()
-        if not sessions.host.store.persistent:
-            raise SessionNotFound("the session store is not available (sessions are in memory)")
-        return sessions
+    def _needing_store(
+        self, handler: Callable[[Any, Endpoint], Any]
+    ) -> Callable[[Any, Endpoint], Any]:
+        """``handler`` for a method whose capability is advertised only with a store
+        (SPEC §3): without one it answers -32000, as for an unknown session (seed 000)."""
+
+        async def guarded(params: Any, endpoint: Endpoint) -> Any:
+            sessions = await self.sessions()
+            if not sessions.host.store.persistent:
+                raise SessionNotFound(
+                    "Session not found: the session store is not available "
+                    "(sessions are kept in memory only)")
+            return await handler(params, endpoint)
+
+        return guarded
 
     async def shutdown(self) -> None:
         """Stop the host this server owns (a daemon stops its shared host itself)."""
@@ -191,6 +217,9 @@ class AcpServer:
         acp_handshake.check_protocol_version(params.get("protocolVersion"))
         endpoint.state["client"] = params.get("clientCapabilities") or {}
         asyncio.get_running_loop().call_soon(self.host.start)
+        started = self.host.started()
+        if started is not None and started.host.store.persistent != self.persistent:
+            self._advertise(started.host.store.persistent)  # what the host opened wins
         return self.handshake
 
     async def new_session(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
@@ -235,7 +264,7 @@ class AcpServer:
         sid = acp.session_id(params)
         if isinstance(params, Mapping):
             acp.optional_str(params, "cwd")
-        sessions = await self.stored()
+        sessions = await self.sessions()
         peer = endpoint.state["peer"]
         route = await sessions.restore(peer, sid, replay=replay)
         self.host.owners.join(sid, peer)  # a no-op if the client left meanwhile
@@ -254,7 +283,7 @@ class AcpServer:
             raise InvalidParams("params must be an object")
         cwd = acp.optional_str(params, "cwd")
         cursor = acp.optional_str(params, "cursor")
-        sessions = await self.stored()
+        sessions = await self.sessions()
         rows, next_cursor = sessions.list(cwd, cursor)
         result: dict[str, Any] = {"sessions": [acp.session_entry(row) for row in rows]}
         if next_cursor:

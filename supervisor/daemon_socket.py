@@ -119,8 +119,9 @@ def claim_socket(path: Path, private_dir: Path | None = None) -> SocketClaim:
     except BaseException:
         os.close(lock_fd)
         raise
-    os.ftruncate(lock_fd, 0)
-    os.pwrite(lock_fd, f"{os.getpid()}\n".encode(), 0)
+    with contextlib.suppress(OSError):  # the pid is for messages; a full disk must not stop us
+        os.ftruncate(lock_fd, 0)
+        os.pwrite(lock_fd, f"{os.getpid()}\n".encode(), 0)
     return SocketClaim(path, lock_path, lock_fd, sock, identity)
 
 

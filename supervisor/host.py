@@ -193,8 +193,7 @@ class Host:
         for sid in sids:
             route = self.routes.pop(sid, None)
             turn = self.turns.get(sid)
-            if turn is not None and turn.route is route and turn.started:
-                self.turns.settle(turn, error=InternalError("session worker exited"))
+            if turn is not None and turn.route is route and self.turns.worker_exited(turn):
                 # the record says so until the next load or resume; nobody waits on it
                 self.persist("mark_killed", sid).add_done_callback(_log_write_failure)
         self._closings.worker_gone(worker_id)
@@ -213,7 +212,7 @@ class Host:
             case TurnEnded(sid=sid, turn_id=turn_id, record=wire):
                 turn = self.turns.get(sid, turn_id)
                 if turn is not None:
-                    self.spawn(self.turns.complete(turn, TurnRecord.from_wire(wire)))
+                    self.turns.ended(turn, TurnRecord.from_wire(wire))
             case TurnFailed(sid=sid, turn_id=turn_id, message=text):
                 turn = self.turns.get(sid, turn_id)
                 if turn is not None:

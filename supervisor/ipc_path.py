@@ -102,8 +102,9 @@ def _try_claim(directory: Path, name: str, *, private_dir: Path | None) -> IpcCl
     except (BlockingIOError, FileNotFoundError):
         os.close(fd)
         return None
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
+    with contextlib.suppress(OSError):  # the pid is for people; a full disk must not stop us
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
     path = directory / f"{name}.sock"
     with contextlib.suppress(FileNotFoundError):
         path.unlink()  # stale: the lock says nobody owns it

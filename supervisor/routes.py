@@ -95,7 +95,9 @@ class RunningTurn:
     Registered before the first ``await`` of ``session/prompt``, so a cancel or a
     close that arrives right behind the prompt always finds it. ``result`` settles
     with ``(record, completed_turns)`` once the record is committed, or with the
-    error the prompt answers.
+    error the prompt answers. Once ``recorded``, the worker's death no longer
+    fails the turn: the answer is the outcome of its write, so the client and
+    the store always agree.
     """
 
     sid: str
@@ -105,6 +107,7 @@ class RunningTurn:
     route: Route | None = None
     admitted: bool = False  # the supervisor marked the session busy
     started: bool = False  # StartTurn went to the worker
+    recorded: bool = False  # the worker's record of the turn arrived: its commit decides
     cancel_requested: bool = False
     finished: asyncio.Event = field(default_factory=asyncio.Event)
     permission_tasks: set[asyncio.Task[Any]] = field(default_factory=set)

@@ -83,6 +83,19 @@ class TurnBook:
 
     # --- endings ------------------------------------------------------------------
 
+    def ended(self, turn: RunningTurn, record: TurnRecord) -> None:
+        """The worker sent the turn's record: from now on its commit decides the answer."""
+        turn.recorded = True
+        self.host.spawn(self.complete(turn, record))
+
+    def worker_exited(self, turn: RunningTurn) -> bool:
+        """The turn's worker died: fail the turn (-32603) unless its record arrived
+        first, in which case the pending write answers it. True when it was failed."""
+        if not turn.started or turn.recorded:
+            return False
+        self.settle(turn, error=InternalError("session worker exited"))
+        return True
+
     async def complete(self, turn: RunningTurn, record: TurnRecord) -> None:
         """Commit the turn's record, then settle it (also when its client is gone)."""
         try:

@@ -105,7 +105,6 @@ def test_reopen_keeps_sessions(tmp_path: Path) -> None:
 
 def assert_ephemeral_store_works(store: Store) -> None:
     assert store.persistent is False
-    assert store.path != store.requested_path
     ref = PersistenceActor.start(store)
     turn = TurnRecord("tmp", (TextItem("user", "hi"),), "end_turn", "hi", 1.0, 2.0)
     ref.proxy().create_session(session("tmp")).get(timeout=10)
@@ -123,16 +122,50 @@ def test_fallback_when_parent_is_a_regular_file(
     with caplog.at_level(logging.WARNING, logger="zeroclaw.storage"):
         store = open_store(requested)
     try:
-        assert store.requested_path == requested
+        assert store.requested_path == store.path == requested
+        assert store.location.startswith("file:/zeroclaw-")  # in memory: no file at all
         assert_ephemeral_store_works(store)
         assert any("unusable" in r.getMessage() for r in caplog.records)
+    finally:
+        store.close()
+    assert blocker.read_text() == "a file, not a directory"
+
+
+def test_fallback_without_memdb_uses_a_private_temporary_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An SQLite library older than 3.36 cannot keep the store in memory."""
+
+    def no_memdb(*args: Any, **kwargs: Any) -> Store:
+        raise sqlite3.OperationalError("no such vfs: memdb")
+
+    monkeypatch.setattr("storage.store._open_in_memory", no_memdb)
+    requested = tmp_path / "corrupt.db"
+    requested.write_bytes(b"not an SQLite database\n" * 200)
+    store = open_store(requested)
+    try:
+        assert store.requested_path == requested != store.path
+        assert_ephemeral_store_works(store)
         temp_file = store.path
         assert temp_file.exists()
         assert stat.S_IMODE(temp_file.parent.stat().st_mode) == 0o700
     finally:
         store.close()
     assert not temp_file.exists()
-    assert blocker.read_text() == "a file, not a directory"
+
+
+def test_two_in_memory_stores_are_apart(tmp_path: Path) -> None:
+    first, second = (open_store(Path("/proc/zeroclaw-no-such-dir/acp-sessions.db"))
+                     for _ in range(2))
+    try:
+        ref = PersistenceActor.start(first)
+        ref.proxy().create_session(session("only-in-first")).get(timeout=10)
+        ref.stop()
+        assert second.reader.get_session("only-in-first") is None
+        assert first.reader.get_session("only-in-first") is not None
+    finally:
+        first.close()
+        second.close()
 
 
 def test_fallback_when_path_is_under_proc(tmp_path: Path) -> None:

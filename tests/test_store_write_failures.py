@@ -4,15 +4,18 @@ SQLite's own words, plus the likely causes when the words say little: SQLite
 reports a write that failed with anything but ENOSPC (EFBIG past a file size
 limit, EPERM on an immutable file, EROFS, EDQUOT, EIO) as "disk I/O error". The
 end-to-end faults are in ``tests/e2e/test_store_faults.py``; here the reason
-itself, and a real SQLITE_READONLY through the persistence actor.
+itself, a real SQLITE_READONLY through the persistence actor, and a store file
+deleted under the actor.
 """
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 from typing import Any
 
 import peewee
+import pytest
 
 from actors.persistence import StoreWriteError
 from ipc.errors import InternalError
@@ -63,3 +66,22 @@ def test_a_read_only_store_fails_clearly_as_a_json_rpc_error_then_recovers(
         "(the store's file or its directory is read-only)")}
     store.writer.execute_sql("PRAGMA query_only = 0")
     assert call(writer.write_turn, turn("s1", ten_items(0))).ok() == 1
+
+
+def test_a_deleted_store_file_fails_every_write_and_is_logged_once(
+    store: Store, writer: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    call(writer.create_session, session())
+    for path in store.path.parent.glob(f"{store.path.name}*"):
+        path.unlink()  # rm acp-sessions.db*: the writer's connection still works
+    gone = {"code": -32603, "message": (
+        "store write failed: the store file was deleted or replaced while zeroclaw was "
+        "running; nothing more can be saved until zeroclaw is restarted")}
+    with caplog.at_level(logging.WARNING, logger="zeroclaw.actors.persistence"):
+        for _ in range(3):
+            failed = call(writer.write_turn, turn("s1", ten_items(0)))
+            assert isinstance(failed.error, StoreWriteError) and failed.error.to_error() == gone
+        assert call(writer.set_mode, "s1", "full").error.to_error() == gone
+    assert [r.levelname for r in caplog.records] == ["ERROR"]
+    store.path.touch()  # another file where the store was: still not the one opened
+    assert call(writer.write_turn, turn("s1", ten_items(0))).error.to_error() == gone

@@ -9,6 +9,9 @@ file modes, so ``chmod`` cannot do it):
 * :func:`file_size_limit`: the disk is full for the host process: its
   ``RLIMIT_FSIZE`` soft limit becomes the WAL's current size, so no commit can
   append to the WAL (``write`` fails with EFBIG; Python ignores SIGXFSZ).
+* :func:`full_disk_for_new_processes`: a host started inside it finds the disk
+  full from its first write (file size limit 0, inherited); :func:`lift_file_size_limit`
+  gives it room again later.
 * :func:`immutable_files`: the store's files become read-only: ``chattr +i``,
   which on ext4 also stops writes through descriptors already open (EPERM).
   It needs CAP_LINUX_IMMUTABLE (often dropped in containers) and such a file
@@ -41,8 +44,10 @@ __all__ = [
     "assert_store_intact",
     "exclusive_lock",
     "file_size_limit",
+    "full_disk_for_new_processes",
     "immutable_files",
     "immutable_unsupported",
+    "lift_file_size_limit",
     "store_path",
     "stored_user_turns",
     "wal_path",
@@ -115,6 +120,32 @@ def file_size_limit(pid: int, db_path: Path) -> Iterator[None]:
             with contextlib.suppress(psutil.Error):
                 if proc.rlimit(psutil.RLIMIT_FSIZE)[0] == limit:
                     proc.rlimit(psutil.RLIMIT_FSIZE, (soft, hard))
+
+
+@contextlib.contextmanager
+def full_disk_for_new_processes() -> Iterator[None]:
+    """Processes started inside inherit a file size limit of 0: for them the disk is
+    full from the start (every write that grows a file fails with EFBIG).
+
+    The limit is this process's own soft limit while inside, so keep the body to
+    starting the process (no file writes of the test's own).
+    """
+    me = psutil.Process()
+    soft, hard = me.rlimit(psutil.RLIMIT_FSIZE)
+    me.rlimit(psutil.RLIMIT_FSIZE, (0, hard))
+    try:
+        yield
+    finally:
+        me.rlimit(psutil.RLIMIT_FSIZE, (soft, hard))
+
+
+def lift_file_size_limit(pid: int) -> None:
+    """The disk has room again for ``pid`` and its children: their file size limit
+    goes back to this process's own."""
+    limits = psutil.Process().rlimit(psutil.RLIMIT_FSIZE)
+    for proc in (psutil.Process(pid), *descendants(pid)):
+        with contextlib.suppress(psutil.Error):
+            proc.rlimit(psutil.RLIMIT_FSIZE, limits)
 
 
 def _chattr(flag: str, *paths: Path) -> subprocess.CompletedProcess[str]:

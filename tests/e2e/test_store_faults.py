@@ -6,6 +6,10 @@ size limit), or read-only (immutable files). Each turn or ``session/new`` that
 needs a write must fail with a clear -32603 and leave nothing half-written; the
 host must keep serving meanwhile, and once writing works again the next turn
 must succeed and be on disk, next to every turn completed before the fault.
+
+Also: a disk full from the start (in-memory sessions, advertised as such, the
+store's methods answering -32000) and the store's file deleted while the host
+runs (every write refused, loudly, until a restart makes a new store).
 Runs on the test's main thread.
 """
 
@@ -25,8 +29,10 @@ from .faults import (
     assert_store_intact,
     exclusive_lock,
     file_size_limit,
+    full_disk_for_new_processes,
     immutable_files,
     immutable_unsupported,
+    lift_file_size_limit,
     store_path,
     stored_user_turns,
 )
@@ -334,3 +340,89 @@ def test_unwritable_store_at_session_close_leaves_the_session_live(
     second.initialize()
     refused = second.request("session/prompt", {"sessionId": sid, "prompt": "closed?"})
     assert refused["error"]["code"] == -32000  # closed for good: not restored
+
+
+#: What ``session/load``, ``resume``, ``list``, ``close`` and ``delete`` answer without a store.
+NO_STORE = {"code": -32000, "message": "Session not found: the session store is not available "
+                                        "(sessions are kept in memory only)"}
+
+
+def assert_store_methods_refused(host: RawHost, sid: str, cwd: Path) -> None:
+    """Every method whose capability is only advertised with a store answers -32000."""
+    restore = {"sessionId": sid, "cwd": str(cwd), "mcpServers": []}
+    for method, params in (("session/load", restore), ("session/resume", restore),
+                           ("session/list", {}), ("session/close", {"sessionId": sid}),
+                           ("session/delete", {"sessionId": sid})):
+        response = host.request(method, params)
+        assert response.get("error") == NO_STORE, (method, response)
+
+
+def test_full_disk_at_start_means_in_memory_sessions_until_a_restart(
+    raw_hosts: RawHostFactory, config_dir: Path, workspace: Path
+) -> None:
+    with full_disk_for_new_processes():
+        host = raw_hosts()
+    caps = host.initialize()["agentCapabilities"]
+    assert caps["loadSession"] is False
+    assert caps["sessionCapabilities"] == {}  # no list, resume, close, delete
+    sid = host.new_session(workspace)
+    assert_turn_ok(host, sid, "kept in memory")
+    assert_store_methods_refused(host, sid, workspace)
+    assert live_turns(host) == {sid: 1}  # refused: the live session is untouched
+
+    lift_file_size_limit(host.pid)  # the disk has room again: the host goes on in memory
+    assert_turn_ok(host, sid, "still in memory")
+    assert_store_methods_refused(host, sid, workspace)
+    host.close()
+    assert not host.problems, host.problems
+
+    second = raw_hosts()  # a restart uses the store
+    caps = second.initialize()["agentCapabilities"]
+    assert caps["loadSession"] is True
+    assert set(caps["sessionCapabilities"]) == {"list", "resume", "close", "delete"}
+    assert listed_ids(second) == set()  # the in-memory sessions ended with their host
+    kept = second.new_session(workspace)
+    assert_turn_ok(second, kept, "stored at last")
+    second.close()
+    assert stored_user_turns(config_dir, kept) == ["stored at last"]
+
+
+#: What every write answers once the store's file was deleted under the running host.
+STORE_GONE = {"code": -32603, "message": (
+    "store write failed: the store file was deleted or replaced while zeroclaw was "
+    "running; nothing more can be saved until zeroclaw is restarted")}
+
+
+def delete_store_files(db_path: Path) -> None:
+    """``rm acp-sessions.db*``: the store, its WAL and its shared-memory index."""
+    for path in db_path.parent.glob(f"{db_path.name}*"):
+        path.unlink()
+
+
+def test_store_deleted_while_running_fails_every_write_loudly_until_a_restart(
+    raw_hosts: RawHostFactory, config_dir: Path, workspace: Path
+) -> None:
+    host = raw_hosts()
+    host.initialize()
+    sid = host.new_session(workspace)
+    assert_turn_ok(host, sid, "stored before the deletion")
+    delete_store_files(store_path(config_dir))
+
+    new_session = {"cwd": str(workspace), "mcpServers": []}
+    for method, params in (("session/new", new_session),
+                           ("session/prompt", {"sessionId": sid, "prompt": "lost"}),
+                           ("session/new", new_session)):
+        response = host.request(method, params)
+        assert response.get("error") == STORE_GONE, (method, response)
+    host.close()
+    assert not host.problems, host.problems
+    explained = f"session store {store_path(config_dir)}: the store file was deleted"
+    assert host.stderr_path.read_text().count(explained) == 1  # logged once, not per write
+
+    second = raw_hosts()  # a restart makes a new store
+    second.initialize()
+    assert listed_ids(second) == set()
+    kept = second.new_session(workspace)
+    assert_turn_ok(second, kept, "in the new store")
+    second.close()
+    assert stored_user_turns(config_dir, kept) == ["in the new store"]
