@@ -52,7 +52,13 @@ class AgentConfig:
 
     def to_wire(self) -> dict[str, Any]:
         """What a worker needs to build the agent (sent in ``OpenSession``)."""
-        wire = {k: v for k, v in self.raw.items() if isinstance(v, str | int | float | bool)}
+        wire: dict[str, Any] = {
+            k: v for k, v in self.raw.items() if isinstance(v, str | int | float | bool)
+        }
+        wire.update({  # tables of strings, e.g. an agent's extra HTTP ``headers``
+            k: dict(v) for k, v in self.raw.items()
+            if isinstance(v, Mapping) and all(isinstance(x, str) for x in v.values())
+        })
         wire.update(alias=self.alias, provider=self.provider, model=self.model)
         wire["workspace"] = str(self.workspace)
         return wire

@@ -1,0 +1,296 @@
+"""Streaming a model API request over HTTP: retries, Server-Sent Events, prompt cancel.
+
+:class:`ModelHttp` posts a JSON body and yields each SSE ``data:`` payload parsed as
+JSON. Until the first payload has arrived, a connection error, a 429 or a 5xx is
+retried with backoff (``Retry-After`` honoured); after it, a broken stream fails the
+turn (:class:`~actors.agents.base.AgentFailure`) because the client has already
+seen part of the reply.
+
+The request is sent and its body read on a helper thread (:class:`_Pump`) that
+hands lines to the session actor's thread through a queue; the actor thread waits
+at most :data:`POLL_SECS` at a time, so a cancel is noticed promptly in every
+phase (connect, waiting for headers, a stalled stream), and it then shuts the
+socket down, which wakes the helper at once. httpx is imported when the first
+request is made, so starting a host or a worker does not pay for it.
+
+Error messages never contain the API key (:func:`redact`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import email.utils
+import logging
+import queue
+import random
+import socket
+import threading
+import time
+from collections.abc import Generator, Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from actors.agents.base import AgentFailure
+from actors.agents.llm.config import ModelSettings
+
+if TYPE_CHECKING:
+    import httpx
+
+__all__ = ["POLL_SECS", "ModelHttp", "model_failure", "redact"]
+
+logger = logging.getLogger("zeroclaw.model")
+
+POLL_SECS = 0.05
+RETRY_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
+MAX_RETRY_WAIT_SECS = 60.0
+ERROR_BODY_LIMIT = 4096
+
+
+def redact(text: str, secret: str | None) -> str:
+    """``text`` with ``secret`` (the API key) replaced by ``***``."""
+    return text.replace(secret, "***") if secret else text
+
+
+def model_failure(settings: ModelSettings, message: str) -> AgentFailure:
+    """A failure the client sees, naming the API and model; the key is redacted."""
+    text = f"model API {settings.base_url} ({settings.model}): {message}"
+    return AgentFailure(redact(text, settings.api_key))
+
+
+@dataclass(frozen=True, slots=True)
+class _Status:
+    """An error status before the body: code, Retry-After seconds if any, body text."""
+
+    code: int
+    retry_after: float | None
+    body: str
+
+
+class _Retry(Exception):
+    """This attempt failed in a way worth another try; the message says how."""
+
+    def __init__(self, message: str, wait: float | None = None) -> None:
+        super().__init__(message)
+        self.wait = wait
+
+
+class _Pump:
+    """Sends one request and reads its body on a helper thread (see the module doc).
+
+    Queue items: ``("status", _Status)``, ``("open", None)``, ``("line", str)``,
+    ``("end", None)``, ``("error", Exception)``.
+    """
+
+    def __init__(self, client: httpx.Client, request: httpx.Request) -> None:
+        self._queue: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._response: httpx.Response | None = None
+        self._lock = threading.Lock()
+        thread = threading.Thread(target=self._run, args=(client, request),
+                                  name="zeroclaw-model-http", daemon=True)
+        thread.start()
+
+    def _run(self, client: httpx.Client, request: httpx.Request) -> None:
+        """Helper thread: the whole exchange; every outcome ends up in the queue."""
+        try:
+            response = client.send(request, stream=True)
+        except Exception as exc:
+            self._queue.put(("error", exc))
+            return
+        with self._lock:
+            self._response = response
+        try:
+            if self._stop.is_set():
+                return
+            if response.status_code >= 400:
+                body = response.read()[:ERROR_BODY_LIMIT].decode("utf-8", "replace")
+                retry = _retry_after(response.headers.get("retry-after"))
+                self._queue.put(("status", _Status(response.status_code, retry, body)))
+                return
+            self._queue.put(("open", None))
+            for line in response.iter_lines():
+                if self._stop.is_set():
+                    return
+                self._queue.put(("line", line))
+            self._queue.put(("end", None))
+        except Exception as exc:
+            self._queue.put(("error", exc))
+        finally:
+            response.close()
+
+    def next(self, cancelled: threading.Event) -> tuple[str, Any] | None:
+        """The next item; None once ``cancelled`` is set (checked every POLL_SECS)."""
+        while not cancelled.is_set():
+            try:
+                return self._queue.get(timeout=POLL_SECS)
+            except queue.Empty:
+                continue
+        return None
+
+    def abort(self) -> None:
+        """Stop the exchange (any thread): the helper's blocked read returns at once."""
+        self._stop.set()
+        with self._lock:
+            response = self._response
+        stream = response.extensions.get("network_stream") if response is not None else None
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+
+def _retry_after(value: str | None) -> float | None:
+    """``Retry-After`` as seconds: a number, or an HTTP date."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def _sse_data(lines: Iterator[str]) -> Iterator[str]:
+    """The ``data`` of each Server-Sent Event (multi-line data joined with newlines)."""
+    data: list[str] = []
+    for line in lines:
+        if not line:
+            if data:
+                yield "\n".join(data)
+                data = []
+        elif line.startswith("data:"):
+            value = line[5:]
+            data.append(value[1:] if value.startswith(" ") else value)
+    if data:
+        yield "\n".join(data)
+
+
+def _provider_message(body: str) -> str:
+    """The provider's own error message from a JSON error body, else the body's start."""
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body.strip()[:300]
+    error = parsed.get("error") if isinstance(parsed, dict) else None
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        return str(error["message"])[:300]
+    if isinstance(error, str):
+        return error[:300]
+    return body.strip()[:300]
+
+
+class ModelHttp:
+    """One agent's HTTP client. Created on the worker's IO thread, used on the actor's."""
+
+    def __init__(self, settings: ModelSettings) -> None:
+        self.settings = settings
+        self._client: httpx.Client | None = None
+
+    def _http(self) -> httpx.Client:
+        if self._client is None:
+            import httpx  # here, not at import: a worker without model agents never loads it
+
+            timeout = self.settings.request_timeout_secs
+            self._client = httpx.Client(timeout=httpx.Timeout(timeout, connect=min(10.0, timeout)))
+        return self._client
+
+    def stream(self, url: str, headers: Mapping[str, str], body: dict[str, Any],
+               cancelled: threading.Event) -> Generator[dict[str, Any], None, None]:
+        """Each SSE payload of the response as a dict; stops early when ``cancelled``."""
+        pump = self._connect(url, headers, body, cancelled)
+        if pump is None:
+            return
+        try:
+            yield from self._payloads(pump, cancelled)
+        finally:
+            pump.abort()
+
+    def _connect(self, url: str, headers: Mapping[str, str], body: dict[str, Any],
+                 cancelled: threading.Event) -> _Pump | None:
+        """An open stream, after retries; None when cancelled meanwhile."""
+        content = orjson.dumps(body)
+        attempts = self.settings.max_retries + 1
+        for attempt in range(attempts):
+            request = self._http().build_request("POST", url, headers=dict(headers),
+                                                 content=content)
+            pump = _Pump(self._http(), request)
+            try:
+                if self._opened(pump, cancelled):
+                    return pump
+                pump.abort()
+                return None
+            except _Retry as retry:
+                pump.abort()
+                if attempt + 1 >= attempts:
+                    raise self._failure(f"{retry} (gave up after {attempts} attempts)") from None
+                wait = retry.wait if retry.wait is not None else _backoff(attempt)
+                if wait > MAX_RETRY_WAIT_SECS:
+                    raise self._failure(f"{retry}; asked to retry after {wait:.0f} s") from None
+                logger.info("model %s: %s; retrying in %.1f s", self.settings.alias, retry, wait)
+                if cancelled.wait(wait):
+                    return None
+        return None
+
+    def _opened(self, pump: _Pump, cancelled: threading.Event) -> bool:
+        """True when the response is a 2xx stream; False if cancelled; raises otherwise."""
+        item = pump.next(cancelled)
+        if item is None:
+            return False
+        kind, value = item
+        if kind == "open":
+            return True
+        if kind == "status":
+            message = f"HTTP {value.code}: {_provider_message(value.body)}"
+            if value.code in RETRY_STATUSES:
+                raise _Retry(message, value.retry_after)
+            raise self._failure(message)
+        if _is_local_mistake(value):
+            raise self._failure(self._describe(value))
+        raise _Retry(self._describe(value))
+
+    def _payloads(self, pump: _Pump, cancelled: threading.Event) -> Iterator[dict[str, Any]]:
+        for data in _sse_data(self._lines(pump, cancelled)):
+            if data.strip() == "[DONE]":
+                return
+            try:
+                payload = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                raise self._failure(f"the stream sent invalid JSON: {data[:200]!r}") from None
+            if isinstance(payload, dict):
+                yield payload
+
+    def _lines(self, pump: _Pump, cancelled: threading.Event) -> Iterator[str]:
+        while (item := pump.next(cancelled)) is not None:
+            kind, value = item
+            if kind == "line":
+                yield value
+            elif kind == "end":
+                return
+            else:
+                raise self._failure(f"the stream broke: {self._describe(value)}")
+
+    def _describe(self, exc: Exception) -> str:
+        text = str(exc) or type(exc).__name__
+        return f"{type(exc).__name__}: {text}" if text != type(exc).__name__ else text
+
+    def _failure(self, message: str) -> AgentFailure:
+        return model_failure(self.settings, message)
+
+
+def _is_local_mistake(exc: Exception) -> bool:
+    """An error no retry can fix (a bad URL or header value in the config)."""
+    import httpx
+
+    return isinstance(exc, httpx.LocalProtocolError | httpx.UnsupportedProtocol | httpx.InvalidURL)
+
+
+def _backoff(attempt: int) -> float:
+    """0.5 s, 1 s, 2 s, … (at most 8 s), plus up to 25 % jitter."""
+    base: float = min(8.0, 0.5 * 2**attempt)
+    return base * (1 + random.random() / 4)
