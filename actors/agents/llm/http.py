@@ -46,6 +46,7 @@ POLL_SECS = 0.05
 RETRY_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
 MAX_RETRY_WAIT_SECS = 60.0
 ERROR_BODY_LIMIT = 4096
+DRAIN_SECS = 1.0
 
 
 def redact(text: str, secret: str | None) -> str:
@@ -87,6 +88,7 @@ class _Pump:
         self._queue: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._response: httpx.Response | None = None
+        self._finished = False
         self._lock = threading.Lock()
         thread = threading.Thread(target=self._run, args=(client, request),
                                   name="zeroclaw-model-http", daemon=True)
@@ -102,23 +104,29 @@ class _Pump:
         with self._lock:
             self._response = response
         try:
-            if self._stop.is_set():
-                return
-            if response.status_code >= 400:
-                body = response.read()[:ERROR_BODY_LIMIT].decode("utf-8", "replace")
-                retry = _retry_after(response.headers.get("retry-after"))
-                self._queue.put(("status", _Status(response.status_code, retry, body)))
-                return
-            self._queue.put(("open", None))
-            for line in response.iter_lines():
-                if self._stop.is_set():
-                    return
-                self._queue.put(("line", line))
-            self._queue.put(("end", None))
+            outcome = self._read(response)
         except Exception as exc:
-            self._queue.put(("error", exc))
+            outcome = ("error", exc)
         finally:
-            response.close()
+            with self._lock:
+                self._finished = True
+                response.close()  # a fully read response leaves its connection for reuse
+        self._queue.put(outcome)
+
+    def _read(self, response: httpx.Response) -> tuple[str, Any]:
+        """Helper thread: queue the status or the lines; the last item to queue."""
+        if self._stop.is_set():
+            return ("error", RuntimeError("stopped"))
+        if response.status_code >= 400:
+            body = response.read()[:ERROR_BODY_LIMIT].decode("utf-8", "replace")
+            retry = _retry_after(response.headers.get("retry-after"))
+            return ("status", _Status(response.status_code, retry, body))
+        self._queue.put(("open", None))
+        for line in response.iter_lines():
+            if self._stop.is_set():
+                return ("error", RuntimeError("stopped"))
+            self._queue.put(("line", line))
+        return ("end", None)
 
     def next(self, cancelled: threading.Event) -> tuple[str, Any] | None:
         """The next item; None once ``cancelled`` is set (checked every POLL_SECS)."""
@@ -133,12 +141,24 @@ class _Pump:
         """Stop the exchange (any thread): the helper's blocked read returns at once."""
         self._stop.set()
         with self._lock:
-            response = self._response
-        stream = response.extensions.get("network_stream") if response is not None else None
-        sock = stream.get_extra_info("socket") if stream is not None else None
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
+            response = None if self._finished else self._response
+            stream = response.extensions.get("network_stream") if response is not None else None
+            sock = stream.get_extra_info("socket") if stream is not None else None
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    def drain(self, cancelled: threading.Event) -> None:
+        """After the last event: let the helper read the body's end (briefly), so the
+        connection can be reused."""
+        deadline = time.monotonic() + DRAIN_SECS
+        while time.monotonic() < deadline and not cancelled.is_set():
+            try:
+                kind, _ = self._queue.get(timeout=POLL_SECS)
+            except queue.Empty:
+                continue
+            if kind != "line":
+                return
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -257,6 +277,7 @@ class ModelHttp:
     def _payloads(self, pump: _Pump, cancelled: threading.Event) -> Iterator[dict[str, Any]]:
         for data in _sse_data(self._lines(pump, cancelled)):
             if data.strip() == "[DONE]":
+                pump.drain(cancelled)
                 return
             try:
                 payload = orjson.loads(data)
