@@ -151,10 +151,11 @@ def _agents(doc: Mapping[str, Any], config_dir: Path) -> dict[str, AgentConfig]:
         if not isinstance(section, Mapping):
             raise ConfigError(f"[agents.{alias}] must be a table")
         workspace = section.get("workspace") or str(config_dir / "agents" / alias / "workspace")
+        provider = str(section.get("provider", "echo"))
         agents[alias] = AgentConfig(
             alias=alias,
-            provider=str(section.get("provider", "echo")),
-            model=str(section.get("model", "echo")),
+            provider=provider,
+            model=str(section.get("model", "echo" if provider == "echo" else "")),
             workspace=Path(str(workspace)).expanduser().absolute(),
             enabled=bool(section.get("enabled", True)),
             raw=section,
