@@ -336,3 +336,43 @@ async def test_the_api_key_never_reaches_logs_store_or_status(
     for path in (config_dir / "data").rglob("*"):
         if path.is_file():
             assert KEY.encode() not in path.read_bytes(), path
+
+
+async def test_history_is_trimmed_to_the_context_window_oldest_turns_first(
+    sdk_hosts: SdkHostFactory, config_dir: Path, tmp_path: Path, workspace: Path,
+    model_server: ModelServer,
+) -> None:
+    model_server.script(*[openai_reply({"content": f"answer {n}"}) for n in range(3)])
+    text = openai_config(model_server, tmp_path / "aws").replace(
+        "context_window = 16000", "context_window = 2000")
+    async with start(sdk_hosts, config_dir, text, ZEROCLAW_LOG="info") as host:
+        await host.initialize()
+        sid = await host.new_session(workspace)
+        await host.prompt(sid, "old " * 2000)  # ~2,000 tokens: more than the whole window
+        await host.prompt(sid, "recent")
+        await host.prompt(sid, "now")
+    sent = [m["content"] for m in model_server.requests[2].body["messages"][1:]]
+    assert sent == ["recent", "answer 1", "now"]
+    stderr = "".join(p.read_text() for p in tmp_path.glob("host-*.stderr"))
+    assert "1 oldest turn(s) left out to fit context_window 2000" in stderr
+
+
+async def test_supervised_tool_calls_ask_and_a_rejection_goes_back_to_the_model(
+    sdk_hosts: SdkHostFactory, config_dir: Path, tmp_path: Path, workspace: Path,
+    model_server: ModelServer,
+) -> None:
+    write = {"tool_calls": [{"index": 0, "id": "w1", "function": {
+        "name": "file_write", "arguments": '{"path": "no.txt", "content": "x"}'}}]}
+    model_server.script(openai_reply(write, finish="tool_calls"),
+                        openai_reply({"content": "Understood."}))
+    text = openai_config(model_server, tmp_path / "aws", level="supervised")
+    async with start(sdk_hosts, config_dir, text) as host:
+        host.client.permission_policy = "reject_once"
+        await host.initialize()
+        sid = await host.new_session(workspace)
+        out = await host.prompt(sid, "write no.txt")
+        assert out.content == "Understood."
+        assert len(host.client.permission_asks) == 1
+    assert not (workspace / "no.txt").exists()
+    result = model_server.requests[1].body["messages"][-1]
+    assert result["tool_call_id"] == "w1" and "denied" in result["content"]
