@@ -186,7 +186,7 @@ async def test_tool_calls_without_ids_are_keyed_by_index_and_history_keeps_them(
     assert "wrote 7 bytes" in history[2]["content"]
 
 
-async def test_429_and_503_are_retried_honouring_retry_after(
+async def test_429_503_and_a_cut_before_the_first_event_are_retried(
     sdk_hosts: SdkHostFactory, config_dir: Path, tmp_path: Path, workspace: Path,
     model_server: ModelServer,
 ) -> None:
@@ -194,17 +194,19 @@ async def test_429_and_503_are_retried_honouring_retry_after(
         Reply(status=429, headers=(("retry-after", "1"),),
               body=b'{"error":{"message":"Rate limit reached","type":"requests"}}'),
         Reply(status=503, body=b'{"error":{"message":"overloaded"}}'),
+        Reply(events=openai_reply().events, cut_after=0),  # cut before the first event
         openai_reply({"content": "finally"}),
     )
-    async with start(sdk_hosts, config_dir,
-                           openai_config(model_server, tmp_path / "aws")) as host:
+    text = openai_config(model_server, tmp_path / "aws").replace("max_retries = 2",
+                                                                 "max_retries = 3")
+    async with start(sdk_hosts, config_dir, text) as host:
         await host.initialize()
         sid = await host.new_session(workspace)
         out = await host.prompt(sid, "hi")
         assert (out.stop_reason, out.content) == ("end_turn", "finally")
-    first, second, third = model_server.requests
+    first, second, third, fourth = model_server.requests
     assert second.at - first.at >= 0.95, "Retry-After: 1 was not honoured"
-    assert first.body == second.body == third.body
+    assert first.body == second.body == third.body == fourth.body
 
 
 async def test_errors_that_retries_cannot_fix_fail_the_turn_clearly(

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import email.utils
+import itertools
 import logging
 import queue
 import random
@@ -75,6 +76,20 @@ class _Retry(Exception):
     def __init__(self, message: str, wait: float | None = None) -> None:
         super().__init__(message)
         self.wait = wait
+
+
+class _Broken(Exception):
+    """The response body broke off; the message says how."""
+
+
+@dataclass(slots=True)
+class _Opened:
+    """A response whose first event arrived: ``first`` is its data (None: the body
+    ended without any), ``data`` the events still to read."""
+
+    pump: _Pump
+    data: Iterator[str]
+    first: str | None
 
 
 class _Pump:
@@ -223,17 +238,17 @@ class ModelHttp:
     def stream(self, url: str, headers: Mapping[str, str], body: dict[str, Any],
                cancelled: threading.Event) -> Generator[dict[str, Any], None, None]:
         """Each SSE payload of the response as a dict; stops early when ``cancelled``."""
-        pump = self._connect(url, headers, body, cancelled)
-        if pump is None:
+        opened = self._connect(url, headers, body, cancelled)
+        if opened is None:
             return
         try:
-            yield from self._payloads(pump, cancelled)
+            yield from self._payloads(opened, cancelled)
         finally:
-            pump.abort()
+            opened.pump.abort()
 
     def _connect(self, url: str, headers: Mapping[str, str], body: dict[str, Any],
-                 cancelled: threading.Event) -> _Pump | None:
-        """An open stream, after retries; None when cancelled meanwhile."""
+                 cancelled: threading.Event) -> _Opened | None:
+        """A stream whose first event has arrived, after retries; None when cancelled."""
         content = orjson.dumps(body)
         attempts = self.settings.max_retries + 1
         for attempt in range(attempts):
@@ -241,10 +256,7 @@ class ModelHttp:
                                                  content=content)
             pump = _Pump(self._http(), request)
             try:
-                if self._opened(pump, cancelled):
-                    return pump
-                pump.abort()
-                return None
+                opened = self._open(pump, cancelled)
             except _Retry as retry:
                 pump.abort()
                 if attempt + 1 >= attempts:
@@ -255,36 +267,50 @@ class ModelHttp:
                 logger.info("model %s: %s; retrying in %.1f s", self.settings.alias, retry, wait)
                 if cancelled.wait(wait):
                     return None
+                continue
+            if opened is None:
+                pump.abort()
+            return opened
         return None
 
-    def _opened(self, pump: _Pump, cancelled: threading.Event) -> bool:
-        """True when the response is a 2xx stream; False if cancelled; raises otherwise."""
+    def _open(self, pump: _Pump, cancelled: threading.Event) -> _Opened | None:
+        """The response up to its first event; None if cancelled; :class:`_Retry` or
+        AgentFailure when it failed."""
         item = pump.next(cancelled)
         if item is None:
-            return False
+            return None
         kind, value = item
-        if kind == "open":
-            return True
         if kind == "status":
             message = f"HTTP {value.code}: {_provider_message(value.body)}"
             if value.code in RETRY_STATUSES:
                 raise _Retry(message, value.retry_after)
             raise self._failure(message)
-        if _is_local_mistake(value):
-            raise self._failure(self._describe(value))
-        raise _Retry(self._describe(value))
+        if kind != "open":
+            if _is_local_mistake(value):
+                raise self._failure(self._describe(value))
+            raise _Retry(self._describe(value))
+        data = _sse_data(self._lines(pump, cancelled))
+        try:
+            first = next(data, None)
+        except _Broken as exc:
+            raise _Retry(f"the stream broke before its first event: {exc}") from None
+        return _Opened(pump, data, first)
 
-    def _payloads(self, pump: _Pump, cancelled: threading.Event) -> Iterator[dict[str, Any]]:
-        for data in _sse_data(self._lines(pump, cancelled)):
-            if data.strip() == "[DONE]":
-                pump.drain(cancelled)
-                return
-            try:
-                payload = orjson.loads(data)
-            except orjson.JSONDecodeError:
-                raise self._failure(f"the stream sent invalid JSON: {data[:200]!r}") from None
-            if isinstance(payload, dict):
-                yield payload
+    def _payloads(self, opened: _Opened, cancelled: threading.Event) -> Iterator[dict[str, Any]]:
+        first = [] if opened.first is None else [opened.first]
+        try:
+            for data in itertools.chain(first, opened.data):
+                if data.strip() == "[DONE]":
+                    opened.pump.drain(cancelled)
+                    return
+                try:
+                    payload = orjson.loads(data)
+                except orjson.JSONDecodeError:
+                    raise self._failure(f"the stream sent invalid JSON: {data[:200]!r}") from None
+                if isinstance(payload, dict):
+                    yield payload
+        except _Broken as exc:
+            raise self._failure(f"the stream broke: {exc}") from None
 
     def _lines(self, pump: _Pump, cancelled: threading.Event) -> Iterator[str]:
         while (item := pump.next(cancelled)) is not None:
@@ -294,7 +320,7 @@ class ModelHttp:
             elif kind == "end":
                 return
             else:
-                raise self._failure(f"the stream broke: {self._describe(value)}")
+                raise _Broken(self._describe(value))
 
     def _describe(self, exc: Exception) -> str:
         text = str(exc) or type(exc).__name__

@@ -94,22 +94,18 @@ class ReplyBuilder:
         self._finish: Finish | None = None
         self._usage: Usage | None = None
         self._refused = False
-        self.received = False  # anything at all came from the model
 
     def text(self, text: str) -> None:
-        self.received = True
         for is_thought, piece in self._splitter.feed(text):
             self._say(is_thought, piece)
 
     def refusal(self, text: str) -> None:
         """The model refuses (the text is shown as its answer); the turn ends ``refusal``."""
-        self.received = True
         self._refused = True
         if text:
             self._say(False, text)
 
     def thought(self, text: str) -> None:
-        self.received = True
         if text:
             self._emit(ThoughtChunk(text))
 
@@ -127,7 +123,6 @@ class ReplyBuilder:
         Fragments without an index go to the call with their id, else to the last
         call; a different id under an index already used starts another call.
         """
-        self.received = True
         call = self._find_call(key, call_id)
         if call is None:
             call = _PartialCall(call_id or f"call_{uuid.uuid4().hex[:16]}", name or "", [],
@@ -152,7 +147,6 @@ class ReplyBuilder:
         return self._calls[-1] if self._calls else None
 
     def finish(self, finish: Finish) -> None:
-        self.received = True
         self._finish = finish
 
     def usage(self, input_tokens: int | None, output_tokens: int | None) -> None:
