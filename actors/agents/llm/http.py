@@ -19,7 +19,6 @@ Error messages never contain the API key (:func:`redact`).
 from __future__ import annotations
 
 import contextlib
-import email.utils
 import itertools
 import logging
 import queue
@@ -184,6 +183,8 @@ def _retry_after(value: str | None) -> float | None:
         return max(0.0, float(value))
     except ValueError:
         pass
+    import email.utils  # rare (most servers send seconds); not on every host's start-up
+
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):
