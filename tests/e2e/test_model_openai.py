@@ -378,3 +378,29 @@ async def test_supervised_tool_calls_ask_and_a_rejection_goes_back_to_the_model(
     assert not (workspace / "no.txt").exists()
     result = model_server.requests[1].body["messages"][-1]
     assert result["tool_call_id"] == "w1" and "denied" in result["content"]
+
+
+async def test_a_resumed_session_continues_with_its_stored_history(
+    sdk_hosts: SdkHostFactory, config_dir: Path, tmp_path: Path, workspace: Path,
+    model_server: ModelServer,
+) -> None:
+    call = {"tool_calls": [{"index": 0, "id": "r1", "function": {
+        "name": "file_read", "arguments": '{"path": "f.txt"}'}}]}
+    (workspace / "f.txt").write_text("file body")
+    model_server.script(openai_reply(call, finish="tool_calls"),
+                        openai_reply({"content": "It says file body."}),
+                        openai_reply({"content": "Still file body."}))
+    text = openai_config(model_server, tmp_path / "aws")
+    async with start(sdk_hosts, config_dir, text) as first:
+        await first.initialize()
+        sid = await first.new_session(workspace)
+        await first.prompt(sid, "read f.txt")
+    async with start(sdk_hosts, config_dir, text) as second:
+        await second.initialize()
+        await second.conn.resume_session(session_id=sid, cwd=str(workspace))
+        assert (await second.prompt(sid, "what did it say?")).content == "Still file body."
+    live = model_server.requests[1].body["messages"][1:]
+    restored = model_server.requests[2].body["messages"][1:]
+    assert [m["role"] for m in restored] == ["user", "assistant", "tool", "assistant", "user"]
+    assert restored[2]["content"] == live[2]["content"] == "file body"
+    assert restored[3]["content"] == "It says file body."
