@@ -42,7 +42,7 @@ __all__ = ["POLL_SECS", "ModelHttp", "model_failure", "redact"]
 
 logger = logging.getLogger("zeroclaw.model")
 
-POLL_SECS = 0.05
+POLL_SECS = 0.02
 RETRY_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
 MAX_RETRY_WAIT_SECS = 60.0
 ERROR_BODY_LIMIT = 4096
