@@ -115,7 +115,10 @@ def test_sse_data_joins_lines_and_skips_comments_and_event_names() -> None:
 
 @pytest.mark.parametrize(("config", "problem"), [
     ({"model": "m"}, "base_url is required"),
-    ({"base_url": "localhost:8080", "model": "m"}, "must start with http"),
+    ({"base_url": "localhost:8080", "model": "m"}, "base_url must be an http"),
+    ({"base_url": "http:///v1", "model": "m"}, "base_url must be an http"),
+    ({"base_url": "http://[::1/v1", "model": "m"}, "base_url must be an http"),
+    ({"base_url": "http://a b/v1", "model": "m"}, "base_url must be an http"),
     ({"base_url": "http://x", "model": "m", "api_key_env": "NOPE"}, "NOPE (api_key_env)"),
     ({"base_url": "http://x", "model": "m", "temperature": "hot"}, "temperature must be"),
     ({"base_url": "http://x", "model": "m", "headers": {"a": 1}}, "headers must be"),
@@ -126,6 +129,13 @@ def test_config_problems_are_named(config: dict[str, object], problem: str) -> N
     assert found is not None and problem in found
     assert settings_problem({"provider": "openai", "base_url": "http://x", "model": "m"}, {},
                             needs_key=False) is None
+
+
+def test_a_key_that_cannot_be_a_header_is_refused_without_showing_it() -> None:
+    config = {"provider": "openai", "base_url": "http://x", "model": "m", "api_key_env": "K"}
+    problem = settings_problem(config, {"K": "sk-abc\n"}, needs_key=False)
+    assert problem is not None and "control characters" in problem and "sk-abc" not in problem
+    assert settings_problem(config, {"K": "sk-abc"}, needs_key=False) is None
 
 
 def test_redact_hides_the_key() -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,6 +58,16 @@ def _number(config: Mapping[str, Any], key: str, *, integer: bool, minimum: floa
     return None
 
 
+def _usable_url(url: str) -> bool:
+    try:
+        parts = urllib.parse.urlsplit(url)
+        _ = parts.port  # raises for a bad port
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname) and not any(
+        c.isspace() for c in url)
+
+
 def settings_problem(
     config: Mapping[str, Any], env: Mapping[str, str], *, needs_key: bool
 ) -> str | None:
@@ -65,8 +76,8 @@ def settings_problem(
         value = config.get(key)
         if not isinstance(value, str) or not value.strip():
             return f"{key} is required for provider {config.get('provider')!r}"
-    if not str(config["base_url"]).startswith(("http://", "https://")):
-        return "base_url must start with http:// or https://"
+    if not _usable_url(str(config["base_url"])):
+        return "base_url must be an http:// or https:// URL with a host"
     key_env = config.get("api_key_env")
     if key_env is not None and (not isinstance(key_env, str) or not key_env):
         return "api_key_env must be the name of an environment variable"
@@ -74,6 +85,9 @@ def settings_problem(
         return "api_key_env is required (the name of the variable holding the API key)"
     if key_env is not None and not env.get(key_env):
         return f"environment variable {key_env} (api_key_env) is not set"
+    if key_env is not None and any(ord(c) < 33 or ord(c) == 127 for c in env[key_env]):
+        # an HTTP library would refuse the header and quote it in its error and debug log
+        return f"environment variable {key_env} (api_key_env) holds spaces or control characters"
     headers = config.get("headers", {})
     if not isinstance(headers, Mapping) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in headers.items()

@@ -253,8 +253,11 @@ class ModelHttp:
         content = orjson.dumps(body)
         attempts = self.settings.max_retries + 1
         for attempt in range(attempts):
-            request = self._http().build_request("POST", url, headers=dict(headers),
-                                                 content=content)
+            try:
+                request = self._http().build_request("POST", url, headers=dict(headers),
+                                                     content=content)
+            except Exception as exc:  # e.g. httpx.InvalidURL: no retry can help
+                raise self._failure(self._describe(exc)) from None
             pump = _Pump(self._http(), request)
             try:
                 opened = self._open(pump, cancelled)
