@@ -32,7 +32,8 @@ class Reply:
 
     ``events`` are SSE frames sent one chunk each (a 200 stream); ``body`` is a whole
     non-streamed body (an error status). ``cut_after`` cuts the connection after that
-    many events; ``hold_after`` holds the stream open after that many events.
+    many events; ``hold_after`` holds the stream open after that many events;
+    ``hold_headers`` holds before sending anything (a server that never answers).
     """
 
     status: int = 200
@@ -41,6 +42,7 @@ class Reply:
     headers: tuple[tuple[str, str], ...] = ()
     cut_after: int | None = None
     hold_after: int | None = None
+    hold_headers: bool = False
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,8 @@ class _Handler(BaseHTTPRequestHandler):
             reply = state.replies.popleft() if state.replies else Reply(
                 status=500, body=b'{"error":{"message":"no scripted reply"}}')
             state.changed.notify_all()
+        if reply.hold_headers and not self._hold():
+            return
         if reply.status != 200 or not reply.events:
             self._send_whole(reply)
         else:

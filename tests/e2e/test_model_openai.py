@@ -404,3 +404,26 @@ async def test_a_resumed_session_continues_with_its_stored_history(
     assert [m["role"] for m in restored] == ["user", "assistant", "tool", "assistant", "user"]
     assert restored[2]["content"] == live[2]["content"] == "file body"
     assert restored[3]["content"] == "It says file body."
+
+
+async def test_cancel_is_prompt_while_waiting_to_retry_or_for_the_response(
+    sdk_hosts: SdkHostFactory, config_dir: Path, tmp_path: Path, workspace: Path,
+    model_server: ModelServer,
+) -> None:
+    model_server.script(
+        Reply(status=429, headers=(("retry-after", "30"),), body=b"{}"),
+        Reply(events=openai_reply().events, hold_headers=True),
+    )
+    async with start(sdk_hosts, config_dir,
+                     openai_config(model_server, tmp_path / "aws")) as host:
+        await host.initialize()
+        sid = await host.new_session(workspace)
+        for waiting_on in ("a 30 s Retry-After", "a server that does not answer"):
+            count = len(model_server.requests)
+            turn = asyncio.create_task(host.prompt(sid, "hi"))
+            await asyncio.to_thread(model_server.wait_requests, count + 1)
+            await host.conn.cancel(session_id=sid)
+            out = await asyncio.wait_for(turn, 10)
+            assert out.stop_reason == "cancelled", waiting_on
+        assert await asyncio.to_thread(model_server.state.client_gone.wait, 10)
+    assert len(model_server.requests) == 2  # no retry after the cancel

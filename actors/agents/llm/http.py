@@ -9,15 +9,17 @@ seen part of the reply.
 The request is sent and its body read on a helper thread (:class:`_Pump`) that
 hands lines to the session actor's thread through a queue; the actor thread waits
 at most :data:`POLL_SECS` at a time, so a cancel is noticed promptly in every
-phase (connect, waiting for headers, a stalled stream), and it then shuts the
-socket down, which wakes the helper at once. httpx is imported when the first
-request is made, so starting a host or a worker does not pay for it.
+phase (connect, waiting for headers, a stalled stream); it then shuts the agent's
+connections down, which wakes the helper at once and tells the server. httpx is
+imported when the first request is made, so starting a host or a worker does not
+pay for it.
 
 Error messages never contain the API key (:func:`redact`).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import logging
@@ -156,11 +158,8 @@ class _Pump:
         self._stop.set()
         with self._lock:
             response = None if self._finished else self._response
-            stream = response.extensions.get("network_stream") if response is not None else None
-            sock = stream.get_extra_info("socket") if stream is not None else None
-            if sock is not None:
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
+            if response is not None:
+                _shut_down(response.extensions.get("network_stream"))
 
     def drain(self, cancelled: threading.Event) -> None:
         """After the last event: let the helper read the body's end (briefly), so the
@@ -173,6 +172,34 @@ class _Pump:
                 continue
             if kind != "line":
                 return
+
+
+def _shut_down(network_stream: Any) -> None:
+    """Shut an httpcore network stream's socket down (any thread): a read blocked on
+    it returns at once, and the server sees the connection end."""
+    sock = network_stream.get_extra_info("socket") if network_stream is not None else None
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+
+class _Connections:
+    """The connections one client opened, recorded through httpcore's ``trace``
+    extension (on the helper threads), so a cancel can end them all, even one whose
+    request still waits for its response headers."""
+
+    def __init__(self) -> None:
+        self._streams: collections.deque[Any] = collections.deque(maxlen=8)
+
+    def trace(self, name: str, info: dict[str, Any]) -> None:
+        if name in ("connection.connect_tcp.complete", "connection.start_tls.complete"):
+            self._streams.append(info.get("return_value"))
+
+    def shut_all(self) -> None:
+        streams = list(self._streams)
+        self._streams.clear()
+        for stream in streams:
+            _shut_down(stream)
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -227,6 +254,7 @@ class ModelHttp:
     def __init__(self, settings: ModelSettings) -> None:
         self.settings = settings
         self._client: httpx.Client | None = None
+        self._connections = _Connections()
 
     def _http(self) -> httpx.Client:
         if self._client is None:
@@ -246,6 +274,14 @@ class ModelHttp:
             yield from self._payloads(opened, cancelled)
         finally:
             opened.pump.abort()
+            if cancelled.is_set():
+                self._drop_connections()
+
+    def _drop_connections(self) -> None:
+        """After a cancel: end every connection (one may still be waiting for headers);
+        the next request starts a fresh client."""
+        self._connections.shut_all()
+        self._client = None
 
     def _connect(self, url: str, headers: Mapping[str, str], body: dict[str, Any],
                  cancelled: threading.Event) -> _Opened | None:
@@ -254,8 +290,9 @@ class ModelHttp:
         attempts = self.settings.max_retries + 1
         for attempt in range(attempts):
             try:
-                request = self._http().build_request("POST", url, headers=dict(headers),
-                                                     content=content)
+                request = self._http().build_request(
+                    "POST", url, headers=dict(headers), content=content,
+                    extensions={"trace": self._connections.trace})
             except Exception as exc:  # e.g. httpx.InvalidURL: no retry can help
                 raise self._failure(self._describe(exc)) from None
             pump = _Pump(self._http(), request)
@@ -274,6 +311,7 @@ class ModelHttp:
                 continue
             if opened is None:
                 pump.abort()
+                self._drop_connections()
             return opened
         return None
 
