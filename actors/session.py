@@ -21,7 +21,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from actors.agents.base import Agent, AgentFailure, history_tokens
+from actors.agents.base import Agent, AgentFailure, TurnStop, history_tokens
 from actors.bridge import SimpleInboxActor
 from actors.tools import PathPolicy, Tool, default_tools
 from actors.turn import ActorTurnContext, TurnRecorder
@@ -227,8 +227,9 @@ class SessionActor(SimpleInboxActor):
         recorder = TurnRecorder(turn.prompt)
         ctx = ActorTurnContext(self, turn.turn_id, turn.cancelled, recorder)
         failure: str | None = None
+        stop: TurnStop | None = None
         try:
-            self.agent.run_turn(turn.prompt, ctx)
+            stop = self.agent.run_turn(turn.prompt, ctx)
         except AgentFailure as exc:
             failure = str(exc) or "agent failed"
         except Exception as exc:
@@ -241,7 +242,7 @@ class SessionActor(SimpleInboxActor):
         if failure is not None and not cancelled:
             self.send(TurnFailed(sid=sid, turn_id=turn.turn_id, message=failure))
             return
-        record = recorder.build(sid, cancelled=cancelled, started_at=started)
+        record = recorder.build(sid, cancelled=cancelled, started_at=started, stop=stop)
         self.history.extend(record.items)
         self.history_tokens += history_tokens(record.items)
         self.send(TurnEnded(sid=sid, turn_id=turn.turn_id, record=record.to_wire()))

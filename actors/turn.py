@@ -15,9 +15,10 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from actors.agents.base import ToolCallOutcome, estimate_tokens
+from actors.agents.base import ToolCallOutcome, TurnStop, estimate_tokens
 from actors.tools import Tool, ToolEnv, ToolError
 from ipc.events import (
     Event,
@@ -99,8 +100,12 @@ class TurnRecorder:
         else:
             tool.outcome = "denied" if event.tool_call_id in self._denied else "failed"
 
-    def build(self, session_id: str, *, cancelled: bool, started_at: float) -> TurnRecord:
-        """The finished turn; a cancelled one gets :data:`CANCEL_MARKER` after its text."""
+    def build(self, session_id: str, *, cancelled: bool, started_at: float,
+              stop: TurnStop | None = None) -> TurnRecord:
+        """The finished turn; a cancelled one gets :data:`CANCEL_MARKER` after its text.
+
+        ``stop`` is how the agent ended it (None: ``end_turn``); a cancel wins over it.
+        """
         content = "".join(self._answer)
         if cancelled:
             separator = "\n" if content and not content.endswith("\n") else ""
@@ -113,7 +118,7 @@ class TurnRecorder:
         return TurnRecord(
             session_id=session_id,
             items=tuple(items),
-            stop_reason="cancelled" if cancelled else "end_turn",
+            stop_reason="cancelled" if cancelled else (stop or "end_turn"),
             content=content,
             started_at=started_at,
             finished_at=time.time(),
@@ -154,6 +159,10 @@ class ActorTurnContext:
     @property
     def cancelled(self) -> threading.Event:
         return self._cancelled
+
+    @property
+    def workspace(self) -> Path:
+        return self._session.config.paths.cwd
 
     @property
     def history(self) -> Sequence[TurnItem]:

@@ -55,7 +55,12 @@ class AgentConfig:
     def to_wire(self) -> dict[str, Any]:
         """What a worker needs to build the agent (sent in ``OpenSession``)."""
         wire: dict[str, Any] = {
-            k: v for k, v in self.raw.items() if isinstance(v, str | int | float | bool)}
+            k: v for k, v in self.raw.items() if isinstance(v, str | int | float | bool)
+        }
+        wire.update({  # tables of strings, e.g. an agent's extra HTTP ``headers``
+            k: dict(v) for k, v in self.raw.items()
+            if isinstance(v, Mapping) and all(isinstance(x, str) for x in v.values())
+        })
         wire.update(alias=self.alias, provider=self.provider, model=self.model)
         wire["workspace"] = str(self.workspace)
         wire["env"] = dict(self.env)
@@ -152,10 +157,11 @@ def _agents(doc: Mapping[str, Any], config_dir: Path) -> dict[str, AgentConfig]:
         if not isinstance(section, Mapping):
             raise ConfigError(f"[agents.{alias}] must be a table")
         workspace = section.get("workspace") or str(config_dir / "agents" / alias / "workspace")
+        provider = str(section.get("provider", "echo"))
         agents[alias] = AgentConfig(
             alias=alias,
-            provider=str(section.get("provider", "echo")),
-            model=str(section.get("model", "echo")),
+            provider=provider,
+            model=str(section.get("model", "echo" if provider == "echo" else "")),
             workspace=Path(str(workspace)).expanduser().absolute(),
             enabled=bool(section.get("enabled", True)),
             raw=section,

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from actors.agents import agent_config_problem
 from ipc.acp import Blob, NewSessionRequest, PromptRequest, blob_marker, replay_events
 from ipc.errors import InternalError, InvalidParams, RpcError, SessionNotFound
 from ipc.events import CurrentMode, TurnRecord, item_to_wire
@@ -74,6 +75,9 @@ class Sessions:
             raise InvalidParams(f"unknown agent alias: {alias}")
         if not agent.enabled:
             raise InvalidParams(f"agent {alias} is disabled")
+        problem = agent_config_problem(agent.to_wire())
+        if problem is not None:
+            raise InvalidParams(f"agent {alias} cannot be used: {problem}")
         return agent
 
     def agent_of_stored(self, info: StoredSession) -> tuple[AgentConfig, str | None]:

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from pathlib import Path
+from typing import Any, ClassVar, Literal, Protocol, TypeAlias
 
 from ipc.events import Event, TextItem, ToolItem, TurnItem
 
@@ -22,9 +23,15 @@ __all__ = [
     "AgentFailure",
     "ToolCallOutcome",
     "TurnContext",
+    "TurnStop",
     "estimate_tokens",
     "history_tokens",
 ]
+
+
+#: How an agent may end a turn other than normally (ACP stop reasons): the model hit its
+#: output limit, or refused. ``None`` from :meth:`Agent.run_turn` means ``end_turn``.
+TurnStop: TypeAlias = Literal["max_tokens", "refusal"]
 
 
 class AgentFailure(Exception):
@@ -47,6 +54,12 @@ class TurnContext(Protocol):
     @property
     def cancelled(self) -> threading.Event:
         """Set when the client cancels the turn; check it often and return soon after."""
+        ...
+
+    @property
+    def workspace(self) -> Path:
+        """The session's effective workspace (its cwd, else the agent's workspace):
+        where relative tool paths and the shell start."""
         ...
 
     @property
@@ -90,10 +103,20 @@ class Agent(ABC):
     def __init__(self, config: dict[str, Any]) -> None:
         self.config = config
 
+    @classmethod
+    def config_problem(cls, config: Mapping[str, Any], env: Mapping[str, str]) -> str | None:
+        """Why ``config`` cannot work in ``env`` (a missing key, a bad value), else None.
+
+        Pure; the host calls it at ``session/new`` (loop thread), the worker when it
+        creates the agent.
+        """
+        return None
+
     @abstractmethod
-    def run_turn(self, prompt: str, ctx: TurnContext) -> None:
+    def run_turn(self, prompt: str, ctx: TurnContext) -> TurnStop | None:
         """Produce one turn for ``prompt``; return early when ``ctx.cancelled`` is set.
 
+        Return None for a normal end (``end_turn``), or a :data:`TurnStop`.
         Raise :class:`AgentFailure` for a failure the client should see.
         """
 

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import pytest
 
+from .model_server import ModelServer
 from .procs import host_env
 from .rawclient import RawHost
 from .sdkhost import SdkHost, spawn_sdk_host
@@ -132,3 +133,11 @@ def raw_hosts(
 def raw_host(raw_hosts: RawHostFactory) -> RawHost:
     """One raw host on the test's config dir, not yet initialized."""
     return raw_hosts()
+
+
+@pytest.fixture
+def model_server() -> Iterator[ModelServer]:
+    """A local model API (OpenAI and Anthropic streaming formats) for provider tests."""
+    server = ModelServer()
+    yield server
+    server.close()

@@ -1,0 +1,1 @@
+"""Model-backed agents: zeroclaw's own agent loop on OpenAI-style and Anthropic APIs."""
