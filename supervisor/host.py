@@ -44,6 +44,7 @@ from supervisor.routes import Peer, Route
 from supervisor.supervisor import Eviction, Limits, SupervisorActor, workers_wanted
 from supervisor.turns import TurnBook
 from supervisor.usage import UsageTotals
+from supervisor.worker_env import agent_variables
 from supervisor.workers import WorkerPool
 
 __all__ = ["Host"]
@@ -87,6 +88,7 @@ class Host:
             on_message=self._on_worker_message,
             on_worker_exit=self._on_worker_exit,
             max_workers=settings.workers_max,
+            inherit=agent_variables(settings.agents.values()),
         )
         become_subreaper()
         await self.pool.start()

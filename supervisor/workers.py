@@ -53,6 +53,7 @@ from ipc.worker_wire import (
     encode,
 )
 from supervisor.ipc_path import IpcClaim, claim_ipc_path
+from supervisor.worker_env import worker_environment
 
 __all__ = ["HUNG_AFTER_BEATS", "WorkerPool", "WorkerStatus"]
 
@@ -101,7 +102,8 @@ class WorkerPool:
     ``on_message(worker_id, message)`` gets every worker message except
     WorkerReady and Heartbeat; ``on_worker_exit(worker_id)`` is called once per
     dead worker (not during :meth:`close`). ``env`` holds extra environment
-    variables for the workers, over the host's own.
+    variables for the workers; of the host's own they get only what
+    :func:`supervisor.worker_env.worker_environment` keeps, plus ``inherit``.
     """
 
     def __init__(
@@ -113,6 +115,7 @@ class WorkerPool:
         max_workers: int,
         heartbeat_secs: float = 1.0,
         env: dict[str, str] | None = None,
+        inherit: frozenset[str] = frozenset(),
         start_timeout: float = 15.0,
     ) -> None:
         self.run_dir = Path(run_dir)
@@ -122,6 +125,7 @@ class WorkerPool:
         self._on_message = on_message
         self._on_worker_exit = on_worker_exit
         self._env = env or {}
+        self._inherit = inherit
         self._workers: dict[str, _Worker] = {}
         self._target = 0
         self._seq = 0
@@ -315,7 +319,7 @@ class WorkerPool:
         ]
 
     def _worker_env(self) -> dict[str, str]:
-        env = {**os.environ, **self._env}
+        env = {**worker_environment(os.environ, self._inherit), **self._env}
         paths = [str(_PROJECT_ROOT), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
         return env

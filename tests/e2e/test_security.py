@@ -44,6 +44,8 @@ async def test_host_secrets_reach_no_command_client_store_log_or_status(
         "!think about keys\nsome words\n" + tool("shell", {"command": "set"}),
         tool("file_write", {"path": "env.txt", "content": "x"}) + "\n"
         + tool("shell", {"command": "env > env.txt; cat env.txt"}),
+        # the command's parent is the worker: its environment must hold no secret either
+        tool("shell", {"command": "tr '\\0' '\\n' < /proc/$PPID/environ"}),
     ]
     async with sdk_hosts(config_dir, "--log-level", "debug", env_extra=planted) as host:
         await host.initialize()
@@ -65,6 +67,7 @@ async def test_host_secrets_reach_no_command_client_store_log_or_status(
     assert (config_dir / "data" / "sessions" / "acp-sessions.db").stat().st_size > 0
     assert "ZC_AGENT_VISIBLE=agent-given" in env_output and "PATH=" in env_output
     assert "[] []" in env_output
+    assert "PYTHONPATH=" in env_output  # the worker's own environment was read
 
 
 async def test_symlink_flips_never_let_file_tools_out_of_the_roots(

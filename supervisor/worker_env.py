@@ -1,0 +1,43 @@
+"""The environment a worker process starts with: what it needs, and no host secrets.
+
+A worker runs model-driven tools, so whatever is in its environment can be read by
+a command it runs (``/proc/$PPID/environ``), not only by the worker. It gets the
+variables a shell command may see (:func:`actors.tools.shell.command_environment`),
+the interpreter's and zeroclaw's own (``PYTHON*``, ``ZEROCLAW_*``), the user's base
+directories (``XDG_*``), proxy and certificate settings for model APIs, and the
+variables an agent names in ``api_key_env``: never the rest of the host's (cloud
+keys, tokens) that no agent asked for.
+
+Pure functions; called on the asyncio loop thread when a worker is spawned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from actors.tools.shell import command_environment
+from supervisor.config import AgentConfig
+
+__all__ = ["agent_variables", "worker_environment"]
+
+_KEPT_PREFIXES = ("PYTHON", "ZEROCLAW_", "XDG_")
+_NETWORK_VARIABLES = frozenset({
+    "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY",
+    "http_proxy", "https_proxy", "all_proxy", "no_proxy",
+    "SSL_CERT_FILE", "SSL_CERT_DIR"})
+
+
+def agent_variables(agents: Iterable[AgentConfig]) -> frozenset[str]:
+    """The host variables agents name in ``api_key_env`` (their keys live there)."""
+    names = (agent.raw.get("api_key_env") for agent in agents)
+    return frozenset(name for name in names if isinstance(name, str) and name)
+
+
+def worker_environment(host_env: Mapping[str, str], wanted: Iterable[str]) -> dict[str, str]:
+    """A worker's environment drawn from ``host_env``: the kept variables plus ``wanted``."""
+    wanted = frozenset(wanted)
+    environment = command_environment({}, host_env)
+    for name, value in host_env.items():
+        if name in wanted or name in _NETWORK_VARIABLES or name.startswith(_KEPT_PREFIXES):
+            environment[name] = value
+    return environment
