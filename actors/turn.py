@@ -99,8 +99,13 @@ class TurnRecorder:
         else:
             tool.outcome = "denied" if event.tool_call_id in self._denied else "failed"
 
-    def build(self, session_id: str, *, cancelled: bool, started_at: float) -> TurnRecord:
-        """The finished turn; a cancelled one gets :data:`CANCEL_MARKER` after its text."""
+    def build(self, session_id: str, *, cancelled: bool, started_at: float,
+              stop_reason: str | None = None, meta: dict[str, Any] | None = None) -> TurnRecord:
+        """The finished turn; a cancelled one gets :data:`CANCEL_MARKER` after its text.
+
+        ``stop_reason`` is the agent's (default ``end_turn``; a cancelled turn is
+        always ``cancelled``); ``meta`` goes to the prompt result's ``_meta.zeroclaw``.
+        """
         content = "".join(self._answer)
         if cancelled:
             separator = "\n" if content and not content.endswith("\n") else ""
@@ -113,11 +118,12 @@ class TurnRecorder:
         return TurnRecord(
             session_id=session_id,
             items=tuple(items),
-            stop_reason="cancelled" if cancelled else "end_turn",
+            stop_reason="cancelled" if cancelled else (stop_reason or "end_turn"),
             content=content,
             started_at=started_at,
             finished_at=time.time(),
             tokens=tokens,
+            extra={"meta": meta} if meta else {},
         )
 
     @staticmethod

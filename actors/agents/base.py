@@ -11,17 +11,20 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
+from actors.tools.paths import PathPolicy
 from ipc.events import Event, TextItem, ToolItem, TurnItem
 
 __all__ = [
     "Agent",
     "AgentFailure",
+    "SessionSetup",
     "ToolCallOutcome",
     "TurnContext",
+    "TurnResult",
     "estimate_tokens",
     "history_tokens",
 ]
@@ -39,6 +42,31 @@ class ToolCallOutcome:
     outcome: str
     text: str
     raw_output: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSetup:
+    """What an agent may know about its session when it opens (see :meth:`Agent.open`).
+
+    ``mode`` reads the session's current autonomy level (thread-safe);
+    ``mcp_servers`` is the client's list from ``session/new``, as sent.
+    """
+
+    sid: str
+    paths: PathPolicy
+    mode: Callable[[], str]
+    mcp_servers: tuple[Any, ...] = ()
+    has_history: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TurnResult:
+    """What :meth:`Agent.run_turn` may return: the ACP stop reason (None: the default,
+    ``end_turn``, or ``cancelled`` when the turn was cancelled) and fields for the
+    prompt result's ``_meta.zeroclaw``."""
+
+    stop_reason: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
 
 
 class TurnContext(Protocol):
@@ -90,8 +118,24 @@ class Agent(ABC):
     def __init__(self, config: dict[str, Any]) -> None:
         self.config = config
 
+    @classmethod
+    def config_problem(cls, config: Mapping[str, Any]) -> str | None:
+        """Why ``config`` cannot work (said at config load and at ``session/new``), or None.
+
+        Runs on the host (any thread); must be cheap and must not quote secrets.
+        """
+        return None
+
+    def open(self, setup: SessionSetup) -> None:
+        """The session's actor started (its thread); the default does nothing."""
+        return None
+
+    def close(self) -> None:
+        """The session's actor stops (its thread); the default does nothing."""
+        return None
+
     @abstractmethod
-    def run_turn(self, prompt: str, ctx: TurnContext) -> None:
+    def run_turn(self, prompt: str, ctx: TurnContext) -> TurnResult | None:
         """Produce one turn for ``prompt``; return early when ``ctx.cancelled`` is set.
 
         Raise :class:`AgentFailure` for a failure the client should see.
