@@ -18,10 +18,11 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from actors.agents import agent_config_problem
 from ipc.acp import Blob, NewSessionRequest, PromptRequest, blob_marker, replay_events
 from ipc.errors import InternalError, InvalidParams, RpcError, SessionNotFound
 from ipc.events import CurrentMode, TurnRecord, item_to_wire
@@ -45,6 +46,7 @@ class TurnOutcome:
     sid: str
     stop_reason: str
     content: str
+    meta: dict[str, Any] = field(default_factory=dict)  # the result's _meta.zeroclaw
 
 
 class Sessions:
@@ -73,6 +75,9 @@ class Sessions:
             raise InvalidParams(f"unknown agent alias: {alias}")
         if not agent.enabled:
             raise InvalidParams(f"agent {alias} is disabled")
+        problem = agent_config_problem(agent.to_wire())
+        if problem is not None:
+            raise InvalidParams(f"agent {alias} cannot be used: {problem}")
         return agent
 
     def resolve_cwd(self, cwd: str | None, agent: AgentConfig) -> str:
@@ -178,7 +183,7 @@ class Sessions:
             sid=info.id, agent=agent.to_wire(), workspace_dir=str(agent.workspace),
             cwd=info.cwd, mode=info.mode, forbidden_paths=list(self.settings.forbidden_paths),
             permission_timeout=self.settings.session_timeout_secs,
-            history=[item_to_wire(i) for i in items],
+            history=[item_to_wire(i) for i in items], mcp_servers=list(info.mcp_servers),
         ))
         route = Route(info.id, worker_id, peer, info.agent_alias, info.workspace_dir,
                       info.cwd, info.mode, info.turn_count)
@@ -231,7 +236,8 @@ class Sessions:
             raise
         if count == 1:
             peer.send_event(turn.sid, self.host.session_info_event(_title(record)))
-        return TurnOutcome(turn.sid, record.stop_reason, record.content)
+        return TurnOutcome(turn.sid, record.stop_reason, record.content,
+                           dict(record.extra.get("meta") or {}))
 
     async def _start(self, turn: RunningTurn, request: PromptRequest) -> None:
         """Restore if needed, mark busy, store attachments, then hand the turn to the worker."""
