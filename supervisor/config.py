@@ -52,7 +52,8 @@ class AgentConfig:
 
     def to_wire(self) -> dict[str, Any]:
         """What a worker needs to build the agent (sent in ``OpenSession``)."""
-        wire = {k: v for k, v in self.raw.items() if isinstance(v, str | int | float | bool)}
+        wire = {k: v for k, v in self.raw.items()
+                if isinstance(v, str | int | float | bool | list | dict)}
         wire.update(alias=self.alias, provider=self.provider, model=self.model)
         wire["workspace"] = str(self.workspace)
         return wire
