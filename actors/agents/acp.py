@@ -123,6 +123,8 @@ class _Processes:
             process = self._running.get(key)
             if process is not None and process.alive:
                 return process
+            if process is not None:
+                process.stop()  # it exited: end its loop thread too
             process = AgentProcess(spec, _HANDLERS)
             process.start(CLIENT_CAPABILITIES)
             log.info("agent %s initialized: %s", spec.alias, _summary(process.initialize_result))
@@ -140,6 +142,8 @@ class _Processes:
     def stop_all(self) -> None:
         with self._lock:
             running, self._running = list(self._running.values()), {}
+        for process in running:
+            process.begin_stop()
         for process in running:
             process.stop()
 
@@ -262,7 +266,7 @@ class _AcpTurn:
 
     def run(self, prompt: str) -> str | None:
         link = self.link
-        _drain(link.inbox)
+        self._answer_leftovers()  # from before this turn
         link.turn_open.set()
         try:
             future = self.process.call("session/prompt", {
@@ -277,9 +281,9 @@ class _AcpTurn:
         return self._stop_reason(future)
 
     def _pump(self, future: concurrent.futures.Future[Any]) -> None:
-        """Relay the agent's messages until its answer (or the cancel grace) is over."""
+        """Relay the agent's messages until its answer, its exit, or the cancel grace."""
         cancel_sent: float | None = None
-        while True:
+        while self.process.alive or not self.link.inbox.empty():
             if self.ctx.cancelled.is_set() and cancel_sent is None:
                 self.process.notify("session/cancel", {"sessionId": self.link.agent_session_id})
                 cancel_sent = time.monotonic()
@@ -333,6 +337,9 @@ class _AcpTurn:
                 payload[1](_CANCELLED_OUTCOME)
 
     def _stop_reason(self, future: concurrent.futures.Future[Any]) -> str | None:
+        if not future.done() and not self.process.alive:
+            future.cancel()
+            raise AgentFailure(self.process.failure_text("during the turn"))
         if future.cancelled() or not future.done():
             return None  # the cancel grace ran out: a cancelled turn
         try:

@@ -106,7 +106,7 @@ class AgentProcess:
         self._methods = methods
         self._stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
+        self._thread = threading.Thread(target=self._run_loop, daemon=True,
                                         name=f"acp-agent-{spec.alias}")
         self._proc: subprocess.Popen[bytes] | None = None
         self._endpoint: Endpoint | None = None
@@ -133,7 +133,14 @@ class AgentProcess:
 
     def call(self, method: str, params: Any) -> concurrent.futures.Future[Any]:
         """Send a request; the future holds its result (RemoteError, ConnectionLost)."""
-        return asyncio.run_coroutine_threadsafe(self._request(method, params), self._loop)
+        coroutine = self._request(method, params)
+        try:
+            return asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        except RuntimeError:  # the loop is closed: the agent is gone
+            coroutine.close()
+            failed: concurrent.futures.Future[Any] = concurrent.futures.Future()
+            failed.set_exception(ConnectionLost(f"agent {self.alias} is not running"))
+            return failed
 
     def call_and_wait(self, method: str, params: Any) -> Any:
         """:meth:`call` bounded by the start timeout (for ``session/new``)."""
@@ -143,16 +150,23 @@ class AgentProcess:
         with contextlib.suppress(RuntimeError):  # the loop is already closed
             self._loop.call_soon_threadsafe(self._notify, method, params)
 
+    def begin_stop(self) -> None:
+        """Ask the process to end (SIGTERM to its group); :meth:`stop` finishes."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            _signal_group(proc, signal.SIGTERM)
+
     def stop(self) -> None:
         """End the process (TERM, then KILL to its group) and the loop. Idempotent."""
         proc = self._proc
         if proc is not None and proc.poll() is None:
-            _signal_group(proc, signal.SIGTERM)
+            self.begin_stop()
             try:
                 proc.wait(STOP_GRACE_SECS)
             except subprocess.TimeoutExpired:
                 _signal_group(proc, signal.SIGKILL)
                 proc.wait()
+        self.exited.set()
         if self._thread.is_alive():
             with contextlib.suppress(RuntimeError):
                 self._loop.call_soon_threadsafe(self._loop.stop)
@@ -189,6 +203,20 @@ class AgentProcess:
             raise AgentFailure(self.failure_text(f"before answering {what}")) from None
 
     # --- the loop thread --------------------------------------------------------
+
+    def _run_loop(self) -> None:
+        """The loop thread: serve until :meth:`stop`, then end its tasks and close it."""
+        loop = self._loop
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_forever()
+        finally:
+            tasks = asyncio.all_tasks(loop)
+            for task in tasks:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_default_executor())
+            loop.close()
 
     async def _start(self, client_capabilities: dict[str, Any]) -> None:
         loop = asyncio.get_running_loop()

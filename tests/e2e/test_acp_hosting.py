@@ -18,11 +18,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from .conftest import SdkHostFactory
 from .helpers import split_turns
-from .procs import REPO_ROOT, write_config
+from .procs import REPO_ROOT, reap_leaks, write_config
 from .sdkhost import SdkHost, expect_error
 
 FIXTURE_AGENT = REPO_ROOT / "tests" / "fixtures" / "acp_fixture_agent.py"
@@ -184,6 +185,38 @@ async def test_fs_requests_are_served_under_the_session_path_policy(
         assert "read_only" in text and not (workspace / "ro.txt").exists()
     init = [f for d, f in host.wire if d == "incoming"]  # the client side saw no fs request
     assert not any(str(f.get("method", "")).startswith("fs/") for f in init)
+
+
+async def test_capabilities_advertised_and_unknown_agent_requests_refused(
+    sdk_hosts: SdkHostFactory, config_dir: Path, workspace: Path
+) -> None:
+    acp_config(config_dir, fixture_command())
+    async with sdk_hosts(env_extra={"ZEROCLAW_LOG": "info"}) as host:
+        await host.initialize()
+        sid = await host.new_session(workspace)
+        text, _ = await prompt_text(host, sid, "terminal")
+        assert text == "terminal error -32601"
+    stderr = host.stderr_path.read_text()
+    assert "agent hosted initialized: agentCapabilities={'loadSession': False}" in stderr
+
+
+async def test_agent_dies_with_its_worker(
+    sdk_hosts: SdkHostFactory, config_dir: Path, workspace: Path
+) -> None:
+    acp_config(config_dir, fixture_command())
+    async with sdk_hosts() as host:
+        await host.initialize()
+        sid = await host.new_session(workspace)
+        running = asyncio.create_task(host.prompt(sid, "wait"))
+        await host.client.wait_text(sid, "pid=")
+        agent = psutil.Process(int(host.client.text(sid).split("pid=")[1].split()[0]))
+        worker = agent.parent()
+        assert worker is not None and worker.ppid() == host.pid
+        worker.kill()
+        await expect_error(asyncio.wait_for(running, 20), -32603)
+        assert not await asyncio.to_thread(reap_leaks, [agent], 10.0), "agent outlived its worker"
+        text, _ = await prompt_text(host, sid, "restored on a new worker")
+        assert text == "restored on a new worker"
 
 
 async def test_agent_env_is_clean_and_stop_reason_is_carried(
