@@ -245,6 +245,8 @@ class AcpAgent(Agent):
             raise AgentFailure(f"agent {self.alias} answered session/new without a sessionId")
         link = SessionLink(agent_sid, setup.paths, setup.mode)
         process.links[agent_sid] = link
+        log.info("session %s: agent %s session %s (modes: %r)", setup.sid, self.alias,
+                 agent_sid, result.get("modes"))
         self._process, self._link = process, link
         if setup.has_history or self._agent_sessions:
             self._context_lost = True
@@ -267,6 +269,8 @@ class _AcpTurn:
     def run(self, prompt: str) -> str | None:
         link = self.link
         self._answer_leftovers()  # from before this turn
+        if self.ctx.cancelled.is_set():
+            return None  # cancelled before it reached the agent
         link.turn_open.set()
         try:
             future = self.process.call("session/prompt", {

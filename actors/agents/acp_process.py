@@ -277,7 +277,7 @@ class AgentProcess:
             log.warning("agent %s: stdout failed: %s", self.alias, exc)
         endpoint.receive_eof()
         assert self._proc is not None
-        self.exit_status = await asyncio.to_thread(self._proc.wait)
+        self.exit_status = await asyncio.to_thread(_wait_or_kill, self._proc)
         self.exited.set()
         endpoint.close()
         log.warning("agent %s (pid %d) ended with status %s", self.alias, self._proc.pid,
@@ -292,6 +292,17 @@ class AgentProcess:
                 line = raw.decode("utf-8", "replace").rstrip("\r\n")
                 self._stderr_tail.append(line[:500])
                 log.warning("agent %s: %s", self.alias, line)
+
+
+def _wait_or_kill(proc: subprocess.Popen[bytes]) -> int:
+    """The exit status; an agent that closed its stdout but lingers is killed (a worker
+    thread)."""
+    try:
+        return proc.wait(STOP_GRACE_SECS)
+    except subprocess.TimeoutExpired:
+        log.warning("agent pid %d closed its stdout but did not exit; killing it", proc.pid)
+        _signal_group(proc, signal.SIGKILL)
+        return proc.wait()
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
