@@ -261,8 +261,10 @@ class SessionActor(SimpleInboxActor):
             self.send(TurnFailed(sid=sid, turn_id=turn.turn_id, message=failure))
             return
         result = result or TurnResult()
+        extra = {name: value for name, value in (("meta", result.meta),
+                                                  ("session_meta", result.session_meta)) if value}
         record = recorder.build(sid, cancelled=cancelled, started_at=started,
-                                stop_reason=result.stop_reason, meta=result.meta)
+                                stop_reason=result.stop_reason, extra=extra)
         self.history.extend(record.items)
         self.history_tokens += history_tokens(record.items)
         self.send(TurnEnded(sid=sid, turn_id=turn.turn_id, record=record.to_wire()))

@@ -100,11 +100,12 @@ class TurnRecorder:
             tool.outcome = "denied" if event.tool_call_id in self._denied else "failed"
 
     def build(self, session_id: str, *, cancelled: bool, started_at: float,
-              stop_reason: str | None = None, meta: dict[str, Any] | None = None) -> TurnRecord:
+              stop_reason: str | None = None,
+              extra: dict[str, Any] | None = None) -> TurnRecord:
         """The finished turn; a cancelled one gets :data:`CANCEL_MARKER` after its text.
 
         ``stop_reason`` is the agent's (default ``end_turn``; a cancelled turn is
-        always ``cancelled``); ``meta`` goes to the prompt result's ``_meta.zeroclaw``.
+        always ``cancelled``); ``extra`` is the record's ``extra`` (see TurnResult).
         """
         content = "".join(self._answer)
         if cancelled:
@@ -123,7 +124,7 @@ class TurnRecorder:
             started_at=started_at,
             finished_at=time.time(),
             tokens=tokens,
-            extra={"meta": meta} if meta else {},
+            extra=extra or {},
         )
 
     @staticmethod

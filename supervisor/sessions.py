@@ -236,8 +236,17 @@ class Sessions:
             raise
         if count == 1:
             peer.send_event(turn.sid, self.host.session_info_event(_title(record)))
+        if record.extra.get("session_meta"):
+            self.host.spawn(self._store_meta(turn.sid, dict(record.extra["session_meta"])))
         return TurnOutcome(turn.sid, record.stop_reason, record.content,
                            dict(record.extra.get("meta") or {}))
+
+    async def _store_meta(self, sid: str, changes: dict[str, Any]) -> None:
+        """Merge what the agent asked to keep into the session's stored ``meta``."""
+        try:
+            await self.host.persist("update_meta", sid, changes)
+        except Exception as exc:
+            log.warning("session %s: meta not stored: %s", sid, exc)
 
     async def _start(self, turn: RunningTurn, request: PromptRequest) -> None:
         """Restore if needed, mark busy, store attachments, then hand the turn to the worker."""

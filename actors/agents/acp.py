@@ -184,6 +184,7 @@ class AcpAgent(Agent):
         self._start_error: str | None = None
         self._agent_sessions = 0
         self._context_lost = False
+        self._new_agent_session = False  # its id is not stored yet
 
     def open(self, setup: SessionSetup) -> None:
         """Start the agent (if this worker has none yet) and its session, ahead of a turn."""
@@ -217,9 +218,13 @@ class AcpAgent(Agent):
         if self._context_lost:
             self._context_lost = False
             meta["contextRestored"] = False
+        stored: dict[str, Any] = {}
+        if self._new_agent_session:
+            self._new_agent_session = False
+            stored["acpAgentSessionId"] = self.agent_session_id
         assert self._process is not None and self._link is not None
         stop_reason = _AcpTurn(self._process, self._link, ctx, self._setup_mode).run(prompt)
-        return TurnResult(stop_reason=stop_reason, meta=meta)
+        return TurnResult(stop_reason=stop_reason, meta=meta, session_meta=stored)
 
     def _setup_mode(self) -> str:
         return self._setup.mode() if self._setup is not None else "supervised"
@@ -248,6 +253,7 @@ class AcpAgent(Agent):
         log.info("session %s: agent %s session %s (modes: %r)", setup.sid, self.alias,
                  agent_sid, result.get("modes"))
         self._process, self._link = process, link
+        self._new_agent_session = True
         if setup.has_history or self._agent_sessions:
             self._context_lost = True
             log.warning("session %s: agent %s has a fresh session %s; the context of the "

@@ -62,11 +62,13 @@ class SessionSetup:
 @dataclass(frozen=True, slots=True)
 class TurnResult:
     """What :meth:`Agent.run_turn` may return: the ACP stop reason (None: the default,
-    ``end_turn``, or ``cancelled`` when the turn was cancelled) and fields for the
-    prompt result's ``_meta.zeroclaw``."""
+    ``end_turn``, or ``cancelled`` when the turn was cancelled), fields for the
+    prompt result's ``_meta.zeroclaw`` (``meta``), and fields merged into the
+    stored session's ``meta`` once the turn is stored (``session_meta``)."""
 
     stop_reason: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    session_meta: dict[str, Any] = field(default_factory=dict)
 
 
 class TurnContext(Protocol):

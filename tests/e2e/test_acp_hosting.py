@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from .conftest import SdkHostFactory
-from .helpers import split_turns
+from .helpers import split_turns, stored_session
 from .procs import REPO_ROOT, reap_leaks, write_config
 from .sdkhost import SdkHost, expect_error
 
@@ -97,6 +97,8 @@ async def test_python_example_agent_streams_and_replays_from_a_new_host(
         assert text == "Client sent:turn two"
     stderr = host.stderr_path.read_text()
     assert "agent hosted: " in stderr and "Received initialize request" in stderr
+    stored, _ = stored_session(config_dir, sid)
+    assert stored is not None and stored.meta == {"acpAgentSessionId": "0"}
     async with sdk_hosts() as second:
         await second.initialize()
         await second.conn.load_session(cwd=str(workspace), session_id=sid)
