@@ -14,9 +14,9 @@ client under the session's autonomy mode, forwards ``session/cancel``, and
 serves ``fs/read_text_file`` / ``fs/write_text_file`` with zeroclaw's own file
 tools under the session's path policy. ``terminal/*`` is not offered.
 
-Threads: :class:`AcpAgent` runs on its session's actor thread; the request
-handlers at the bottom run on the agent process's loop thread
-(:mod:`actors.agents.acp_process`).
+Threads: :class:`AcpAgent` runs on its session's actor thread; the agent's
+requests are served on its process's loop thread (:mod:`actors.agents.acp_client`,
+:mod:`actors.agents.acp_process`).
 """
 
 from __future__ import annotations
@@ -32,11 +32,10 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
+from actors.agents.acp_client import CANCELLED_OUTCOME, HANDLERS
 from actors.agents.acp_process import AgentProcess, LaunchSpec, SessionLink, clean_env
 from actors.agents.acp_updates import ToolNames, events_from_update
 from actors.agents.base import Agent, AgentFailure, SessionSetup, TurnContext, TurnResult
-from actors.tools import FileReadTool, FileWriteTool, ToolEnv, ToolError
-from ipc.errors import InvalidParams
 from ipc.jsonrpc import ConnectionLost, RemoteError
 
 __all__ = ["CLIENT_CAPABILITIES", "AcpAgent", "command_problem", "stop_agent_processes"]
@@ -51,7 +50,6 @@ _STOP_REASONS = frozenset({"end_turn", "max_tokens", "max_turn_requests", "refus
 CLIENT_CAPABILITIES: dict[str, Any] = {
     "fs": {"readTextFile": True, "writeTextFile": True}, "terminal": False,
 }
-_CANCELLED_OUTCOME = {"outcome": {"outcome": "cancelled"}}
 _WANTED_OPTIONS = {
     "allow_once": ("allow_once",),
     "allow_always": ("allow_always", "allow_once"),
@@ -125,7 +123,7 @@ class _Processes:
                 return process
             if process is not None:
                 process.stop()  # it exited: end its loop thread too
-            process = AgentProcess(spec, _HANDLERS)
+            process = AgentProcess(spec, HANDLERS)
             process.start(CLIENT_CAPABILITIES)
             log.info("agent %s initialized: %s", spec.alias, _summary(process.initialize_result))
             with self._lock:
@@ -338,13 +336,13 @@ class _AcpTurn:
             for option in options:
                 if option.get("kind") == kind and isinstance(option.get("optionId"), str):
                     return {"outcome": {"outcome": "selected", "optionId": option["optionId"]}}
-        return _CANCELLED_OUTCOME
+        return CANCELLED_OUTCOME
 
     def _answer_leftovers(self) -> None:
         """Permission requests still queued when the turn ended are answered cancelled."""
         for kind, payload in _drain(self.link.inbox):
             if kind == "permission":
-                payload[1](_CANCELLED_OUTCOME)
+                payload[1](CANCELLED_OUTCOME)
 
     def _stop_reason(self, future: concurrent.futures.Future[Any]) -> str | None:
         if not future.done() and not self.process.alive:
@@ -371,94 +369,3 @@ def _drain(inbox: queue.SimpleQueue[tuple[str, Any]]) -> list[tuple[str, Any]]:
             items.append(inbox.get_nowait())
         except queue.Empty:
             return items
-
-
-# --- the agent's requests (the process's loop thread) --------------------------------
-
-
-def _link(process: AgentProcess, params: Any) -> SessionLink | None:
-    sid = params.get("sessionId") if isinstance(params, Mapping) else None
-    return process.links.get(sid) if isinstance(sid, str) else None
-
-
-def _on_update(process: AgentProcess, params: Any) -> None:
-    link = _link(process, params)
-    if link is None or not link.turn_open.is_set():
-        log.debug("agent %s: session/update outside a turn dropped", process.alias)
-        return
-    link.inbox.put(("update", params.get("update")))
-
-
-def _on_permission(process: AgentProcess, params: Any) -> Any:
-    link = _link(process, params)
-    if link is None or not link.turn_open.is_set():
-        return _CANCELLED_OUTCOME
-    loop = asyncio.get_running_loop()
-    answer: asyncio.Future[Any] = loop.create_future()
-
-    def reply(outcome: dict[str, Any]) -> None:  # any thread
-        loop.call_soon_threadsafe(_settle, answer, outcome)
-
-    link.inbox.put(("permission", (params, reply)))
-    return answer
-
-
-def _settle(future: asyncio.Future[Any], value: Any) -> None:
-    if not future.done():
-        future.set_result(value)
-
-
-def _on_read(process: AgentProcess, params: Any) -> Any:
-    link = _required_link(process, params)
-    args = {"path": params.get("path")}
-    return asyncio.to_thread(_read_text, link, args, params.get("line"), params.get("limit"))
-
-
-def _on_write(process: AgentProcess, params: Any) -> Any:
-    link = _required_link(process, params)
-    if link.mode() == "read_only":
-        raise InvalidParams("fs/write_text_file refused: the session's autonomy is read_only")
-    args = {"path": params.get("path"), "content": params.get("content")}
-    return asyncio.to_thread(_write_text, link, args)
-
-
-def _required_link(process: AgentProcess, params: Any) -> SessionLink:
-    link = _link(process, params)
-    if link is None:
-        raise InvalidParams("sessionId: no such session of this client")
-    return link
-
-
-def _read_text(link: SessionLink, args: dict[str, Any], line: Any, limit: Any) -> dict[str, Any]:
-    """``fs/read_text_file`` through the ``file_read`` tool (a worker thread)."""
-    try:
-        result = FileReadTool().run(args, ToolEnv(link.paths, threading.Event()))
-    except ToolError as exc:
-        raise InvalidParams(f"fs/read_text_file: {exc}") from None
-    content = str(result.raw_output["content"])
-    if _positive(line) or _positive(limit):
-        lines = content.splitlines(keepends=True)
-        start = line - 1 if _positive(line) else 0
-        end = start + limit if _positive(limit) else len(lines)
-        content = "".join(lines[start:end])
-    return {"content": content}
-
-
-def _write_text(link: SessionLink, args: dict[str, Any]) -> None:
-    """``fs/write_text_file`` through the ``file_write`` tool (a worker thread)."""
-    try:
-        FileWriteTool().run(args, ToolEnv(link.paths, threading.Event()))
-    except ToolError as exc:
-        raise InvalidParams(f"fs/write_text_file: {exc}") from None
-
-
-def _positive(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
-
-
-_HANDLERS: dict[str, Callable[[AgentProcess, Any], Any]] = {
-    "session/update": _on_update,
-    "session/request_permission": _on_permission,
-    "fs/read_text_file": _on_read,
-    "fs/write_text_file": _on_write,
-}
