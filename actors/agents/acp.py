@@ -154,6 +154,12 @@ def stop_agent_processes() -> None:
     _PROCESSES.stop_all()
 
 
+def _offers_close(result: Mapping[str, Any]) -> bool:
+    caps = result.get("agentCapabilities")
+    sessions = caps.get("sessionCapabilities") if isinstance(caps, Mapping) else None
+    return isinstance(sessions, Mapping) and sessions.get("close") is not None
+
+
 def _summary(result: Mapping[str, Any]) -> str:
     caps = result.get("agentCapabilities")
     methods = [m.get("id") for m in result.get("authMethods") or [] if isinstance(m, Mapping)]
@@ -196,11 +202,17 @@ class AcpAgent(Agent):
             self._start_error = str(exc)  # the first prompt says so; the next tries again
 
     def close(self) -> None:
+        """Drop this session's agent session (``session/close`` where the agent offers
+        it), and a per-session agent process."""
         process, link = self._process, self._link
-        if process is not None and link is not None:
+        if process is None:
+            return
+        if self._key != self.alias:
+            _PROCESSES.discard(self._key, process)  # the agent session ends with it
+        elif link is not None:
             process.links.pop(link.agent_session_id, None)
-        if process is not None and self._key != self.alias:
-            _PROCESSES.discard(self._key, process)
+            if process.alive and _offers_close(process.initialize_result):
+                process.call("session/close", {"sessionId": link.agent_session_id})
 
     @property
     def agent_session_id(self) -> str | None:

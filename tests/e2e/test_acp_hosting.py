@@ -15,6 +15,7 @@ import os
 import shutil
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -199,7 +200,37 @@ async def test_capabilities_advertised_and_unknown_agent_requests_refused(
         text, _ = await prompt_text(host, sid, "terminal")
         assert text == "terminal error -32601"
     stderr = host.stderr_path.read_text()
-    assert "agent hosted initialized: agentCapabilities={'loadSession': False}" in stderr
+    assert "agent hosted initialized: agentCapabilities={'loadSession': False" in stderr
+
+
+@pytest.mark.parametrize("per_session", [False, True])
+async def test_one_agent_process_per_worker_or_per_session(
+    sdk_hosts: SdkHostFactory, config_dir: Path, workspace: Path, per_session: bool
+) -> None:
+    extra = "per_session = true" if per_session else ""
+    acp_config(config_dir, fixture_command(), extra=extra)
+    write_config(config_dir, (config_dir / "config.toml").read_text()
+                 + "[workers]\nmax = 1\n")
+    async with sdk_hosts() as host:
+        await host.initialize()
+        first, second = await host.new_session(workspace), await host.new_session(workspace)
+        pids = [(await prompt_text(host, sid, "pid"))[0] for sid in (first, second)]
+        assert (pids[0] == pids[1]) is not per_session
+        agents = [psutil.Process(int(pid)) for pid in pids]
+        await host.conn.close_session(session_id=first)
+        text, _ = await prompt_text(host, second, "still served")
+        assert text == "still served" and agents[1].is_running()
+        if per_session:  # the closed session's agent ends with it
+            assert not await asyncio.to_thread(reap_leaks, agents[:1], 10.0)
+        else:  # the shared agent is told (it offers session/close)
+            await asyncio.to_thread(_wait_for_text, host.stderr_path, "closed fx-session-0")
+
+
+def _wait_for_text(path: Path, needle: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while needle not in path.read_text():
+        assert time.monotonic() < deadline, f"{needle!r} never appeared in {path}"
+        time.sleep(0.05)
 
 
 async def test_agent_dies_with_its_worker(
