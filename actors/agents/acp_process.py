@@ -125,6 +125,7 @@ class AgentProcess:
 
     @property
     def alive(self) -> bool:
+        """False once its stdout ended (it exited or is about to) or it was stopped."""
         return not self.exited.is_set()
 
     @property
@@ -275,10 +276,10 @@ class AgentProcess:
                     endpoint.receive(frame)
         except (OSError, ValueError) as exc:
             log.warning("agent %s: stdout failed: %s", self.alias, exc)
+        self.exited.set()  # first: no new turn may pick this process from now on
         endpoint.receive_eof()
         assert self._proc is not None
         self.exit_status = await asyncio.to_thread(_wait_or_kill, self._proc)
-        self.exited.set()
         endpoint.close()
         log.warning("agent %s (pid %d) ended with status %s", self.alias, self._proc.pid,
                     self.exit_status)

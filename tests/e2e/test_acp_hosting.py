@@ -208,9 +208,7 @@ async def test_one_agent_process_per_worker_or_per_session(
     sdk_hosts: SdkHostFactory, config_dir: Path, workspace: Path, per_session: bool
 ) -> None:
     extra = "per_session = true" if per_session else ""
-    acp_config(config_dir, fixture_command(), extra=extra)
-    write_config(config_dir, (config_dir / "config.toml").read_text()
-                 + "[workers]\nmax = 1\n")
+    acp_config(config_dir, fixture_command(), extra=f"{extra}\n[workers]\nmax = 1")
     async with sdk_hosts() as host:
         await host.initialize()
         first, second = await host.new_session(workspace), await host.new_session(workspace)
@@ -270,7 +268,7 @@ async def test_agent_env_is_clean_and_stop_reason_is_carried(
 async def test_agent_killed_mid_turn_fails_that_prompt_and_restarts(
     sdk_hosts: SdkHostFactory, config_dir: Path, workspace: Path
 ) -> None:
-    acp_config(config_dir, fixture_command())
+    acp_config(config_dir, fixture_command(), extra="[workers]\nmax = 1")  # one agent process
     async with sdk_hosts() as host:
         await host.initialize()
         sid = await host.new_session(workspace)
