@@ -21,7 +21,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from actors.agents.base import Agent, AgentFailure, TurnStop, history_tokens
+from actors.agents.base import Agent, AgentFailure, SessionSetup, TurnResult, history_tokens
 from actors.bridge import SimpleInboxActor
 from actors.tools import PathPolicy, Tool, default_tools
 from actors.turn import ActorTurnContext, TurnRecorder
@@ -151,6 +151,7 @@ class SessionConfig:
     paths: PathPolicy
     permission_timeout: float
     history: tuple[TurnItem, ...]
+    mcp_servers: tuple[Any, ...] = ()
 
     @classmethod
     def from_open(cls, message: OpenSession) -> SessionConfig:
@@ -166,6 +167,7 @@ class SessionConfig:
             paths=paths,
             permission_timeout=float(message.permission_timeout),
             history=history,
+            mcp_servers=tuple(message.mcp_servers),
         )
 
 
@@ -211,6 +213,22 @@ class SessionActor(SimpleInboxActor):
         self.history_tokens = history_tokens(self.history)
         self.always_allowed: set[str] = set()
 
+    def on_start(self) -> None:
+        config = self.config
+        try:
+            self.agent.open(SessionSetup(
+                sid=config.sid, paths=config.paths, mode=lambda: self.state.mode,
+                mcp_servers=config.mcp_servers, has_history=bool(config.history),
+            ))
+        except Exception:  # the first turn reports what is wrong
+            logger.exception("session %s: agent could not open", config.sid)
+
+    def on_stop(self) -> None:
+        try:
+            self.agent.close()
+        except Exception:
+            logger.exception("session %s: agent could not close", self.config.sid)
+
     def on_receive(self, message: Any) -> Any:
         if isinstance(message, RunTurn):
             self._run_turn(message)
@@ -227,9 +245,9 @@ class SessionActor(SimpleInboxActor):
         recorder = TurnRecorder(turn.prompt)
         ctx = ActorTurnContext(self, turn.turn_id, turn.cancelled, recorder)
         failure: str | None = None
-        stop: TurnStop | None = None
+        result: TurnResult | None = None
         try:
-            stop = self.agent.run_turn(turn.prompt, ctx)
+            result = self.agent.run_turn(turn.prompt, ctx)
         except AgentFailure as exc:
             failure = str(exc) or "agent failed"
         except Exception as exc:
@@ -242,7 +260,11 @@ class SessionActor(SimpleInboxActor):
         if failure is not None and not cancelled:
             self.send(TurnFailed(sid=sid, turn_id=turn.turn_id, message=failure))
             return
-        record = recorder.build(sid, cancelled=cancelled, started_at=started, stop=stop)
+        result = result or TurnResult()
+        extra = {name: value for name, value in (("meta", result.meta),
+                                                  ("session_meta", result.session_meta)) if value}
+        record = recorder.build(sid, cancelled=cancelled, started_at=started,
+                                stop_reason=result.stop_reason, extra=extra)
         self.history.extend(record.items)
         self.history_tokens += history_tokens(record.items)
         self.send(TurnEnded(sid=sid, turn_id=turn.turn_id, record=record.to_wire()))

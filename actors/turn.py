@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from actors.agents.base import ToolCallOutcome, TurnStop, estimate_tokens
+from actors.agents.base import ToolCallOutcome, estimate_tokens
 from actors.tools import Tool, ToolEnv, ToolError
 from ipc.events import (
     Event,
@@ -101,10 +101,12 @@ class TurnRecorder:
             tool.outcome = "denied" if event.tool_call_id in self._denied else "failed"
 
     def build(self, session_id: str, *, cancelled: bool, started_at: float,
-              stop: TurnStop | None = None) -> TurnRecord:
+              stop_reason: str | None = None,
+              extra: dict[str, Any] | None = None) -> TurnRecord:
         """The finished turn; a cancelled one gets :data:`CANCEL_MARKER` after its text.
 
-        ``stop`` is how the agent ended it (None: ``end_turn``); a cancel wins over it.
+        ``stop_reason`` is the agent's (default ``end_turn``; a cancelled turn is
+        always ``cancelled``); ``extra`` is the record's ``extra`` (see TurnResult).
         """
         content = "".join(self._answer)
         if cancelled:
@@ -118,11 +120,12 @@ class TurnRecorder:
         return TurnRecord(
             session_id=session_id,
             items=tuple(items),
-            stop_reason="cancelled" if cancelled else (stop or "end_turn"),
+            stop_reason="cancelled" if cancelled else (stop_reason or "end_turn"),
             content=content,
             started_at=started_at,
             finished_at=time.time(),
             tokens=tokens,
+            extra=extra or {},
         )
 
     @staticmethod

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import pykka
 import zmq
 
-from actors.agents import create_agent
+from actors.agents import create_agent, stop_agent_processes
 from actors.session import (
     CloseActor,
     PermissionBoard,
@@ -318,6 +318,7 @@ class WorkerProcess:
                 stop.get(timeout=max(0.0, deadline - time.monotonic()))
             except pykka.Timeout:
                 logger.warning("a session actor did not stop in time")
+        stop_agent_processes()
         self._backlog.extend(self.outbox.take_all())
         self._flush()
         self._dealer.close(linger=0)

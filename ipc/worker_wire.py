@@ -57,6 +57,7 @@ class OpenSession:
 
     ``history`` is the stored conversation as :func:`ipc.events.item_to_wire` dicts,
     so a model-backed agent can continue it. ``permission_timeout`` is in seconds.
+    ``mcp_servers`` is the client's list from ``session/new`` (an ACP agent gets it).
     """
 
     T: ClassVar[str] = "open"
@@ -68,6 +69,7 @@ class OpenSession:
     forbidden_paths: list[str]
     permission_timeout: float
     history: list[dict[str, Any]] = field(default_factory=list)
+    mcp_servers: list[Any] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

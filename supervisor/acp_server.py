@@ -240,9 +240,11 @@ class AcpServer:
         peer = endpoint.state["peer"]
         with self.host.owners.adopting(request.session_id, peer):
             outcome = await (await self.sessions()).prompt(peer, request)
-        return _with_agent_fallback(
-            {"sessionId": outcome.sid, "stopReason": outcome.stop_reason,
-             "content": outcome.content}, outcome.agent_fallback)
+        result: dict[str, Any] = {"sessionId": outcome.sid, "stopReason": outcome.stop_reason,
+                                  "content": outcome.content}
+        if outcome.meta:
+            result["_meta"] = {"zeroclaw": outcome.meta}
+        return result
 
     async def cancel(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
         sid = self._held(params, endpoint)

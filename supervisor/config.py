@@ -54,13 +54,8 @@ class AgentConfig:
 
     def to_wire(self) -> dict[str, Any]:
         """What a worker needs to build the agent (sent in ``OpenSession``)."""
-        wire: dict[str, Any] = {
-            k: v for k, v in self.raw.items() if isinstance(v, str | int | float | bool)
-        }
-        wire.update({  # tables of strings, e.g. an agent's extra HTTP ``headers``
-            k: dict(v) for k, v in self.raw.items()
-            if isinstance(v, Mapping) and all(isinstance(x, str) for x in v.values())
-        })
+        wire: dict[str, Any] = {k: v for k, v in self.raw.items()
+                if isinstance(v, str | int | float | bool | list | dict)}
         wire.update(alias=self.alias, provider=self.provider, model=self.model)
         wire["workspace"] = str(self.workspace)
         wire["env"] = dict(self.env)

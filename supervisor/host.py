@@ -17,6 +17,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from actors.agents import agent_config_problem
 from actors.bridge import call, loop_reply, tell
 from actors.persistence import PersistenceActor, PersistRequest
 from ipc.errors import InternalError, SessionNotFound
@@ -76,6 +77,7 @@ class Host:
 
     async def start(self) -> None:
         settings = self.settings
+        _log_unusable_agents(settings)
         self.store = await asyncio.to_thread(open_store, settings.store_path)
         self.reader = self.store.reader
         self.usage.seed(await asyncio.to_thread(self.reader.usage_totals))
@@ -313,6 +315,14 @@ class Host:
 
     def session_info_event(self, title: str | None) -> SessionInfo:
         return SessionInfo(title=title, updated_at=iso_utc(time.time()))
+
+
+def _log_unusable_agents(settings: Settings) -> None:
+    """Say at start which configured agents ``session/new`` will refuse, and why."""
+    for agent in settings.agents.values():
+        problem = agent_config_problem(agent.to_wire()) if agent.enabled else None
+        if problem is not None:
+            log.warning("agent %s cannot be used: %s", agent.alias, problem)
 
 
 def _log_write_failure(future: asyncio.Future[Any]) -> None:

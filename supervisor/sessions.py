@@ -18,7 +18,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,7 @@ class TurnOutcome:
     sid: str
     stop_reason: str
     content: str
-    agent_fallback: dict[str, str] | None = None  # see Route.agent_fallback
+    meta: dict[str, Any] = field(default_factory=dict)  # the result's _meta.zeroclaw
 
 
 class Sessions:
@@ -207,6 +207,7 @@ class Sessions:
             cwd=info.cwd, mode=info.mode, forbidden_paths=list(self.settings.forbidden_paths),
             permission_timeout=self.settings.session_timeout_secs,
             history=[item_to_wire(i) for i in agent_history(items)],
+            mcp_servers=list(info.mcp_servers),
         ))
         route = Route(info.id, worker_id, peer, agent.alias, info.workspace_dir,
                       info.cwd, info.mode, info.turn_count, info.token_count, fallback_from)
@@ -259,8 +260,19 @@ class Sessions:
             raise
         if count == 1:
             peer.send_event(turn.sid, self.host.session_info_event(_title(record)))
-        fallback = turn.route.agent_fallback if turn.route is not None else None
-        return TurnOutcome(turn.sid, record.stop_reason, record.content, fallback)
+        if record.extra.get("session_meta"):
+            self.host.spawn(self._store_meta(turn.sid, dict(record.extra["session_meta"])))
+        meta = dict(record.extra.get("meta") or {})
+        if turn.route is not None and turn.route.agent_fallback is not None:
+            meta["agentFallback"] = turn.route.agent_fallback
+        return TurnOutcome(turn.sid, record.stop_reason, record.content, meta)
+
+    async def _store_meta(self, sid: str, changes: dict[str, Any]) -> None:
+        """Merge what the agent asked to keep into the session's stored ``meta``."""
+        try:
+            await self.host.persist("update_meta", sid, changes)
+        except Exception as exc:
+            log.warning("session %s: meta not stored: %s", sid, exc)
 
     async def _start(self, turn: RunningTurn, request: PromptRequest) -> None:
         """Restore if needed, mark busy, store attachments, then hand the turn to the worker."""

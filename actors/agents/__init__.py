@@ -1,8 +1,9 @@
 """Agents by provider name (the ``provider`` key of an ``[agents.<alias>]`` section).
 
-``echo`` (offline), and ``openai`` / ``anthropic`` (zeroclaw's own agent loop on a
-model API). :func:`create_agent` runs on the worker's IO thread when a session
-opens; :func:`agent_config_problem` also on the host's loop (at ``session/new``).
+``echo`` (offline), ``openai`` / ``anthropic`` (zeroclaw's own agent loop on a
+model API) and ``acp`` (an external ACP agent process). :func:`create_agent` runs
+on the worker's IO thread when a session opens; :func:`agent_config_problem` on the
+host, when the config is read and at ``session/new``.
 """
 
 from __future__ import annotations
@@ -11,7 +12,16 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from actors.agents.base import Agent, AgentFailure, ToolCallOutcome, TurnContext, TurnStop
+from actors.agents.acp import AcpAgent, stop_agent_processes
+from actors.agents.base import (
+    Agent,
+    AgentFailure,
+    SessionSetup,
+    ToolCallOutcome,
+    TurnContext,
+    TurnResult,
+    TurnStop,
+)
 from actors.agents.echo import EchoAgent
 from actors.agents.llm.anthropic_messages import AnthropicAgent
 from actors.agents.llm.openai_chat import OpenAIAgent
@@ -20,16 +30,19 @@ __all__ = [
     "AGENTS",
     "Agent",
     "AgentFailure",
+    "SessionSetup",
     "ToolCallOutcome",
     "TurnContext",
+    "TurnResult",
     "TurnStop",
     "UnknownProvider",
     "agent_config_problem",
     "create_agent",
+    "stop_agent_processes",
 ]
 
 AGENTS: dict[str, type[Agent]] = {
-    cls.provider: cls for cls in (EchoAgent, OpenAIAgent, AnthropicAgent)
+    cls.provider: cls for cls in (EchoAgent, OpenAIAgent, AnthropicAgent, AcpAgent)
 }
 
 

@@ -11,18 +11,21 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol, TypeAlias
 
+from actors.tools.paths import PathPolicy
 from ipc.events import Event, TextItem, ToolItem, TurnItem
 
 __all__ = [
     "Agent",
     "AgentFailure",
+    "SessionSetup",
     "ToolCallOutcome",
     "TurnContext",
+    "TurnResult",
     "TurnStop",
     "estimate_tokens",
     "history_tokens",
@@ -46,6 +49,33 @@ class ToolCallOutcome:
     outcome: str
     text: str
     raw_output: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSetup:
+    """What an agent may know about its session when it opens (see :meth:`Agent.open`).
+
+    ``mode`` reads the session's current autonomy level (thread-safe);
+    ``mcp_servers`` is the client's list from ``session/new``, as sent.
+    """
+
+    sid: str
+    paths: PathPolicy
+    mode: Callable[[], str]
+    mcp_servers: tuple[Any, ...] = ()
+    has_history: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TurnResult:
+    """What :meth:`Agent.run_turn` may return: the ACP stop reason (None: the default,
+    ``end_turn``, or ``cancelled`` when the turn was cancelled), fields for the
+    prompt result's ``_meta.zeroclaw`` (``meta``), and fields merged into the
+    stored session's ``meta`` once the turn is stored (``session_meta``)."""
+
+    stop_reason: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    session_meta: dict[str, Any] = field(default_factory=dict)
 
 
 class TurnContext(Protocol):
@@ -112,11 +142,20 @@ class Agent(ABC):
         """
         return None
 
+    def open(self, setup: SessionSetup) -> None:
+        """The session's actor started (its thread); the default does nothing."""
+        return None
+
+    def close(self) -> None:
+        """The session's actor stops (its thread); the default does nothing."""
+        return None
+
     @abstractmethod
-    def run_turn(self, prompt: str, ctx: TurnContext) -> TurnStop | None:
+    def run_turn(self, prompt: str, ctx: TurnContext) -> TurnResult | None:
         """Produce one turn for ``prompt``; return early when ``ctx.cancelled`` is set.
 
-        Return None for a normal end (``end_turn``), or a :data:`TurnStop`.
+        Return None for a normal end (``end_turn``), or a :class:`TurnResult` with
+        another stop reason (a model's :data:`TurnStop`) or fields for the result.
         Raise :class:`AgentFailure` for a failure the client should see.
         """
 

@@ -20,7 +20,14 @@ from typing import Any, ClassVar
 
 import orjson
 
-from actors.agents.base import Agent, AgentFailure, TurnContext, TurnStop, estimate_tokens
+from actors.agents.base import (
+    Agent,
+    AgentFailure,
+    TurnContext,
+    TurnResult,
+    TurnStop,
+    estimate_tokens,
+)
 from actors.agents.llm.config import load_settings, settings_problem
 from actors.agents.llm.conversation import (
     AssistantMessage,
@@ -82,7 +89,12 @@ class ModelAgent(Agent):
 
     # --- the loop -------------------------------------------------------------------------
 
-    def run_turn(self, prompt: str, ctx: TurnContext) -> TurnStop | None:
+    def run_turn(self, prompt: str, ctx: TurnContext) -> TurnResult | None:
+        stop = self._converse(prompt, ctx)
+        return None if stop is None else TurnResult(stop_reason=stop)
+
+    def _converse(self, prompt: str, ctx: TurnContext) -> TurnStop | None:
+        """Ask the model, run the tools it calls, feed them back, until it answers."""
         system = system_prompt(self.settings.alias, ctx.workspace, self.settings.workspace)
         history = history_turns(ctx.history)
         turn: list[Message] = [UserMessage(prompt)]

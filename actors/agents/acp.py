@@ -1,0 +1,383 @@
+"""The ``acp`` provider: an external ACP agent (a vendor's adapter, any ACP agent) hosted
+inside zeroclaw.
+
+Config (``[agents.<alias>]``): ``command`` (argv array, no shell; ``argv[0]`` an
+absolute path or a name on PATH), ``env`` (a table added to a clean environment),
+``per_session`` (one process per session instead of one per worker and alias),
+``agent_start_timeout_secs`` (default 30: for ``initialize`` and ``session/new``).
+
+Each zeroclaw session gets its own session in the agent (``session/new`` with the
+session's cwd and the client's ``mcpServers``). A turn forwards the prompt as a
+text block, relays the agent's ``session/update``s as zeroclaw events (so they
+are recorded and replayed like any turn), relays its permission requests to the
+client under the session's autonomy mode, forwards ``session/cancel``, and
+serves ``fs/read_text_file`` / ``fs/write_text_file`` with zeroclaw's own file
+tools under the session's path policy. ``terminal/*`` is not offered.
+
+Threads: :class:`AcpAgent` runs on its session's actor thread; the agent's
+requests are served on its process's loop thread (:mod:`actors.agents.acp_client`,
+:mod:`actors.agents.acp_process`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import queue
+import shutil
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+from actors.agents.acp_client import CANCELLED_OUTCOME, HANDLERS
+from actors.agents.acp_process import AgentProcess, LaunchSpec, SessionLink, clean_env
+from actors.agents.acp_updates import ToolNames, events_from_update
+from actors.agents.base import Agent, AgentFailure, SessionSetup, TurnContext, TurnResult
+from ipc.jsonrpc import ConnectionLost, RemoteError
+
+__all__ = ["CLIENT_CAPABILITIES", "AcpAgent", "command_problem", "stop_agent_processes"]
+
+log = logging.getLogger("zeroclaw.agent")
+
+DEFAULT_START_TIMEOUT = 30.0
+CANCEL_GRACE_SECS = 10.0  # after session/cancel, how long the agent has to end the turn
+_POLL_SECS = 0.05
+_STOP_REASONS = frozenset({"end_turn", "max_tokens", "max_turn_requests", "refusal", "cancelled"})
+#: What zeroclaw offers an agent: file access under the session's path policy; no terminal.
+CLIENT_CAPABILITIES: dict[str, Any] = {
+    "fs": {"readTextFile": True, "writeTextFile": True}, "terminal": False,
+}
+_WANTED_OPTIONS = {
+    "allow_once": ("allow_once",),
+    "allow_always": ("allow_always", "allow_once"),
+    "reject_once": ("reject_once", "reject_always"),
+}
+
+
+# --- config --------------------------------------------------------------------
+
+
+def command_problem(config: Mapping[str, Any]) -> str | None:
+    """Why this ``acp`` agent config cannot start (no secret is quoted), or None."""
+    command = config.get("command")
+    if (not isinstance(command, list) or not command
+            or not all(isinstance(arg, str) for arg in command) or not command[0]):
+        return "command must be a non-empty array of strings (argv, no shell)"
+    env = config.get("env", {})
+    if not isinstance(env, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+    ):
+        return "env must be a table of string values"
+    timeout = config.get("agent_start_timeout_secs", DEFAULT_START_TIMEOUT)
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+        return "agent_start_timeout_secs must be a positive number"
+    if _executable(command[0], dict(env)) is None:
+        return f"executable {command[0]!r} not found (not an absolute path or a name on PATH)"
+    return None
+
+
+def _executable(name: str, env: dict[str, str]) -> str | None:
+    """``name`` as an absolute executable path (PATH of the agent's environment), or None."""
+    if os.sep in name:
+        usable = os.path.isabs(name) and os.path.isfile(name) and os.access(name, os.X_OK)
+        return name if usable else None
+    return shutil.which(name, path=clean_env(env).get("PATH", os.defpath))
+
+
+def _launch_spec(config: Mapping[str, Any]) -> LaunchSpec:
+    alias = str(config.get("alias", "acp"))
+    problem = command_problem(config)
+    if problem is not None:
+        raise AgentFailure(f"agent {alias} cannot be used: {problem}")
+    env = dict(config.get("env") or {})
+    argv = list(config["command"])
+    argv[0] = _executable(argv[0], env) or argv[0]
+    return LaunchSpec(
+        alias=alias, argv=tuple(argv), env=clean_env(env),
+        cwd=str(config.get("workspace") or os.getcwd()),
+        start_timeout=float(config.get("agent_start_timeout_secs", DEFAULT_START_TIMEOUT)),
+    )
+
+
+# --- the worker's agent processes ----------------------------------------------------
+
+
+class _Processes:
+    """The worker's running agents by key (alias, or alias and session). Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._starting: dict[str, threading.Lock] = {}
+        self._running: dict[str, AgentProcess] = {}
+
+    def acquire(self, key: str, spec: LaunchSpec) -> AgentProcess:
+        """The live process for ``key``, started (and initialized) if needed."""
+        with self._lock:
+            starting = self._starting.setdefault(key, threading.Lock())
+        with starting:
+            process = self._running.get(key)
+            if process is not None and process.alive:
+                return process
+            if process is not None:
+                process.stop()  # it exited: end its loop thread too
+            process = AgentProcess(spec, HANDLERS)
+            process.start(CLIENT_CAPABILITIES)
+            log.info("agent %s initialized: %s", spec.alias, _summary(process.initialize_result))
+            with self._lock:
+                self._running[key] = process
+            return process
+
+    def discard(self, key: str, process: AgentProcess) -> None:
+        """Stop ``process`` and forget it (a hung or per-session agent)."""
+        with self._lock:
+            if self._running.get(key) is process:
+                del self._running[key]
+        process.stop()
+
+    def stop_all(self) -> None:
+        with self._lock:
+            running, self._running = list(self._running.values()), {}
+        for process in running:
+            process.begin_stop()
+        for process in running:
+            process.stop()
+
+
+_PROCESSES = _Processes()
+
+
+def stop_agent_processes() -> None:
+    """End every agent process of this worker (its IO thread, at exit)."""
+    _PROCESSES.stop_all()
+
+
+def _offers_close(result: Mapping[str, Any]) -> bool:
+    caps = result.get("agentCapabilities")
+    sessions = caps.get("sessionCapabilities") if isinstance(caps, Mapping) else None
+    return isinstance(sessions, Mapping) and sessions.get("close") is not None
+
+
+def _summary(result: Mapping[str, Any]) -> str:
+    caps = result.get("agentCapabilities")
+    methods = [m.get("id") for m in result.get("authMethods") or [] if isinstance(m, Mapping)]
+    return f"agentCapabilities={caps!r} authMethods={methods!r}"
+
+
+# --- the agent ------------------------------------------------------------------------
+
+
+class AcpAgent(Agent):
+    """One zeroclaw session's view of a hosted ACP agent (its actor thread)."""
+
+    provider: ClassVar[str] = "acp"
+
+    @classmethod
+    def config_problem(cls, config: Mapping[str, Any], env: Mapping[str, str]) -> str | None:
+        return command_problem(config)
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        super().__init__(config)
+        self.alias = str(config.get("alias", "acp"))
+        self._setup: SessionSetup | None = None
+        self._process: AgentProcess | None = None
+        self._link: SessionLink | None = None
+        self._key = self.alias
+        self._start_error: str | None = None
+        self._agent_sessions = 0
+        self._context_lost = False
+        self._new_agent_session = False  # its id is not stored yet
+
+    def open(self, setup: SessionSetup) -> None:
+        """Start the agent (if this worker has none yet) and its session, ahead of a turn."""
+        self._setup = setup
+        if self.config.get("per_session") is True:
+            self._key = f"{self.alias}/{setup.sid}"
+        try:
+            self._connect()
+        except AgentFailure as exc:
+            log.warning("session %s: %s", setup.sid, exc)
+            self._start_error = str(exc)  # the first prompt says so; the next tries again
+
+    def close(self) -> None:
+        """Drop this session's agent session (``session/close`` where the agent offers
+        it), and a per-session agent process."""
+        process, link = self._process, self._link
+        if process is None:
+            return
+        if self._key != self.alias:
+            _PROCESSES.discard(self._key, process)  # the agent session ends with it
+        elif link is not None:
+            process.links.pop(link.agent_session_id, None)
+            if process.alive and _offers_close(process.initialize_result):
+                process.call("session/close", {"sessionId": link.agent_session_id})
+
+    @property
+    def agent_session_id(self) -> str | None:
+        return self._link.agent_session_id if self._link is not None else None
+
+    def run_turn(self, prompt: str, ctx: TurnContext) -> TurnResult | None:
+        if self._start_error is not None:
+            error, self._start_error = self._start_error, None
+            raise AgentFailure(error)
+        if self._link is None or self._process is None or not self._process.alive:
+            self._connect()
+        meta: dict[str, Any] = {}
+        if self._context_lost:
+            self._context_lost = False
+            meta["contextRestored"] = False
+        stored: dict[str, Any] = {}
+        if self._new_agent_session:
+            self._new_agent_session = False
+            stored["acpAgentSessionId"] = self.agent_session_id
+        assert self._process is not None and self._link is not None
+        stop_reason = _AcpTurn(self._process, self._link, ctx, self._setup_mode).run(prompt)
+        return TurnResult(stop_reason=stop_reason, meta=meta, session_meta=stored)
+
+    def _setup_mode(self) -> str:
+        return self._setup.mode() if self._setup is not None else "supervised"
+
+    def _connect(self) -> None:
+        """A fresh agent session (starting the process if needed); AgentFailure if not."""
+        setup = self._setup
+        if setup is None:
+            raise AgentFailure(f"agent {self.alias}: the session is not open")
+        self.close()
+        self._process = self._link = None
+        process = _PROCESSES.acquire(self._key, _launch_spec(self.config))
+        try:
+            result = process.call_and_wait("session/new", {
+                "cwd": str(setup.paths.cwd), "mcpServers": list(setup.mcp_servers),
+            })
+        except AgentFailure:
+            if process.alive:  # it answers nobody: a fresh one for the next try
+                _PROCESSES.discard(self._key, process)
+            raise
+        agent_sid = result.get("sessionId") if isinstance(result, Mapping) else None
+        if not isinstance(agent_sid, str) or not agent_sid:
+            raise AgentFailure(f"agent {self.alias} answered session/new without a sessionId")
+        link = SessionLink(agent_sid, setup.paths, setup.mode)
+        process.links[agent_sid] = link
+        log.info("session %s: agent %s session %s (modes: %r)", setup.sid, self.alias,
+                 agent_sid, result.get("modes"))
+        self._process, self._link = process, link
+        self._new_agent_session = True
+        if setup.has_history or self._agent_sessions:
+            self._context_lost = True
+            log.warning("session %s: agent %s has a fresh session %s; the context of the "
+                        "earlier turns was not restored", setup.sid, self.alias, agent_sid)
+        self._agent_sessions += 1
+
+
+class _AcpTurn:
+    """One prompt forwarded to the agent, pumped on the session's actor thread."""
+
+    def __init__(self, process: AgentProcess, link: SessionLink, ctx: TurnContext,
+                 mode: Callable[[], str]) -> None:
+        self.process = process
+        self.link = link
+        self.ctx = ctx
+        self.mode = mode
+        self.tools = ToolNames()
+
+    def run(self, prompt: str) -> str | None:
+        link = self.link
+        self._answer_leftovers()  # from before this turn
+        if self.ctx.cancelled.is_set():
+            return None  # cancelled before it reached the agent
+        link.turn_open.set()
+        try:
+            future = self.process.call("session/prompt", {
+                "sessionId": link.agent_session_id,
+                "prompt": [{"type": "text", "text": prompt}],
+            })
+            future.add_done_callback(lambda _f: link.inbox.put(("done", None)))
+            self._pump(future)
+        finally:
+            link.turn_open.clear()
+            self._answer_leftovers()
+        return self._stop_reason(future)
+
+    def _pump(self, future: concurrent.futures.Future[Any]) -> None:
+        """Relay the agent's messages until its answer, its exit, or the cancel grace."""
+        cancel_sent: float | None = None
+        while self.process.alive or not self.link.inbox.empty():
+            if self.ctx.cancelled.is_set() and cancel_sent is None:
+                self.process.notify("session/cancel", {"sessionId": self.link.agent_session_id})
+                cancel_sent = time.monotonic()
+            if cancel_sent is not None and time.monotonic() - cancel_sent > CANCEL_GRACE_SECS:
+                log.warning("agent %s did not end a cancelled turn within %gs; left it",
+                            self.process.alias, CANCEL_GRACE_SECS)
+                future.cancel()
+                return
+            try:
+                kind, payload = self.link.inbox.get(timeout=_POLL_SECS)
+            except queue.Empty:
+                continue
+            if kind in ("done", "exited"):
+                return
+            self._handle(kind, payload)
+
+    def _handle(self, kind: str, payload: Any) -> None:
+        if kind == "update":
+            for event in events_from_update(payload, self.tools):
+                self.ctx.emit(event)
+        elif kind == "permission":
+            params, reply = payload
+            reply(self._permission(params))
+
+    def _permission(self, params: Any) -> dict[str, Any]:
+        """The agent's permission request, decided by the session's mode or the client."""
+        options = [o for o in params.get("options") or [] if isinstance(o, Mapping)]
+        mode = self.mode()
+        if mode == "full":
+            wanted: tuple[str, ...] = ("allow_once", "allow_always")
+        elif mode == "read_only":
+            wanted = ("reject_once", "reject_always")
+        else:
+            call = params.get("toolCall")
+            call = call if isinstance(call, Mapping) else {}
+            title = str(call.get("title") or "tool call")
+            choice = self.ctx.ask_permission(str(call.get("toolCallId") or ""), title, title,
+                                             str(call.get("kind") or "other"),
+                                             call.get("rawInput"))
+            wanted = _WANTED_OPTIONS.get((choice or "").replace("-", "_"), ())
+        for kind in wanted:
+            for option in options:
+                if option.get("kind") == kind and isinstance(option.get("optionId"), str):
+                    return {"outcome": {"outcome": "selected", "optionId": option["optionId"]}}
+        return CANCELLED_OUTCOME
+
+    def _answer_leftovers(self) -> None:
+        """Permission requests still queued when the turn ended are answered cancelled."""
+        for kind, payload in _drain(self.link.inbox):
+            if kind == "permission":
+                payload[1](CANCELLED_OUTCOME)
+
+    def _stop_reason(self, future: concurrent.futures.Future[Any]) -> str | None:
+        if not future.done() and not self.process.alive:
+            future.cancel()
+            raise AgentFailure(self.process.failure_text("during the turn"))
+        if future.cancelled() or not future.done():
+            return None  # the cancel grace ran out: a cancelled turn
+        try:
+            result = future.result(0)
+        except RemoteError as exc:
+            if self.ctx.cancelled.is_set():
+                return None
+            raise AgentFailure(f"agent {self.process.alias} failed the prompt: {exc}") from None
+        except (ConnectionLost, concurrent.futures.CancelledError, asyncio.CancelledError):
+            raise AgentFailure(self.process.failure_text("during the turn")) from None
+        reason = result.get("stopReason") if isinstance(result, Mapping) else None
+        return reason if reason in _STOP_REASONS else None
+
+
+def _drain(inbox: queue.SimpleQueue[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    items = []
+    while True:
+        try:
+            items.append(inbox.get_nowait())
+        except queue.Empty:
+            return items

@@ -1,0 +1,152 @@
+"""An external ACP agent's ``session/update`` notifications as zeroclaw events.
+
+Pure functions plus one small per-turn state (:class:`ToolNames`); run on the
+session actor's thread. Kinds without a zeroclaw event (the agent's own
+commands, modes, config options, session info, replayed user chunks) give no
+event: zeroclaw keeps its own modes and titles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ipc.events import (
+    Event,
+    MessageChunk,
+    PlanEntry,
+    PlanUpdate,
+    ThoughtChunk,
+    ToolCallFinished,
+    ToolCallStarted,
+    UsageUpdate,
+)
+
+__all__ = ["ToolNames", "content_text", "events_from_update"]
+
+_FINAL = ("completed", "failed")
+
+
+class ToolNames:
+    """The tool calls of one turn: name by id, and which have finished."""
+
+    def __init__(self) -> None:
+        self.names: dict[str, str] = {}
+        self.finished: set[str] = set()
+
+
+def content_text(block: Any) -> str:
+    """The text of one ACP content block (a resource by its text or uri; else empty)."""
+    if not isinstance(block, Mapping):
+        return ""
+    kind = block.get("type")
+    if kind == "text":
+        return _str(block.get("text"))
+    if kind == "resource_link":
+        return _str(block.get("uri"))
+    if kind == "resource":
+        resource = block.get("resource")
+        if isinstance(resource, Mapping):
+            return _str(resource.get("text")) or _str(resource.get("uri"))
+    return ""
+
+
+def _tool_content_text(content: Any) -> str:
+    """A tool call's ``content`` list as text: content blocks, diffs by path, terminals."""
+    if not isinstance(content, list):
+        return ""
+    parts = []
+    for item in content:
+        if not isinstance(item, Mapping):
+            continue
+        if item.get("type") == "content":
+            parts.append(content_text(item.get("content")))
+        elif item.get("type") == "diff":
+            parts.append(f"diff of {_str(item.get('path'))}")
+        elif item.get("type") == "terminal":
+            parts.append(f"terminal {_str(item.get('terminalId'))}")
+    return "\n".join(p for p in parts if p)
+
+
+def events_from_update(update: Any, tools: ToolNames) -> list[Event]:
+    """The zeroclaw events for one ``update`` object (empty for kinds zeroclaw leaves out)."""
+    if not isinstance(update, Mapping):
+        return []
+    kind = update.get("sessionUpdate")
+    if kind == "agent_message_chunk":
+        text = content_text(update.get("content"))
+        return [MessageChunk(text)] if text else []
+    if kind == "agent_thought_chunk":
+        text = content_text(update.get("content"))
+        return [ThoughtChunk(text)] if text else []
+    if kind == "tool_call":
+        return _tool_call(update, tools)
+    if kind == "tool_call_update":
+        return _tool_call_update(update, tools)
+    if kind == "plan":
+        return _plan(update)
+    if kind == "usage_update":
+        return _usage(update)
+    return []
+
+
+def _tool_call(update: Mapping[str, Any], tools: ToolNames) -> list[Event]:
+    call_id = _str(update.get("toolCallId"))
+    if not call_id:
+        return []
+    title = _str(update.get("title")) or "tool call"
+    kind = _str(update.get("kind")) or "other"
+    tools.names[call_id] = title
+    events: list[Event] = [
+        ToolCallStarted(call_id, title, title, kind, update.get("rawInput"))
+    ]
+    status = update.get("status")
+    if status in ("in_progress", *_FINAL) or update.get("content"):
+        events.extend(_tool_call_update(update, tools))
+    return events
+
+
+def _tool_call_update(update: Mapping[str, Any], tools: ToolNames) -> list[Event]:
+    call_id = _str(update.get("toolCallId"))
+    if not call_id or call_id in tools.finished:
+        return []
+    status = update.get("status")
+    if status not in ("in_progress", *_FINAL):
+        status = "in_progress"
+    if status in _FINAL:
+        tools.finished.add(call_id)
+    name = _str(update.get("title")) or tools.names.get(call_id, "tool call")
+    text = _tool_content_text(update.get("content"))
+    return [ToolCallFinished(call_id, name, str(status), update.get("rawOutput"), text)]
+
+
+def _plan(update: Mapping[str, Any]) -> list[Event]:
+    entries = update.get("entries")
+    if not isinstance(entries, list):
+        return []
+    plan = tuple(
+        PlanEntry(content=_str(e.get("content")), priority=_str(e.get("priority")) or "medium",
+                  status=_str(e.get("status")) or "pending")
+        for e in entries if isinstance(e, Mapping)
+    )
+    return [PlanUpdate(plan)]
+
+
+def _usage(update: Mapping[str, Any]) -> list[Event]:
+    used, size = update.get("used"), update.get("size")
+    if not (isinstance(used, int) and isinstance(size, int) and _count(used) and _count(size)):
+        return []
+    cost = update.get("cost")
+    amount = cost.get("amount") if isinstance(cost, Mapping) else None
+    if isinstance(amount, bool) or not isinstance(amount, int | float):
+        amount = None
+    return [UsageUpdate(used=int(used), size=int(size),
+                        cost=float(amount) if amount is not None else None)]
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _str(value: Any) -> str:
+    return value if isinstance(value, str) else ""

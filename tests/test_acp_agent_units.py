@@ -1,0 +1,87 @@
+"""The pure parts of the ``acp`` provider: config checks, the agent's environment, and
+``session/update`` → zeroclaw events."""
+
+from __future__ import annotations
+
+import sys
+
+from actors.agents import agent_config_problem
+from actors.agents.acp import command_problem
+from actors.agents.acp_process import clean_env
+from actors.agents.acp_updates import ToolNames, events_from_update
+from ipc.events import (
+    MessageChunk,
+    PlanEntry,
+    PlanUpdate,
+    ThoughtChunk,
+    ToolCallFinished,
+    ToolCallStarted,
+    UsageUpdate,
+)
+
+
+def test_command_problems_name_the_reason() -> None:
+    assert command_problem({"command": [sys.executable, "-V"]}) is None
+    assert command_problem({"command": ["python3"]}) is None  # a name on PATH
+    assert "array of strings" in str(command_problem({"command": "python3 -V"}))
+    assert "array of strings" in str(command_problem({"command": []}))
+    assert "not found" in str(command_problem({"command": ["no-such-binary-zc"]}))
+    assert "not found" in str(command_problem({"command": ["relative/agent"]}))
+    assert "env must be" in str(command_problem({"command": ["python3"], "env": {"A": 1}}))
+    assert "positive" in str(command_problem({"command": ["python3"],
+                                              "agent_start_timeout_secs": 0}))
+    assert "unknown agent provider 'gpt'" in str(agent_config_problem({"provider": "gpt"}))
+    assert agent_config_problem({"provider": "echo"}) is None
+
+
+def test_clean_env_keeps_only_the_basics_plus_the_agents_own() -> None:
+    host = {"PATH": "/bin", "HOME": "/h", "LANG": "C", "TERM": "xterm", "AWS_SECRET": "x",
+            "OPENAI_API_KEY": "y"}
+    assert clean_env({"AGENT_KEY": "z"}, host) == {
+        "PATH": "/bin", "HOME": "/h", "LANG": "C", "TERM": "xterm", "AGENT_KEY": "z"}
+
+
+def _text(kind: str, text: str) -> dict[str, object]:
+    return {"sessionUpdate": kind, "content": {"type": "text", "text": text}}
+
+
+def test_updates_map_to_events() -> None:
+    tools = ToolNames()
+    assert events_from_update(_text("agent_message_chunk", "hi"), tools) == [MessageChunk("hi")]
+    assert events_from_update(_text("agent_thought_chunk", "hm"), tools) == [ThoughtChunk("hm")]
+    assert events_from_update(_text("user_message_chunk", "me"), tools) == []
+    assert events_from_update({"sessionUpdate": "available_commands_update"}, tools) == []
+    started = events_from_update({"sessionUpdate": "tool_call", "toolCallId": "t1",
+                                  "title": "Read a", "kind": "read", "rawInput": {"p": 1}},
+                                 tools)
+    assert started == [ToolCallStarted("t1", "Read a", "Read a", "read", {"p": 1})]
+    done = events_from_update({"sessionUpdate": "tool_call_update", "toolCallId": "t1",
+                               "status": "completed", "rawOutput": {"ok": True},
+                               "content": [{"type": "content",
+                                            "content": {"type": "text", "text": "out"}},
+                                           {"type": "diff", "path": "/a"}]}, tools)
+    assert done == [ToolCallFinished("t1", "Read a", "completed", {"ok": True},
+                                     "out\ndiff of /a")]
+    late = {"sessionUpdate": "tool_call_update", "toolCallId": "t1", "status": "failed"}
+    assert events_from_update(late, tools) == []  # already finished
+    plan = events_from_update({"sessionUpdate": "plan", "entries": [
+        {"content": "a", "priority": "high", "status": "in_progress"}]}, tools)
+    assert plan == [PlanUpdate((PlanEntry("a", "high", "in_progress"),))]
+    usage = events_from_update({"sessionUpdate": "usage_update", "used": 5, "size": 10,
+                                "cost": {"amount": 0.5, "currency": "USD"}}, tools)
+    assert usage == [UsageUpdate(5, 10, 0.5)]
+
+
+def test_a_tool_call_announced_as_finished_is_started_and_finished() -> None:
+    events = events_from_update({"sessionUpdate": "tool_call", "toolCallId": "t2",
+                                 "title": "Ran", "status": "completed"}, ToolNames())
+    assert [type(e) for e in events] == [ToolCallStarted, ToolCallFinished]
+
+
+def test_malformed_updates_give_no_events() -> None:
+    tools = ToolNames()
+    for bad in (None, [], "x", {"sessionUpdate": "tool_call"},
+                {"sessionUpdate": "usage_update", "used": "1", "size": 2},
+                {"sessionUpdate": "plan", "entries": "no"},
+                {"sessionUpdate": "agent_message_chunk", "content": {"type": "image"}}):
+        assert events_from_update(bad, tools) == []
