@@ -5,7 +5,7 @@ a command it runs (``/proc/$PPID/environ``), not only by the worker. It gets the
 variables a shell command may see (:func:`actors.tools.shell.command_environment`),
 the interpreter's and zeroclaw's own (``PYTHON*``, ``ZEROCLAW_*``), the user's base
 directories (``XDG_*``), proxy and certificate settings for model APIs, and the
-variables an agent names in ``api_key_env``: never the rest of the host's (cloud
+variables an agent names (``api_key_env``, ``pass_env``): never the rest of the host's (cloud
 keys, tokens) that no agent asked for.
 
 Pure functions; called on the asyncio loop thread when a worker is spawned.
@@ -28,8 +28,13 @@ _NETWORK_VARIABLES = frozenset({
 
 
 def agent_variables(agents: Iterable[AgentConfig]) -> frozenset[str]:
-    """The host variables agents name in ``api_key_env`` (their keys live there)."""
-    names = (agent.raw.get("api_key_env") for agent in agents)
+    """The host variables agents name: a model agent's ``api_key_env``, and the
+    ``pass_env`` list of a hosted ACP agent (e.g. its vendor's API key)."""
+    names: list[object] = []
+    for agent in agents:
+        names.append(agent.raw.get("api_key_env"))
+        passed = agent.raw.get("pass_env")
+        names.extend(passed if isinstance(passed, list) else ())
     return frozenset(name for name in names if isinstance(name, str) and name)
 
 

@@ -26,6 +26,7 @@ import concurrent.futures
 import logging
 import os
 import queue
+import re
 import shutil
 import threading
 import time
@@ -59,6 +60,8 @@ _WANTED_OPTIONS = {
 
 # --- config --------------------------------------------------------------------
 
+_VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
 
 def command_problem(config: Mapping[str, Any]) -> str | None:
     """Why this ``acp`` agent config cannot start (no secret is quoted), or None."""
@@ -71,6 +74,11 @@ def command_problem(config: Mapping[str, Any]) -> str | None:
         isinstance(k, str) and isinstance(v, str) for k, v in env.items()
     ):
         return "env must be a table of string values"
+    passed = config.get("pass_env", [])
+    if not isinstance(passed, list) or not all(
+        isinstance(name, str) and _VARIABLE_NAME.fullmatch(name) for name in passed
+    ):
+        return "pass_env must be an array of environment variable names"
     timeout = config.get("agent_start_timeout_secs", DEFAULT_START_TIMEOUT)
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
         return "agent_start_timeout_secs must be a positive number"
@@ -92,7 +100,9 @@ def _launch_spec(config: Mapping[str, Any]) -> LaunchSpec:
     problem = command_problem(config)
     if problem is not None:
         raise AgentFailure(f"agent {alias} cannot be used: {problem}")
-    env = dict(config.get("env") or {})
+    env = {name: os.environ[name] for name in config.get("pass_env") or ()
+           if name in os.environ}
+    env.update(config.get("env") or {})
     argv = list(config["command"])
     argv[0] = _executable(argv[0], env) or argv[0]
     return LaunchSpec(

@@ -253,13 +253,15 @@ async def test_agent_dies_with_its_worker(
 async def test_agent_env_is_clean_and_stop_reason_is_carried(
     sdk_hosts: SdkHostFactory, config_dir: Path, workspace: Path
 ) -> None:
-    acp_config(config_dir, fixture_command(), extra='env = {FIXTURE_GIVEN = "yes"}')
-    async with sdk_hosts(env_extra={"HOST_SECRET_TOKEN": "do-not-pass"}) as host:
+    acp_config(config_dir, fixture_command(),
+               extra='env = {FIXTURE_GIVEN = "yes"}\npass_env = ["VENDOR_API_KEY"]')
+    host_env = {"HOST_SECRET_TOKEN": "do-not-pass", "VENDOR_API_KEY": "passed-on"}
+    async with sdk_hosts(env_extra=host_env) as host:
         await host.initialize()
         sid = await host.new_session(workspace)
         text, _ = await prompt_text(host, sid, "env")
         names = set(text.split())
-        assert "FIXTURE_GIVEN" in names and "PATH" in names
+        assert "FIXTURE_GIVEN" in names and "PATH" in names and "VENDOR_API_KEY" in names
         assert "HOST_SECRET_TOKEN" not in names and "PYTHONPATH" not in names
         _, outcome = await prompt_text(host, sid, "stop:max_tokens")
         assert outcome.stop_reason == "max_tokens"
