@@ -152,6 +152,7 @@ class SessionConfig:
     permission_timeout: float
     history: tuple[TurnItem, ...]
     mcp_servers: tuple[Any, ...] = ()
+    tool_rules: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def from_open(cls, message: OpenSession) -> SessionConfig:
@@ -168,6 +169,7 @@ class SessionConfig:
             permission_timeout=float(message.permission_timeout),
             history=history,
             mcp_servers=tuple(message.mcp_servers),
+            tool_rules=tuple(message.tool_rules.items()),
         )
 
 
@@ -211,7 +213,8 @@ class SessionActor(SimpleInboxActor):
         self.tools = tools if tools is not None else default_tools()
         self.history: list[TurnItem] = list(config.history)
         self.history_tokens = history_tokens(self.history)
-        self.always_allowed: set[str] = set()
+        #: Remembered permission answers: tool name to allow_always / reject_always.
+        self.tool_rules: dict[str, str] = dict(config.tool_rules)
 
     def on_start(self) -> None:
         config = self.config

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from actors.agents.base import ToolCallOutcome, estimate_tokens
-from actors.tools import Tool, ToolEnv, ToolError
+from actors.tools import Tool, ToolEnv, ToolError, ToolResult
 from ipc.events import (
     Event,
     MessageChunk,
@@ -32,7 +32,7 @@ from ipc.events import (
     TurnRecord,
     event_to_wire,
 )
-from ipc.worker_wire import PermissionAsk, TurnEvent, UserAsk, WorkerMessage
+from ipc.worker_wire import PermissionAsk, PermissionRules, TurnEvent, UserAsk, WorkerMessage
 
 if TYPE_CHECKING:
     from actors.session import SessionActor
@@ -221,7 +221,8 @@ class ActorTurnContext:
         args = raw_input if isinstance(raw_input, dict) else {}
         title = tool.title(args) if tool else name
         kind = tool.kind if tool else "other"
-        self.emit(ToolCallStarted(call_id, name, title, kind, raw_input))
+        locations = tool.locations(args, self._session.config.paths) if tool else ()
+        self.emit(ToolCallStarted(call_id, name, title, kind, raw_input, locations))
         if tool is None:
             known = ", ".join(sorted(self._session.tools))
             return self._finish(call_id, name, "failed", f"unknown tool {name!r} (known: {known})")
@@ -233,34 +234,45 @@ class ActorTurnContext:
         return self._execute(tool, call_id, args)
 
     def _authorise(self, tool: Tool, call_id: str, title: str, args: Any) -> str | None:
-        """None when the call may run, else why not (the session mode is read now)."""
+        """None when the call may run, else why not (the session mode is read now).
+
+        In ``supervised`` mode an earlier allow-always or reject-always answer for
+        the tool stands in for the question."""
         if self._cancelled.is_set():
             return "denied: the turn was cancelled"
         if not tool.mutating:
             return None
         mode = self._session.state.mode
-        if mode == "full" or (mode == "supervised" and tool.name in self._session.always_allowed):
+        remembered = self._session.tool_rules.get(tool.name)
+        if mode == "full" or (mode == "supervised" and remembered == "allow_always"):
             return None
         if mode != "supervised":
             return f"denied: autonomy is {mode}"
+        if remembered == "reject_always":
+            return f"denied: the user chose to always reject {tool.name}"
         choice = self.ask_permission(call_id, tool.name, title, tool.kind, args)
         mode = self._session.state.mode  # set_mode may have come while the client decided
         if mode == "read_only":
             return f"denied: autonomy is {mode}"
         normalized = choice.replace("-", "_") if choice else None
-        if normalized == "allow_always":
-            self._session.always_allowed.add(tool.name)
-            return None
-        if normalized == "allow_once":
+        if normalized in ("allow_always", "reject_always"):
+            self._remember(tool.name, normalized)
+        if normalized in ("allow_always", "allow_once"):
             return None
         if choice is None:
             return "denied: the permission request was cancelled or timed out"
         return f"denied: the user chose {choice!r}"
 
+    def _remember(self, tool_name: str, decision: str) -> None:
+        """Keep an always-answer for the session, and have the host store it."""
+        rules = self._session.tool_rules
+        rules[tool_name] = decision
+        self._session.send(PermissionRules(sid=self._sid, rules=dict(rules)))
+
     def _execute(self, tool: Tool, call_id: str, args: dict[str, Any]) -> ToolCallOutcome:
         config = self._session.config
         env = ToolEnv(paths=config.paths, cancelled=self._cancelled,
-                      agent_env=config.agent.get("env") or {})
+                      agent_env=config.agent.get("env") or {}, ask_user=self.ask_user)
         self.emit(ToolCallFinished(call_id, tool.name, "in_progress", None, ""))
         try:
             result = tool.run(args, env)
@@ -271,15 +283,20 @@ class ActorTurnContext:
             return self._finish(call_id, tool.name, "failed",
                                 f"tool error: {type(exc).__name__}: {exc}")
         outcome = "completed" if result.ok else "failed"
-        return self._finish(call_id, tool.name, outcome, result.text, result.raw_output)
+        return self._finish(call_id, tool.name, outcome, result.text, result.raw_output, result)
 
     def _finish(
-        self, call_id: str, name: str, outcome: str, text: str, raw_output: Any = None
+        self, call_id: str, name: str, outcome: str, text: str, raw_output: Any = None,
+        result: ToolResult | None = None,
     ) -> ToolCallOutcome:
         if outcome == "denied":
             self._recorder.mark_denied(call_id)
         if raw_output is None and outcome != "completed":
             raw_output = {"error": text}
         status = "completed" if outcome == "completed" else "failed"
-        self.emit(ToolCallFinished(call_id, name, status, raw_output, text))
+        if result is None:
+            self.emit(ToolCallFinished(call_id, name, status, raw_output, text))
+        else:
+            self.emit(ToolCallFinished(call_id, name, status, raw_output, text, result.content,
+                                       result.locations, result.title))
         return ToolCallOutcome(call_id, outcome, text, raw_output)

@@ -22,6 +22,7 @@ from ipc.events import (
     AvailableCommands,
     CommandInfo,
     CurrentMode,
+    DiffContent,
     Event,
     MessageChunk,
     PlanUpdate,
@@ -30,7 +31,9 @@ from ipc.events import (
     ThoughtChunk,
     ToolCallFinished,
     ToolCallStarted,
+    ToolContent,
     ToolItem,
+    ToolLocation,
     TurnItem,
     UsageUpdate,
     UserChunk,
@@ -58,6 +61,7 @@ PERMISSION_OPTIONS = (
     {"optionId": "allow-once", "name": "Allow once", "kind": "allow_once"},
     {"optionId": "allow-always", "name": "Always allow", "kind": "allow_always"},
     {"optionId": "reject-once", "name": "Reject", "kind": "reject_once"},
+    {"optionId": "reject-always", "name": "Always reject", "kind": "reject_always"},
 )
 
 
@@ -272,11 +276,14 @@ _OPTION_IDS = {
     "allow_always": "allow_always",
     "reject-once": "reject_once",
     "reject_once": "reject_once",
+    "reject-always": "reject_always",
+    "reject_always": "reject_always",
 }
 
 
 def selected_option(result: Any) -> str | None:
-    """The chosen option as ``allow_once``/``allow_always``/``reject_once``; None = cancelled."""
+    """The chosen option as ``allow_once``/``allow_always``/``reject_once``/``reject_always``;
+    None = cancelled."""
     if not isinstance(result, Mapping):
         return None
     outcome = result.get("outcome")
@@ -284,6 +291,54 @@ def selected_option(result: Any) -> str | None:
         return None
     option = outcome.get("optionId")
     return _OPTION_IDS.get(option) if isinstance(option, str) else None
+
+
+# --- questions (ask_user) -----------------------------------------------------
+
+
+def question_choices(schema: Mapping[str, Any]) -> tuple[str, list[str]] | None:
+    """The field name and choices of a one-field question form (its ``enum`` of
+    strings), else None: ACP v1 can only ask a question as a choice between
+    permission options."""
+    properties = schema.get("properties")
+    if not isinstance(properties, Mapping) or len(properties) != 1:
+        return None
+    name, field = next(iter(properties.items()))
+    choices = field.get("enum") if isinstance(field, Mapping) else None
+    if not isinstance(choices, list) or not choices:
+        return None
+    return (name, choices) if all(isinstance(c, str) for c in choices) else None
+
+
+def question_params(sid: str, request_id: str, message: str,
+                    choices: list[str]) -> dict[str, Any]:
+    """``session/request_permission`` params asking ``message``; option ``choice-N`` is
+    the N-th choice (kind ``allow_once``: ACP has no neutral kind)."""
+    options = [{"optionId": f"choice-{i}", "name": choice, "kind": "allow_once"}
+               for i, choice in enumerate(choices)]
+    return {
+        "sessionId": sid,
+        "toolCall": {
+            "toolCallId": request_id,
+            "title": message,
+            "kind": "other",
+            "status": "pending",
+            "content": [{"type": "content", "content": {"type": "text", "text": message}}],
+        },
+        "options": options,
+    }
+
+
+def question_answer(result: Any, field: str, choices: list[str]) -> dict[str, Any]:
+    """The ``{action, content}`` answer for a reply to :func:`question_params`."""
+    outcome = result.get("outcome") if isinstance(result, Mapping) else None
+    option = outcome.get("optionId") if isinstance(outcome, Mapping) else None
+    if (isinstance(outcome, Mapping) and outcome.get("outcome") == "selected"
+            and isinstance(option, str) and option.startswith("choice-")):
+        index = option.removeprefix("choice-")
+        if index.isdigit() and int(index) < len(choices):
+            return {"action": "accept", "content": {field: choices[int(index)]}}
+    return {"action": "cancel", "content": {}}
 
 
 # --- events -------------------------------------------------------------------
@@ -302,7 +357,7 @@ def _update(event: Event) -> dict[str, Any]:
         case UserChunk(text=text):
             return _text("user_message_chunk", text)
         case ToolCallStarted():
-            return {
+            started: dict[str, Any] = {
                 "sessionUpdate": "tool_call",
                 "toolCallId": event.tool_call_id,
                 "title": event.title,
@@ -310,19 +365,11 @@ def _update(event: Event) -> dict[str, Any]:
                 "status": "pending",
                 "rawInput": event.raw_input,
             }
+            if event.locations:
+                started["locations"] = [_location(loc) for loc in event.locations]
+            return started
         case ToolCallFinished():
-            update: dict[str, Any] = {
-                "sessionUpdate": "tool_call_update",
-                "toolCallId": event.tool_call_id,
-                "status": event.status,
-                "name": event.name,
-            }
-            if event.status != "in_progress":
-                update["rawOutput"] = event.raw_output
-                update["content"] = [
-                    {"type": "content", "content": {"type": "text", "text": event.text}}
-                ]
-            return update
+            return _tool_call_update(event)
         case PlanUpdate(entries=entries):
             plan = [{"content": e.content, "priority": e.priority, "status": e.status}
                     for e in entries]
@@ -346,6 +393,42 @@ def _update(event: Event) -> dict[str, Any]:
             return {"sessionUpdate": "available_commands_update",
                     "availableCommands": [_command(c) for c in commands]}
     raise TypeError(f"not an event: {event!r}")
+
+
+def _tool_call_update(event: ToolCallFinished) -> dict[str, Any]:
+    """``tool_call_update``: the text result first, then any diff or embedded file."""
+    update: dict[str, Any] = {
+        "sessionUpdate": "tool_call_update",
+        "toolCallId": event.tool_call_id,
+        "status": event.status,
+        "name": event.name,
+    }
+    if event.title is not None:
+        update["title"] = event.title
+    if event.locations:
+        update["locations"] = [_location(loc) for loc in event.locations]
+    if event.status != "in_progress":
+        update["rawOutput"] = event.raw_output
+        update["content"] = [
+            {"type": "content", "content": {"type": "text", "text": event.text}},
+            *(_tool_content(item) for item in event.content),
+        ]
+    return update
+
+
+def _location(location: ToolLocation) -> dict[str, Any]:
+    entry: dict[str, Any] = {"path": location.path}
+    if location.line is not None:
+        entry["line"] = location.line
+    return entry
+
+
+def _tool_content(item: ToolContent) -> dict[str, Any]:
+    if isinstance(item, DiffContent):
+        return {"type": "diff", "path": item.path, "oldText": item.old_text,
+                "newText": item.new_text}
+    resource = {"uri": item.uri, "mimeType": item.mime_type, "blob": item.blob}
+    return {"type": "content", "content": {"type": "resource", "resource": resource}}
 
 
 def _command(command: CommandInfo) -> dict[str, Any]:

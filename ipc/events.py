@@ -21,16 +21,20 @@ __all__ = [
     "AvailableCommands",
     "CommandInfo",
     "CurrentMode",
+    "DiffContent",
     "Event",
     "MessageChunk",
     "PlanEntry",
     "PlanUpdate",
+    "ResourceContent",
     "SessionInfo",
     "TextItem",
     "ThoughtChunk",
     "ToolCallFinished",
     "ToolCallStarted",
+    "ToolContent",
     "ToolItem",
+    "ToolLocation",
     "TurnItem",
     "TurnRecord",
     "UsageUpdate",
@@ -71,6 +75,39 @@ class UserChunk:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolLocation:
+    """A file a tool call touches (an absolute path), and the line when one matters."""
+
+    path: str
+    line: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DiffContent:
+    """A file change a client can show as a diff; ``old_text`` None for a new file."""
+
+    TYPE: ClassVar[str] = "diff"
+    path: str
+    old_text: str | None
+    new_text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceContent:
+    """A file handed to the client (``deliver_file``): its ``attachment://`` uri, mime
+    type and bytes as base64."""
+
+    TYPE: ClassVar[str] = "resource"
+    uri: str
+    mime_type: str
+    blob: str
+
+
+ToolContent: TypeAlias = DiffContent | ResourceContent
+_CONTENT_TYPES: dict[str, type[Any]] = {cls.TYPE: cls for cls in (DiffContent, ResourceContent)}
+
+
+@dataclass(frozen=True, slots=True)
 class ToolCallStarted:
     """The agent asked for a tool; status is ``pending`` until it finishes."""
 
@@ -80,11 +117,16 @@ class ToolCallStarted:
     title: str
     kind: str
     raw_input: Any
+    locations: tuple[ToolLocation, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class ToolCallFinished:
-    """A tool call ended. ``status`` is ``in_progress``, ``completed`` or ``failed``."""
+    """A tool call ended. ``status`` is ``in_progress``, ``completed`` or ``failed``.
+
+    ``content`` is what a client shows beside ``text`` (a diff, a delivered file);
+    ``locations`` and ``title``, when set, replace the tool call's.
+    """
 
     KIND: ClassVar[str] = "tool_call_update"
     tool_call_id: str
@@ -92,6 +134,9 @@ class ToolCallFinished:
     status: str
     raw_output: Any
     text: str
+    content: tuple[ToolContent, ...] = ()
+    locations: tuple[ToolLocation, ...] = ()
+    title: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,18 +235,29 @@ def iso_utc(timestamp: float) -> str:
     return stamp.replace("+00:00", "Z")
 
 
+def _part_to_wire(part: Any) -> dict[str, Any]:
+    """A plan entry, location or content item as a dict (content items tagged ``type``)."""
+    wire = {f.name: getattr(part, f.name) for f in fields(part)}
+    if isinstance(part, DiffContent | ResourceContent):
+        wire["type"] = part.TYPE
+    return wire
+
+
 def event_to_wire(event: Event) -> dict[str, Any]:
     """A plain dict (orjson-ready) with the kind under ``k``."""
     wire: dict[str, Any] = {"k": event.KIND}
     for f in fields(event):
         value = getattr(event, f.name)
-        if isinstance(event, PlanUpdate) and f.name == "entries":
-            value = [
-                {"content": e.content, "priority": e.priority, "status": e.status}
-                for e in event.entries
-            ]
+        if f.name in ("entries", "content", "locations"):
+            value = [_part_to_wire(part) for part in value]
         wire[f.name] = value
     return wire
+
+
+def _content_from_wire(wire: dict[str, Any]) -> ToolContent:
+    data = dict(wire)
+    content: ToolContent = _CONTENT_TYPES[data.pop("type")](**data)
+    return content
 
 
 def event_from_wire(wire: dict[str, Any]) -> Event:
@@ -210,6 +266,10 @@ def event_from_wire(wire: dict[str, Any]) -> Event:
     cls = _EVENT_TYPES[data.pop("k")]
     if cls is PlanUpdate:
         data["entries"] = tuple(PlanEntry(**e) for e in data["entries"])
+    if "locations" in data:
+        data["locations"] = tuple(ToolLocation(**loc) for loc in data["locations"])
+    if "content" in data:
+        data["content"] = tuple(_content_from_wire(c) for c in data["content"])
     event: Event = cls(**data)
     return event
 

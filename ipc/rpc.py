@@ -49,7 +49,7 @@ __all__ = [
 ]
 
 PROTOCOL_VERSION: Final = 1
-DECISIONS: Final = ("allow_once", "allow_always", "reject_once")
+DECISIONS: Final = ("allow_once", "allow_always", "reject_once", "reject_always")
 ELICITATION_ACTIONS: Final = ("accept", "decline", "cancel")
 _DECISION_ALIASES: Final = {d.replace("_", "-"): d for d in DECISIONS} | {d: d for d in DECISIONS}
 

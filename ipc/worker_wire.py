@@ -25,6 +25,7 @@ __all__ = [
     "OpenSession",
     "PermissionAsk",
     "PermissionReply",
+    "PermissionRules",
     "Ping",
     "SessionClosed",
     "SessionOpened",
@@ -58,6 +59,7 @@ class OpenSession:
     ``history`` is the stored conversation as :func:`ipc.events.item_to_wire` dicts,
     so a model-backed agent can continue it. ``permission_timeout`` is in seconds.
     ``mcp_servers`` is the client's list from ``session/new`` (an ACP agent gets it).
+    ``tool_rules`` are the stored always-answers (see :class:`PermissionRules`).
     """
 
     T: ClassVar[str] = "open"
@@ -70,6 +72,7 @@ class OpenSession:
     permission_timeout: float
     history: list[dict[str, Any]] = field(default_factory=list)
     mcp_servers: list[Any] = field(default_factory=list)
+    tool_rules: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,6 +210,16 @@ class UserAsk:
 
 
 @dataclass(frozen=True, slots=True)
+class PermissionRules:
+    """The session's remembered permission answers changed: tool name to
+    ``allow_always`` or ``reject_always``, the whole map (the host stores it)."""
+
+    T: ClassVar[str] = "perm_rules"
+    sid: str
+    rules: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
 class TurnEnded:
     """The turn finished (completed or cancelled); ``record`` is a TurnRecord wire dict."""
 
@@ -252,6 +265,7 @@ WorkerMessage: TypeAlias = (
     | TurnEvent
     | PermissionAsk
     | UserAsk
+    | PermissionRules
     | TurnEnded
     | TurnFailed
     | SessionClosed
@@ -276,6 +290,7 @@ _TYPES: dict[str, type[Any]] = {
         TurnEvent,
         PermissionAsk,
         UserAsk,
+        PermissionRules,
         TurnEnded,
         TurnFailed,
         SessionClosed,

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -121,9 +122,24 @@ class AcpPeer:
     async def ask_user(
         self, sid: str, message: str, schema: dict[str, Any], timeout: float
     ) -> dict[str, Any] | None:
-        """ACP v1 has no question request for agents: the agent gets no answer."""
-        log.info("session %s: the agent asked the user a question; ACP cannot ask it", sid)
-        return None
+        """A question with choices goes out as ``session/request_permission`` with the
+        choices as options; ACP v1 has no free-text question, so other forms get None."""
+        form = acp.question_choices(schema)
+        if form is None:
+            log.info("session %s: a question without choices cannot be asked over ACP", sid)
+            return None
+        field, choices = form
+        params = acp.question_params(sid, f"ask-{secrets.token_hex(8)}", message, choices)
+        try:
+            result = await self.endpoint.request(
+                "session/request_permission", params, timeout=timeout)
+        except TimeoutError:
+            log.info("session %s: question timed out", sid)
+            return None
+        except (ConnectionLost, RemoteError) as exc:
+            log.info("session %s: question failed (%s)", sid, type(exc).__name__)
+            return None
+        return acp.question_answer(result, field, choices)
 
 
 class AcpServer:

@@ -28,6 +28,7 @@ from ipc.worker_wire import (
     OpenFailed,
     PermissionAsk,
     PermissionReply,
+    PermissionRules,
     SessionClosed,
     SessionOpened,
     TurnEnded,
@@ -48,13 +49,16 @@ from supervisor.usage import UsageTotals
 from supervisor.worker_env import agent_variables
 from supervisor.workers import WorkerPool
 
-__all__ = ["Host"]
+__all__ = ["TOOL_RULES_META", "Host", "stored_tool_rules"]
 
 log = logging.getLogger("zeroclaw.host")
 
 WORKER_READY_TIMEOUT = 30.0
 ORPHAN_SWEEP_SECS = 2.0
 CLOSE_CONFIRM_SECS = 10.0  # a worker that takes longer to drop a session is not waited for
+#: The key of a session's stored ``meta`` that keeps its always-answers to permission requests.
+TOOL_RULES_META = "toolPermissions"
+_TOOL_RULES = ("allow_always", "reject_always")
 
 
 class Host:
@@ -225,6 +229,9 @@ class Host:
                 self._ask_permission(worker_id, message)
             case UserAsk():
                 self._ask_user(worker_id, message)
+            case PermissionRules(sid=sid, rules=rules):
+                self.persist("update_meta", sid, {TOOL_RULES_META: rules}).add_done_callback(
+                    _log_write_failure)
             case SessionClosed(close_id=close_id):
                 self._closings.confirmed(close_id)
             case OpenFailed(sid=sid, message=text):
@@ -328,6 +335,15 @@ def _log_unusable_agents(settings: Settings) -> None:
 def _log_write_failure(future: asyncio.Future[Any]) -> None:
     if not future.cancelled() and future.exception() is not None:
         log.warning("%s", future.exception())  # the error says "store write failed: ..."
+
+
+def stored_tool_rules(meta: dict[str, Any]) -> dict[str, str]:
+    """The remembered permission answers in a stored session's ``meta`` (others dropped)."""
+    rules = meta.get(TOOL_RULES_META)
+    if not isinstance(rules, dict):
+        return {}
+    return {name: rule for name, rule in rules.items()
+            if isinstance(name, str) and rule in _TOOL_RULES}
 
 
 def canonical_dir(path: str, base: str | None = None) -> str | None:

@@ -38,6 +38,7 @@ from ipc.worker_wire import (
     HostMessage,
     OpenFailed,
     PermissionAsk,
+    PermissionRules,
     Ping,
     SessionClosed,
     SessionOpened,
@@ -64,8 +65,8 @@ _HWM = 10_000
 _DRAIN_BATCH = 1000
 _SHUTDOWN_GRACE_SECS = 1.0
 _PROJECT_ROOT = Path(__file__).resolve().parent.parent
-_FORWARDED = (SessionOpened, OpenFailed, TurnEvent, PermissionAsk, UserAsk, TurnEnded,
-              TurnFailed, SessionClosed)
+_FORWARDED = (SessionOpened, OpenFailed, TurnEvent, PermissionAsk, UserAsk, PermissionRules,
+              TurnEnded, TurnFailed, SessionClosed)
 
 
 @dataclass(frozen=True, slots=True)

@@ -238,6 +238,11 @@ def test_default_tools_kinds_and_mutation() -> None:
         "shell": ("execute", True),
         "file_read": ("read", False),
         "file_write": ("edit", True),
+        "file_edit": ("edit", True),
+        "file_list": ("search", False),
+        "search": ("search", False),
+        "ask_user": ("other", False),
+        "deliver_file": ("read", False),
     }
     assert os.path.basename(tools["shell"].title({"command": "ls"})) == "shell: ls"
 

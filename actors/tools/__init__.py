@@ -6,16 +6,24 @@ state); the session actor looks names up in it. Safe from any thread.
 
 from __future__ import annotations
 
+from actors.tools.ask import AskUserTool
 from actors.tools.base import Tool, ToolEnv, ToolError, ToolResult
-from actors.tools.files import FileReadTool, FileWriteTool
+from actors.tools.deliver import DeliverFileTool
+from actors.tools.files import FileEditTool, FileReadTool, FileWriteTool
+from actors.tools.listing import FileListTool, SearchTool
 from actors.tools.paths import PathDenied, PathPolicy
 from actors.tools.shell import ShellTool
 
 __all__ = [
+    "AskUserTool",
+    "DeliverFileTool",
+    "FileEditTool",
+    "FileListTool",
     "FileReadTool",
     "FileWriteTool",
     "PathDenied",
     "PathPolicy",
+    "SearchTool",
     "ShellTool",
     "Tool",
     "ToolEnv",
@@ -26,6 +34,9 @@ __all__ = [
 
 
 def default_tools() -> dict[str, Tool]:
-    """The tools every session gets: ``shell``, ``file_read``, ``file_write``."""
-    tools: list[Tool] = [ShellTool(), FileReadTool(), FileWriteTool()]
+    """The tools every session gets: ``shell``, the file tools (``file_read``,
+    ``file_write``, ``file_edit``, ``file_list``, ``search``), ``ask_user`` and
+    ``deliver_file``."""
+    tools: list[Tool] = [ShellTool(), FileReadTool(), FileWriteTool(), FileEditTool(),
+                         FileListTool(), SearchTool(), AskUserTool(), DeliverFileTool()]
     return {tool.name: tool for tool in tools}

@@ -10,13 +10,30 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeAlias
 
-from actors.tools.paths import PathPolicy
+from actors.tools.paths import PathDenied, PathPolicy
+from ipc.events import ToolContent, ToolLocation
 
-__all__ = ["Tool", "ToolEnv", "ToolError", "ToolResult", "require_str"]
+__all__ = [
+    "AskUser",
+    "Tool",
+    "ToolEnv",
+    "ToolError",
+    "ToolResult",
+    "optional_int",
+    "path_location",
+    "require_str",
+]
+
+#: Asks the user a question (a message and a JSON schema); ``{action, content}`` or None.
+AskUser: TypeAlias = Callable[[str, dict[str, Any]], dict[str, Any] | None]
+
+
+def _no_user(message: str, schema: dict[str, Any]) -> dict[str, Any] | None:
+    return None
 
 
 class ToolError(Exception):
@@ -31,6 +48,7 @@ class ToolEnv:
     paths: PathPolicy
     cancelled: threading.Event
     agent_env: Mapping[str, str] = field(default_factory=dict)
+    ask_user: AskUser = _no_user
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,11 +56,16 @@ class ToolResult:
     """A finished call: ``text`` for people and models, ``raw_output`` as structured data.
 
     ``ok`` False marks a call that ran but did not succeed (a non-zero exit).
+    ``content`` (a diff, a delivered file) and ``locations`` are for the client;
+    ``title``, when set, replaces the call's title.
     """
 
     text: str
     raw_output: Any
     ok: bool = True
+    content: tuple[ToolContent, ...] = ()
+    locations: tuple[ToolLocation, ...] = ()
+    title: str | None = None
 
 
 class Tool(ABC):
@@ -55,6 +78,10 @@ class Tool(ABC):
     def title(self, args: dict[str, Any]) -> str:
         """A one-line label for the tool call (what the client shows)."""
         return self.name
+
+    def locations(self, args: dict[str, Any], paths: PathPolicy) -> tuple[ToolLocation, ...]:
+        """The files the call will touch, for the client to follow (none by default)."""
+        return ()
 
     @abstractmethod
     def run(self, args: dict[str, Any], env: ToolEnv) -> ToolResult:
@@ -69,3 +96,27 @@ def require_str(args: dict[str, Any], key: str, *, allow_empty: bool = False) ->
     if not allow_empty and not value:
         raise ToolError(f"argument {key!r} must not be empty")
     return value
+
+
+def optional_int(args: dict[str, Any], key: str, *, minimum: int, default: int | None,
+                 maximum: int | None = None) -> int | None:
+    """``args[key]`` as an int of at least ``minimum`` (capped at ``maximum``), else
+    ``default`` when absent; a :class:`ToolError` naming the argument otherwise."""
+    value = args.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ToolError(f"argument {key!r} must be an integer of at least {minimum}")
+    return value if maximum is None else min(value, maximum)
+
+
+def path_location(args: dict[str, Any], paths: PathPolicy, key: str = "path",
+                  line: int | None = None) -> tuple[ToolLocation, ...]:
+    """``args[key]`` as a location (canonical), or none when it is missing or not allowed."""
+    given = args.get(key)
+    if not isinstance(given, str):
+        return ()
+    try:
+        return (ToolLocation(str(paths.resolve(given)), line),)
+    except PathDenied:
+        return ()

@@ -1,6 +1,7 @@
-"""The ``file_read`` and ``file_write`` tools, confined by the session's :class:`PathPolicy`.
+"""The ``file_read``, ``file_write`` and ``file_edit`` tools, confined by the session's
+:class:`PathPolicy`.
 
-Run on the session actor's thread. Both open their file through
+Run on the session actor's thread. Each opens its file through
 :meth:`PathPolicy.open_parent`, relative to a directory descriptor held beneath
 the root and never through a symlink, so a path swapped after its check cannot
 escape the roots. Writes are atomic (a temporary file created in that same
@@ -18,10 +19,25 @@ import stat
 from pathlib import Path
 from typing import Any, ClassVar
 
-from actors.tools.base import Tool, ToolEnv, ToolError, ToolResult, require_str
-from actors.tools.paths import OpenedParent, PathDenied, changed_to_symlink, is_symlink_at
+from actors.tools.base import (
+    Tool,
+    ToolEnv,
+    ToolError,
+    ToolResult,
+    optional_int,
+    path_location,
+    require_str,
+)
+from actors.tools.paths import (
+    OpenedParent,
+    PathDenied,
+    PathPolicy,
+    changed_to_symlink,
+    is_symlink_at,
+)
+from ipc.events import DiffContent, ToolLocation
 
-__all__ = ["FileReadTool", "FileWriteTool"]
+__all__ = ["FileEditTool", "FileReadTool", "FileWriteTool", "read_regular_file", "write_atomically"]
 
 _READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
 _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -33,7 +49,11 @@ def _path_title(verb: str, args: dict[str, Any]) -> str:
 
 
 class FileReadTool(Tool):
-    """Read a text file; argument ``path``. Large files are cut at ``max_bytes``."""
+    """Read a text file; argument ``path``. Large files are cut at ``max_bytes``.
+
+    ``offset`` (the first line, counted from 1) and ``limit`` (how many lines)
+    read a range of lines; without them the whole file is read.
+    """
 
     name: ClassVar[str] = "file_read"
     kind: ClassVar[str] = "read"
@@ -45,13 +65,19 @@ class FileReadTool(Tool):
     def title(self, args: dict[str, Any]) -> str:
         return _path_title("Read", args)
 
+    def locations(self, args: dict[str, Any], paths: PathPolicy) -> tuple[ToolLocation, ...]:
+        offset = args.get("offset")
+        return path_location(args, paths, line=offset if isinstance(offset, int) else None)
+
     def run(self, args: dict[str, Any], env: ToolEnv) -> ToolResult:
         given = require_str(args, "path")
+        offset = optional_int(args, "offset", minimum=1, default=None)
+        limit = optional_int(args, "limit", minimum=1, default=None)
         path = Path(given)
         try:
             with env.paths.open_parent(given) as parent:
                 path = parent.path
-                data = _read_regular_file(parent, given, self.max_bytes + 1)
+                data = read_regular_file(parent, given, self.max_bytes + 1)
         except PathDenied as exc:
             raise ToolError(str(exc)) from None
         except FileNotFoundError:
@@ -62,10 +88,29 @@ class FileReadTool(Tool):
             raise ToolError(f"cannot read {path}: {exc.strerror or exc}") from None
         truncated = len(data) > self.max_bytes
         text = data[: self.max_bytes].decode("utf-8", errors="replace")
+        if offset is not None or limit is not None:
+            return _line_range(path, text, offset or 1, limit, truncated)
         raw = {"path": str(path), "content": text, "truncated": truncated}
         if truncated:
             text += f"\n[file truncated at {self.max_bytes} bytes]"
         return ToolResult(text=text, raw_output=raw)
+
+
+def _line_range(path: Path, text: str, offset: int, limit: int | None,
+                truncated: bool) -> ToolResult:
+    """Lines ``offset`` .. ``offset + limit - 1`` of ``text`` (1-based, ends kept)."""
+    lines = text.splitlines(keepends=True)
+    if offset > max(len(lines), 1):
+        raise ToolError(f"offset {offset} is past the end of {path} ({len(lines)} lines)")
+    chosen = lines[offset - 1: None if limit is None else offset - 1 + limit]
+    content = "".join(chosen)
+    last = offset + len(chosen) - 1
+    raw = {"path": str(path), "content": content, "offset": offset, "lines": len(chosen),
+           "total_lines": len(lines), "truncated": truncated}
+    note = f"[lines {offset}-{last} of {len(lines)}{'+' if truncated else ''}]"
+    body = content if content.endswith("\n") or not content else content + "\n"
+    return ToolResult(text=body + note, raw_output=raw,
+                      locations=(ToolLocation(str(path), offset),))
 
 
 class FileWriteTool(Tool):
@@ -78,6 +123,9 @@ class FileWriteTool(Tool):
     def title(self, args: dict[str, Any]) -> str:
         return _path_title("Write", args)
 
+    def locations(self, args: dict[str, Any], paths: PathPolicy) -> tuple[ToolLocation, ...]:
+        return path_location(args, paths)
+
     def run(self, args: dict[str, Any], env: ToolEnv) -> ToolResult:
         given = require_str(args, "path")
         data = require_str(args, "content", allow_empty=True).encode("utf-8")
@@ -85,7 +133,7 @@ class FileWriteTool(Tool):
         try:
             with env.paths.open_parent(given, create=True) as parent:
                 path = parent.path
-                _write_atomically(parent, data)
+                write_atomically(parent, data)
         except PathDenied as exc:
             raise ToolError(str(exc)) from None
         except IsADirectoryError:
@@ -96,7 +144,81 @@ class FileWriteTool(Tool):
         return ToolResult(text=f"wrote {len(data)} bytes to {path}", raw_output=raw)
 
 
-def _read_regular_file(parent: OpenedParent, given: str, limit: int) -> bytes:
+class FileEditTool(Tool):
+    """Replace an exact string in a text file: ``path``, ``old_string``, ``new_string``,
+    optional ``replace_all``. ``old_string`` must occur exactly once unless
+    ``replace_all`` is true. The result carries the change as a diff."""
+
+    name: ClassVar[str] = "file_edit"
+    kind: ClassVar[str] = "edit"
+    mutating: ClassVar[bool] = True
+
+    def __init__(self, *, max_bytes: int = 2 * 1024 * 1024) -> None:
+        self.max_bytes = max_bytes
+
+    def title(self, args: dict[str, Any]) -> str:
+        return _path_title("Edit", args)
+
+    def locations(self, args: dict[str, Any], paths: PathPolicy) -> tuple[ToolLocation, ...]:
+        return path_location(args, paths)
+
+    def run(self, args: dict[str, Any], env: ToolEnv) -> ToolResult:
+        given = require_str(args, "path")
+        old = require_str(args, "old_string")
+        new = require_str(args, "new_string", allow_empty=True)
+        replace_all = args.get("replace_all", False)
+        if not isinstance(replace_all, bool):
+            raise ToolError("argument 'replace_all' must be true or false")
+        if old == new:
+            raise ToolError("old_string and new_string are the same: nothing to change")
+        path = Path(given)
+        try:
+            with env.paths.open_parent(given) as parent:
+                path = parent.path
+                before = self._read_text(parent, given)
+                after, count = _replace(path, before, old, new, replace_all)
+                write_atomically(parent, after.encode("utf-8"))
+        except PathDenied as exc:
+            raise ToolError(str(exc)) from None
+        except FileNotFoundError:
+            raise ToolError(f"no such file: {path} (file_write creates files)") from None
+        except IsADirectoryError:
+            raise ToolError(f"is a directory, not a file: {path}") from None
+        except OSError as exc:
+            raise ToolError(f"cannot edit {path}: {exc.strerror or exc}") from None
+        line = before[: before.index(old)].count("\n") + 1
+        raw = {"path": str(path), "replacements": count, "line": line}
+        return ToolResult(
+            text=f"edited {path}: {count} replacement{'s' if count > 1 else ''} (line {line})",
+            raw_output=raw, content=(DiffContent(str(path), before, after),),
+            locations=(ToolLocation(str(path), line),),
+        )
+
+    def _read_text(self, parent: OpenedParent, given: str) -> str:
+        data = read_regular_file(parent, given, self.max_bytes + 1)
+        if len(data) > self.max_bytes:
+            raise ToolError(f"{parent.path} is larger than {self.max_bytes} bytes; "
+                            "file_edit does not change files that large")
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ToolError(f"{parent.path} is not UTF-8 text") from None
+
+
+def _replace(path: Path, text: str, old: str, new: str, replace_all: bool) -> tuple[str, int]:
+    """``text`` with ``old`` replaced, and how many times; a clear error when ``old`` is
+    absent, or ambiguous without ``replace_all``."""
+    count = text.count(old)
+    if count == 0:
+        raise ToolError(f"old_string was not found in {path}; read the file and copy "
+                        "the text exactly, whitespace included")
+    if count > 1 and not replace_all:
+        raise ToolError(f"old_string occurs {count} times in {path}; add surrounding "
+                        "lines to make it unique, or set replace_all to change every one")
+    return text.replace(old, new, -1 if replace_all else 1), count
+
+
+def read_regular_file(parent: OpenedParent, given: str, limit: int) -> bytes:
     """Up to ``limit`` bytes of a regular file; a FIFO or device could block the turn forever."""
     try:
         fd = os.open(parent.name, _READ_FLAGS, dir_fd=parent.fd)
@@ -129,7 +251,7 @@ def _existing_mode(parent: OpenedParent) -> int:
     return stat.S_IMODE(st.st_mode) if stat.S_ISREG(st.st_mode) else 0o644
 
 
-def _write_atomically(parent: OpenedParent, data: bytes) -> None:
+def write_atomically(parent: OpenedParent, data: bytes) -> None:
     mode = _existing_mode(parent)
     tmp_name, fd = _create_temp(parent)
     try:

@@ -42,8 +42,15 @@ TOOL_SCHEMAS: dict[str, tuple[str, dict[str, Any]]] = {
         }, ["command"]),
     ),
     "file_read": (
-        "Read a text file. Relative paths start at the working directory.",
-        _object({"path": {"type": "string", "description": "The file to read."}}, ["path"]),
+        "Read a text file. Relative paths start at the working directory. Give offset "
+        "and limit to read only some lines of a long file.",
+        _object({
+            "path": {"type": "string", "description": "The file to read."},
+            "offset": {"type": "integer", "minimum": 1,
+                       "description": "The first line to read, counted from 1."},
+            "limit": {"type": "integer", "minimum": 1,
+                      "description": "How many lines to read from offset."},
+        }, ["path"]),
     ),
     "file_write": (
         "Create or replace a text file with the given content (parent directories are "
@@ -52,6 +59,66 @@ TOOL_SCHEMAS: dict[str, tuple[str, dict[str, Any]]] = {
             "path": {"type": "string", "description": "The file to write."},
             "content": {"type": "string", "description": "The whole new content."},
         }, ["path", "content"]),
+    ),
+    "file_edit": (
+        "Edit a text file by replacing an exact string. old_string must match the file "
+        "exactly (whitespace included) and occur once, unless replace_all is true; include "
+        "enough surrounding lines to make it unique. Read the file first.",
+        _object({
+            "path": {"type": "string", "description": "The file to edit."},
+            "old_string": {"type": "string", "description": "The exact text to replace."},
+            "new_string": {"type": "string", "description": "The text to put instead."},
+            "replace_all": {"type": "boolean",
+                            "description": "Replace every occurrence (default false)."},
+        }, ["path", "old_string", "new_string"]),
+    ),
+    "file_list": (
+        "List files and directories (directories end with /) whose path matches a glob "
+        "such as src/**/*.py, under a directory. Files ignored by .gitignore are left out.",
+        _object({
+            "pattern": {"type": "string", "description": "The glob, relative to path "
+                        "(default **/*: everything). * stays within a directory; ** "
+                        "spans directories."},
+            "path": {"type": "string", "description": "Where to start (default: the "
+                     "working directory)."},
+            "limit": {"type": "integer", "minimum": 1,
+                      "description": "At most this many entries (default 500)."},
+        }, []),
+    ),
+    "search": (
+        "Search file contents for a regular expression (Python syntax, matched line by "
+        "line); returns path:line: text for each matching line. Binary files and files "
+        "ignored by .gitignore are skipped.",
+        _object({
+            "pattern": {"type": "string", "description": "The regular expression."},
+            "path": {"type": "string", "description": "The directory to search (default: "
+                     "the working directory)."},
+            "glob": {"type": "string", "description": "Only files matching this glob, "
+                     "e.g. *.py (matched against the file name) or src/**/*.ts."},
+            "ignore_case": {"type": "boolean", "description": "Match case-insensitively."},
+            "limit": {"type": "integer", "minimum": 1,
+                      "description": "At most this many matching lines (default 100)."},
+        }, ["pattern"]),
+    ),
+    "ask_user": (
+        "Ask the user a question and wait for the answer. Give choices whenever you can: "
+        "some editors can only offer a question as a choice between options.",
+        _object({
+            "question": {"type": "string", "description": "The question."},
+            "choices": {"type": "array", "items": {"type": "string"}, "minItems": 1,
+                        "maxItems": 20, "description": "The answers to choose from."},
+        }, ["question"]),
+    ),
+    "deliver_file": (
+        "Hand a file from the workspace to the user (a download or preview in their "
+        "editor), up to 10 MiB. Returns its attachment:// uri; cite that uri as it is.",
+        _object({
+            "path": {"type": "string", "description": "The file to deliver."},
+            "mimeType": {"type": "string", "description": "Its media type (default: "
+                         "guessed from the name)."},
+            "title": {"type": "string", "description": "The label the user sees (default: "
+                      "the file name)."},
+        }, ["path"]),
     ),
 }
 
