@@ -49,7 +49,8 @@ __all__ = [
     "update_text",
 ]
 
-PermissionPolicy = Literal["allow_once", "allow_always", "reject_once", "cancelled", "never"]
+PermissionPolicy = Literal["allow_once", "allow_always", "reject_once", "reject_always",
+                           "cancelled", "never"]
 STREAM_LIMIT = 64 * 1024 * 1024
 EXIT_GRACE_SECS = 10.0
 LEAK_GRACE_SECS = 15.0
@@ -78,6 +79,7 @@ class RecordingClient:
         self.updates: list[tuple[str, Any]] = []
         self.permission_asks: list[PermissionAsk] = []
         self.permission_policy: PermissionPolicy = "allow_once"
+        self.choose_option_named: str | None = None  # else the first of the policy's kind
         self.permission_gate = asyncio.Event()  # cleared: answers wait until it is set
         self.permission_gate.set()
         self._changed = asyncio.Event()
@@ -102,7 +104,8 @@ class RecordingClient:
             await asyncio.Event().wait()  # the host's own timeout must deny the tool
         if policy == "cancelled":
             return RequestPermissionResponse(outcome=DeniedOutcome(outcome="cancelled"))
-        chosen = next(o for o in options if o.kind == policy)
+        chosen = next(o for o in options if o.kind == policy and (
+            self.choose_option_named in (None, o.name)))
         return RequestPermissionResponse(
             outcome=AllowedOutcome(outcome="selected", option_id=chosen.option_id)
         )

@@ -11,6 +11,8 @@ import json
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
+from actors.tools import default_tools
+
 from .conftest import SdkHostFactory
 from .helpers import CANCEL_MARKER
 from .model_server import ModelServer, Reply
@@ -68,7 +70,7 @@ async def test_text_and_tool_use_round_trip(
     body = first.body
     assert (body["model"], body["max_tokens"], body["stream"]) == ("claude-test", 1024, True)
     assert f"Working directory: {workspace}" in body["system"]
-    assert {t["name"] for t in body["tools"]} == {"shell", "file_read", "file_write"}
+    assert {t["name"] for t in body["tools"]} == set(default_tools())
     assert all("input_schema" in t for t in body["tools"])
     assert body["messages"] == [{"role": "user", "content": [
         {"type": "text", "text": "what is in a.txt?"}]}]

@@ -13,6 +13,8 @@ from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
+from actors.tools import default_tools
+
 from .conftest import SdkHostFactory
 from .helpers import CANCEL_MARKER, stored_session
 from .model_server import ModelServer, Reply
@@ -71,7 +73,7 @@ async def test_plain_text_streams_with_usage_system_prompt_and_history(
     body = first.body
     assert body["model"] == "gpt-test" and body["stream"] is True
     assert body["stream_options"] == {"include_usage": True}
-    assert {t["function"]["name"] for t in body["tools"]} == {"shell", "file_read", "file_write"}
+    assert {t["function"]["name"] for t in body["tools"]} == set(default_tools())
     system = body["messages"][0]
     assert system["role"] == "system"
     assert f"Working directory: {workspace}" in system["content"]
