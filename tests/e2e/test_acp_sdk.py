@@ -24,9 +24,9 @@ from .procs import write_config
 from .sdkhost import PermissionPolicy, SdkHost, expect_error
 
 MODES = ["read_only", "supervised", "full"]
-SPEC_OPTION_KINDS = {"allow_once", "allow_always", "reject_once"}
+SPEC_OPTION_KINDS = {"allow_once", "allow_always", "reject_once", "reject_always"}
 SPEC_OPTION_IDS = {"allow-once", "allow_once", "allow-always", "allow_always",
-                   "reject-once", "reject_once"}
+                   "reject-once", "reject_once", "reject-always", "reject_always"}
 
 
 # --- initialize ----------------------------------------------------------------
