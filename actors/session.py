@@ -25,7 +25,7 @@ from actors.agents.base import Agent, AgentFailure, SessionSetup, TurnResult, hi
 from actors.bridge import SimpleInboxActor
 from actors.tools import PathPolicy, Tool, default_tools
 from actors.turn import ActorTurnContext, TurnRecorder
-from ipc.events import TurnItem, item_from_wire
+from ipc.events import TurnItem, TurnRecord, item_from_wire
 from ipc.worker_wire import (
     OpenSession,
     SessionClosed,
@@ -261,13 +261,27 @@ class SessionActor(SimpleInboxActor):
             self.state.end_turn(turn.cancelled)
         cancelled = turn.cancelled.is_set()
         if failure is not None and not cancelled:
-            self.send(TurnFailed(sid=sid, turn_id=turn.turn_id, message=failure))
+            self._fail_turn(turn, recorder, failure, started)
             return
         result = result or TurnResult()
         extra = {name: value for name, value in (("meta", result.meta),
                                                   ("session_meta", result.session_meta)) if value}
         record = recorder.build(sid, cancelled=cancelled, started_at=started,
                                 stop_reason=result.stop_reason, extra=extra)
+        self._remember(record)
+        self.send(TurnEnded(sid=sid, turn_id=turn.turn_id, record=record.to_wire()))
+
+    def _fail_turn(self, turn: RunTurn, recorder: TurnRecorder, failure: str,
+                   started: float) -> None:
+        """Report the failure; what the turn streamed before it is kept (and sent along)."""
+        record = None
+        if recorder.streamed:
+            record = recorder.build(self.config.sid, cancelled=False, started_at=started,
+                                    failure=failure)
+            self._remember(record)
+        self.send(TurnFailed(sid=self.config.sid, turn_id=turn.turn_id, message=failure,
+                             record=record.to_wire() if record is not None else None))
+
+    def _remember(self, record: TurnRecord) -> None:
         self.history.extend(record.items)
         self.history_tokens += history_tokens(record.items)
-        self.send(TurnEnded(sid=sid, turn_id=turn.turn_id, record=record.to_wire()))

@@ -37,11 +37,16 @@ from ipc.worker_wire import PermissionAsk, PermissionRules, TurnEvent, UserAsk, 
 if TYPE_CHECKING:
     from actors.session import SessionActor
 
-__all__ = ["CANCEL_MARKER", "ActorTurnContext", "TurnRecorder"]
+__all__ = ["CANCEL_MARKER", "ActorTurnContext", "TurnRecorder", "failure_marker"]
 
 logger = logging.getLogger("zeroclaw.turn")
 
 CANCEL_MARKER = "[turn cancelled via client]"
+
+
+def failure_marker(message: str) -> str:
+    """What ends the text of a failed turn that is kept for its partial output."""
+    return f"[turn failed: {message}]"
 
 
 @dataclass(slots=True)
@@ -79,6 +84,11 @@ class TurnRecorder:
         elif isinstance(event, ToolCallFinished) and event.status in ("completed", "failed"):
             self._finish_tool(event)
 
+    @property
+    def streamed(self) -> bool:
+        """Whether the turn produced anything yet (text, a thought or a tool call)."""
+        return bool(self._items)
+
     def mark_denied(self, tool_call_id: str) -> None:
         """The next failure of this call is recorded as ``denied``."""
         self._denied.add(tool_call_id)
@@ -101,18 +111,23 @@ class TurnRecorder:
             tool.outcome = "denied" if event.tool_call_id in self._denied else "failed"
 
     def build(self, session_id: str, *, cancelled: bool, started_at: float,
-              stop_reason: str | None = None,
-              extra: dict[str, Any] | None = None) -> TurnRecord:
-        """The finished turn; a cancelled one gets :data:`CANCEL_MARKER` after its text.
+              stop_reason: str | None = None, extra: dict[str, Any] | None = None,
+              failure: str | None = None) -> TurnRecord:
+        """The finished turn; a cancelled one gets :data:`CANCEL_MARKER` after its text,
+        a failed one (``failure``: the error) its :func:`failure_marker`.
 
         ``stop_reason`` is the agent's (default ``end_turn``; a cancelled turn is
-        always ``cancelled``); ``extra`` is the record's ``extra`` (see TurnResult).
+        always ``cancelled``, a failed one ``failed``); ``extra`` is the record's
+        ``extra`` (see TurnResult).
         """
         content = "".join(self._answer)
-        if cancelled:
+        marker = CANCEL_MARKER if cancelled else None
+        if failure is not None and not cancelled:
+            marker, stop_reason = failure_marker(failure), "failed"
+        if marker is not None:
             separator = "\n" if content and not content.endswith("\n") else ""
-            self._add_text("assistant", separator + CANCEL_MARKER)
-            content += separator + CANCEL_MARKER
+            self._add_text("assistant", separator + marker)
+            content += separator + marker
         items: list[TurnItem] = [TextItem(role="user", text=self.prompt)]
         items.extend(self._item(part, cancelled) for part in self._items)
         tokens = sum(estimate_tokens(i.text if isinstance(i, TextItem) else i.result)

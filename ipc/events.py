@@ -328,8 +328,10 @@ def item_from_wire(wire: dict[str, Any]) -> TurnItem:
 class TurnRecord:
     """One finished turn, in order: the user prompt first, then what the agent did.
 
-    ``stop_reason`` is an ACP stop reason; ``content`` is the final answer text
-    (for a cancelled turn it ends with ``[turn cancelled via client]``).
+    ``stop_reason`` is an ACP stop reason, or ``failed`` for a failed turn kept for
+    what it streamed (its prompt got an error, never this record); ``content`` is the
+    final answer text (for a cancelled turn it ends with ``[turn cancelled via
+    client]``, for a failed one with ``[turn failed: <error>]``).
     Times are UNIX seconds.
     """
 

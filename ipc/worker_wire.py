@@ -231,12 +231,15 @@ class TurnEnded:
 
 @dataclass(frozen=True, slots=True)
 class TurnFailed:
-    """The turn failed; nothing of it is kept. The session stays usable."""
+    """The turn failed; the session stays usable. ``record`` (a TurnRecord wire dict,
+    stop reason ``failed``) holds what the turn streamed before it failed, to be kept;
+    None when nothing was streamed (nothing is kept)."""
 
     T: ClassVar[str] = "turn_failed"
     sid: str
     turn_id: str
     message: str
+    record: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -221,10 +221,11 @@ class Host:
                 turn = self.turns.get(sid, turn_id)
                 if turn is not None:
                     self.turns.ended(turn, TurnRecord.from_wire(wire))
-            case TurnFailed(sid=sid, turn_id=turn_id, message=text):
+            case TurnFailed(sid=sid, turn_id=turn_id, message=text, record=wire):
                 turn = self.turns.get(sid, turn_id)
                 if turn is not None:
-                    self.turns.settle(turn, error=InternalError(text))
+                    self.turns.failed(turn, text, None if wire is None
+                                      else TurnRecord.from_wire(wire))
             case PermissionAsk():
                 self._ask_permission(worker_id, message)
             case UserAsk():

@@ -88,6 +88,26 @@ class TurnBook:
         turn.recorded = True
         self.host.spawn(self.complete(turn, record))
 
+    def failed(self, turn: RunningTurn, message: str, record: TurnRecord | None) -> None:
+        """The worker failed the turn (-32603 with ``message``); ``record``, what it
+        streamed before, is committed first, like any turn's record."""
+        if record is None:
+            self.settle(turn, error=InternalError(message))
+            return
+        turn.recorded = True
+        self.host.spawn(self._keep_failed(turn, record, message))
+
+    async def _keep_failed(self, turn: RunningTurn, record: TurnRecord, message: str) -> None:
+        kept = None
+        try:
+            turns: int = await self.host.persist("write_turn", record)
+            kept = (turns, record.tokens)
+            self.host.usage.add_turn(record.tokens)
+        except Exception as exc:
+            log.error("failed turn of %s not persisted: %s", turn.sid, exc)
+            self._forget_unstored(turn)
+        self.settle(turn, error=InternalError(message), kept=kept)
+
     def worker_exited(self, turn: RunningTurn) -> bool:
         """The turn's worker died: fail the turn (-32603) unless its record arrived
         first, in which case the pending write answers it. True when it was failed."""
@@ -132,8 +152,12 @@ class TurnBook:
         *,
         value: tuple[TurnRecord, int] | None = None,
         error: RpcError | None = None,
+        kept: tuple[int, int] | None = None,
     ) -> None:
-        """End the turn exactly once: free the session, then answer the prompt."""
+        """End the turn exactly once: free the session, then answer the prompt.
+
+        ``kept`` (the store's turn count, tokens added) is for a failed turn whose
+        partial output was stored."""
         if turn.finished.is_set():
             return
         if self.running.get(turn.sid) is turn:
@@ -142,7 +166,7 @@ class TurnBook:
             self.host.inform("end_turn", turn.sid)
         if turn.route is not None:
             if value is None:
-                turn.route.turn_ended(None)
+                turn.route.turn_ended(*(kept or (None,)))
             else:
                 turn.route.turn_ended(value[1], value[0].tokens)
         for task in list(turn.permission_tasks):

@@ -178,12 +178,20 @@ def test_fail_directive_fails_the_turn_and_the_session_goes_on(
     open_session: Callable[..., Session],
 ) -> None:
     session = open_session()
+    session.start_turn("!fail before any output", "t0")
+    assert session.inbox.failed("t0") == "before any output"
+    assert session.inbox.turn_end("t0").record is None  # nothing streamed: nothing kept
     session.start_turn("partial\n!fail model exploded", "t1")
     assert session.inbox.failed("t1") == "model exploded"
+    kept = TurnRecord.from_wire(session.inbox.turn_end("t1").record)
+    assert kept.stop_reason == "failed"
+    assert kept.content == "partial\n[turn failed: model exploded]"
     record = session.run("again", "t2")
     assert record.content == "again"
     history = session.actor.proxy().history.get(timeout=WAIT)
-    assert [i.text for i in history] == ["again", "again"]  # the failed turn is not kept
+    assert [i.text for i in history] == [  # the failed turn is kept for what it streamed
+        "partial\n!fail model exploded", "partial\n[turn failed: model exploded]",
+        "again", "again"]
 
 
 class BrokenAgent(Agent):

@@ -249,11 +249,15 @@ async def test_a_stream_cut_midway_fails_the_turn_without_a_retry(
         assert len(model_server.requests) == 1
         out = await host.prompt(sid, "still there?")
         assert out.content == "ok"
-    # consistent with every failed turn: it is not kept, so the model does not see it
-    assert model_server.requests[1].body["messages"][1:] == [
-        {"role": "user", "content": "still there?"}]
+    # what was streamed is kept as the failed turn's partial output: in the store, and
+    # in what the model is sent next
     _, items = stored_session(config_dir, sid)
-    assert [getattr(i, "text", None) for i in items] == ["still there?", "ok"]
+    texts = [getattr(i, "text", None) for i in items]
+    assert texts[0] == "hi" and texts[2:] == ["still there?", "ok"]
+    assert texts[1].startswith("partial \n[turn failed: ") and "stream broke" in texts[1]
+    assert model_server.requests[1].body["messages"][1:] == [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": texts[1]},
+        {"role": "user", "content": "still there?"}]
 
 
 async def test_cancel_aborts_a_stalled_stream_and_keeps_what_was_streamed(
