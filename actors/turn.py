@@ -27,9 +27,11 @@ from ipc.events import (
     ThoughtChunk,
     ToolCallFinished,
     ToolCallStarted,
+    ToolContent,
     ToolItem,
     TurnItem,
     TurnRecord,
+    content_to_wire,
     event_to_wire,
 )
 from ipc.worker_wire import PermissionAsk, PermissionRules, TurnEvent, UserAsk, WorkerMessage
@@ -196,12 +198,14 @@ class ActorTurnContext:
         self._session.send(TurnEvent(sid=self._sid, turn_id=self._turn_id, event=wire))
 
     def ask_permission(
-        self, tool_call_id: str, tool_name: str, title: str, kind: str, raw_input: Any
+        self, tool_call_id: str, tool_name: str, title: str, kind: str, raw_input: Any,
+        preview: tuple[ToolContent, ...] = (),
     ) -> str | None:
+        """Ask the client; ``preview`` shows what the call would do (a diff)."""
         answer = self._wait_for_user("perm", lambda request_id: PermissionAsk(
             sid=self._sid, turn_id=self._turn_id, request_id=request_id,
             tool_call_id=tool_call_id, tool_name=tool_name, title=title, kind=kind,
-            raw_input=raw_input,
+            raw_input=raw_input, content=[content_to_wire(item) for item in preview],
         ))
         return answer if isinstance(answer, str) else None
 
@@ -265,7 +269,8 @@ class ActorTurnContext:
             return f"denied: autonomy is {mode}"
         if remembered == "reject_always":
             return f"denied: the user chose to always reject {tool.name}"
-        choice = self.ask_permission(call_id, tool.name, title, tool.kind, args)
+        preview = tool.preview(args, self._session.config.paths)
+        choice = self.ask_permission(call_id, tool.name, title, tool.kind, args, preview)
         mode = self._session.state.mode  # set_mode may have come while the client decided
         if mode == "read_only":
             return f"denied: autonomy is {mode}"

@@ -249,12 +249,14 @@ def blob_marker(blob: Blob, path: str) -> str:
 
 
 def permission_params(
-    sid: str, tool_call_id: str, title: str, kind: str, raw_input: Any
+    sid: str, tool_call_id: str, title: str, kind: str, raw_input: Any,
+    preview: tuple[ToolContent, ...] = (),
 ) -> dict[str, Any]:
     """``session/request_permission`` params. ``toolCall.content`` carries the summary a
     client shows above the options: the tool call's title (e.g. ``shell: git status``,
     ``Write /path``), the same text the daemon dialect's ``approval_request`` calls
-    ``summary``."""
+    ``summary``, then ``preview`` (a file tool's diff, so the change is seen before
+    it is allowed)."""
     return {
         "sessionId": sid,
         "toolCall": {
@@ -263,7 +265,8 @@ def permission_params(
             "kind": kind,
             "status": "pending",
             "rawInput": raw_input,
-            "content": [{"type": "content", "content": {"type": "text", "text": title}}],
+            "content": [{"type": "content", "content": {"type": "text", "text": title}},
+                        *(_tool_content(item) for item in preview)],
         },
         "options": list(PERMISSION_OPTIONS),
     }

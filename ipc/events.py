@@ -39,6 +39,8 @@ __all__ = [
     "TurnRecord",
     "UsageUpdate",
     "UserChunk",
+    "content_from_wire",
+    "content_to_wire",
     "event_from_wire",
     "event_to_wire",
     "iso_utc",
@@ -254,7 +256,13 @@ def event_to_wire(event: Event) -> dict[str, Any]:
     return wire
 
 
-def _content_from_wire(wire: dict[str, Any]) -> ToolContent:
+def content_to_wire(content: ToolContent) -> dict[str, Any]:
+    """A content item as a plain dict tagged with its ``type``."""
+    return _part_to_wire(content)
+
+
+def content_from_wire(wire: dict[str, Any]) -> ToolContent:
+    """Inverse of :func:`content_to_wire`; raises ``KeyError``/``TypeError`` on bad input."""
     data = dict(wire)
     content: ToolContent = _CONTENT_TYPES[data.pop("type")](**data)
     return content
@@ -269,7 +277,7 @@ def event_from_wire(wire: dict[str, Any]) -> Event:
     if "locations" in data:
         data["locations"] = tuple(ToolLocation(**loc) for loc in data["locations"])
     if "content" in data:
-        data["content"] = tuple(_content_from_wire(c) for c in data["content"])
+        data["content"] = tuple(content_from_wire(c) for c in data["content"])
     event: Event = cls(**data)
     return event
 

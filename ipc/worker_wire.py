@@ -184,7 +184,8 @@ class TurnEvent:
 
 @dataclass(frozen=True, slots=True)
 class PermissionAsk:
-    """A tool call needs the user's approval before it runs."""
+    """A tool call needs the user's approval before it runs. ``content`` previews what
+    it would do (:func:`ipc.events.content_to_wire` dicts: a file tool's diff)."""
 
     T: ClassVar[str] = "perm_ask"
     sid: str
@@ -195,6 +196,7 @@ class PermissionAsk:
     title: str
     kind: str
     raw_input: Any
+    content: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from ipc import acp_handshake
 from ipc.errors import InvalidParams, SessionNotFound
+from ipc.events import content_from_wire
 from ipc.jsonrpc import ConnectionLost, Endpoint, RemoteError
 from supervisor.host_handle import HostHandle
 
@@ -104,7 +105,12 @@ class AcpPeer:
         self.endpoint.notify("session/update", acp.encode_event(sid, event))
 
     async def ask_permission(self, sid: str, ask: PermissionAsk, timeout: float) -> str | None:
-        params = acp.permission_params(sid, ask.tool_call_id, ask.title, ask.kind, ask.raw_input)
+        try:
+            preview = tuple(content_from_wire(item) for item in ask.content)
+        except (KeyError, TypeError):
+            preview = ()
+        params = acp.permission_params(sid, ask.tool_call_id, ask.title, ask.kind, ask.raw_input,
+                                       preview)
         try:
             result = await self.endpoint.request(
                 "session/request_permission", params, timeout=timeout

@@ -313,3 +313,20 @@ def test_permission_options_include_the_always_answers() -> None:
         "allow_once", "allow_always", "reject_once", "reject_always"]
     picked = {"outcome": {"outcome": "selected", "optionId": "reject-always"}}
     assert acp.selected_option(picked) == "reject_always"
+
+
+def test_edit_and_write_previews_are_diffs_or_nothing(project: Path) -> None:
+    path = write(project, "a.txt", "one\n")
+    policy = env_for(project).paths
+    edit = TOOLS["file_edit"]
+    assert edit.preview({"path": "a.txt", "old_string": "one", "new_string": "two"},
+                        policy) == (DiffContent(str(path), "one\n", "two\n"),)
+    assert edit.preview({"path": "a.txt", "old_string": "zzz", "new_string": "y"}, policy) == ()
+    assert edit.preview({"path": "/etc/hostname", "old_string": "a", "new_string": "b"},
+                        policy) == ()
+    written = TOOLS["file_write"]
+    assert written.preview({"path": "a.txt", "content": "new"}, policy) == (
+        DiffContent(str(path), "one\n", "new"),)
+    assert written.preview({"path": "d/b.txt", "content": "x"}, policy) == (
+        DiffContent(str(project / "d" / "b.txt"), None, "x"),)
+    assert path.read_text() == "one\n" and not (project / "d").exists()

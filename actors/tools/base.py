@@ -83,6 +83,11 @@ class Tool(ABC):
         """The files the call will touch, for the client to follow (none by default)."""
         return ()
 
+    def preview(self, args: dict[str, Any], paths: PathPolicy) -> tuple[ToolContent, ...]:
+        """What the call would change, shown when it asks permission (a diff); nothing
+        by default, and nothing when it cannot be worked out (the call reports why)."""
+        return ()
+
     @abstractmethod
     def run(self, args: dict[str, Any], env: ToolEnv) -> ToolResult:
         """Do the work; raise :class:`ToolError` for a failure the caller should see."""

@@ -35,11 +35,12 @@ from actors.tools.paths import (
     changed_to_symlink,
     is_symlink_at,
 )
-from ipc.events import DiffContent, ToolLocation
+from ipc.events import DiffContent, ToolContent, ToolLocation
 
 __all__ = ["FileEditTool", "FileReadTool", "FileWriteTool", "read_regular_file", "write_atomically"]
 
 _READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+_MAX_PREVIEW_BYTES = 2 * 1024 * 1024
 _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -126,6 +127,22 @@ class FileWriteTool(Tool):
     def locations(self, args: dict[str, Any], paths: PathPolicy) -> tuple[ToolLocation, ...]:
         return path_location(args, paths)
 
+    def preview(self, args: dict[str, Any], paths: PathPolicy) -> tuple[ToolContent, ...]:
+        """The file's current text (None for a new file) against the new content."""
+        try:
+            given = require_str(args, "path")
+            content = require_str(args, "content", allow_empty=True)
+            if len(content) > _MAX_PREVIEW_BYTES:
+                return ()
+            try:
+                with paths.open_parent(given) as parent:
+                    path, before = parent.path, _current_text(parent, given)
+            except FileNotFoundError:  # a directory still to be made
+                path, before = paths.resolve(given), None
+            return (DiffContent(str(path), before, content),)
+        except (ToolError, PathDenied, OSError, UnicodeDecodeError):
+            return ()
+
     def run(self, args: dict[str, Any], env: ToolEnv) -> ToolResult:
         given = require_str(args, "path")
         data = require_str(args, "content", allow_empty=True).encode("utf-8")
@@ -162,15 +179,18 @@ class FileEditTool(Tool):
     def locations(self, args: dict[str, Any], paths: PathPolicy) -> tuple[ToolLocation, ...]:
         return path_location(args, paths)
 
+    def preview(self, args: dict[str, Any], paths: PathPolicy) -> tuple[ToolContent, ...]:
+        try:
+            given, old, new, replace_all = _edit_arguments(args)
+            with paths.open_parent(given) as parent:
+                before = self._read_text(parent, given)
+                after, _ = _replace(parent.path, before, old, new, replace_all)
+                return (DiffContent(str(parent.path), before, after),)
+        except (ToolError, PathDenied, OSError):
+            return ()
+
     def run(self, args: dict[str, Any], env: ToolEnv) -> ToolResult:
-        given = require_str(args, "path")
-        old = require_str(args, "old_string")
-        new = require_str(args, "new_string", allow_empty=True)
-        replace_all = args.get("replace_all", False)
-        if not isinstance(replace_all, bool):
-            raise ToolError("argument 'replace_all' must be true or false")
-        if old == new:
-            raise ToolError("old_string and new_string are the same: nothing to change")
+        given, old, new, replace_all = _edit_arguments(args)
         path = Path(given)
         try:
             with env.paths.open_parent(given) as parent:
@@ -205,6 +225,19 @@ class FileEditTool(Tool):
             raise ToolError(f"{parent.path} is not UTF-8 text") from None
 
 
+def _edit_arguments(args: dict[str, Any]) -> tuple[str, str, str, bool]:
+    """``path``, ``old_string``, ``new_string`` and ``replace_all``, checked."""
+    given = require_str(args, "path")
+    old = require_str(args, "old_string")
+    new = require_str(args, "new_string", allow_empty=True)
+    replace_all = args.get("replace_all", False)
+    if not isinstance(replace_all, bool):
+        raise ToolError("argument 'replace_all' must be true or false")
+    if old == new:
+        raise ToolError("old_string and new_string are the same: nothing to change")
+    return given, old, new, replace_all
+
+
 def _replace(path: Path, text: str, old: str, new: str, replace_all: bool) -> tuple[str, int]:
     """``text`` with ``old`` replaced, and how many times; a clear error when ``old`` is
     absent, or ambiguous without ``replace_all``."""
@@ -216,6 +249,17 @@ def _replace(path: Path, text: str, old: str, new: str, replace_all: bool) -> tu
         raise ToolError(f"old_string occurs {count} times in {path}; add surrounding "
                         "lines to make it unique, or set replace_all to change every one")
     return text.replace(old, new, -1 if replace_all else 1), count
+
+
+def _current_text(parent: OpenedParent, given: str) -> str | None:
+    """The file's text, None when it does not exist; ToolError when too large to show."""
+    try:
+        data = read_regular_file(parent, given, _MAX_PREVIEW_BYTES + 1)
+    except FileNotFoundError:
+        return None
+    if len(data) > _MAX_PREVIEW_BYTES:
+        raise ToolError("too large to preview")
+    return data.decode("utf-8")
 
 
 def read_regular_file(parent: OpenedParent, given: str, limit: int) -> bytes:

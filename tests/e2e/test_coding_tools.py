@@ -45,6 +45,10 @@ async def test_file_edit_sends_locations_and_a_diff(host: SdkHost, workspace: Pa
     assert [(loc.path, loc.line) for loc in started.locations] == [(str(target), None)]
     [ask] = host.client.permission_asks
     assert ask.tool_call.tool_call_id == started.tool_call_id
+    [preview] = [c for c in ask.tool_call.content or []
+                 if isinstance(c, FileEditToolCallContent)]  # seen before it is allowed
+    assert (preview.old_text, preview.new_text) == (
+        "def main():\n    return 1\n", "def main():\n    return 2\n")
     update = last_update(host, sid)
     assert update.status == "completed"
     diff = next(c for c in update.content if isinstance(c, FileEditToolCallContent))
@@ -57,6 +61,12 @@ async def test_file_edit_sends_locations_and_a_diff(host: SdkHost, workspace: Pa
     failed = last_update(host, sid)
     assert failed.status == "failed" and "not found" in failed.raw_output["error"]
     assert not any(isinstance(c, FileEditToolCallContent) for c in failed.content)
+
+    await host.prompt(sid, tool("file_write", {"path": "new/file.txt", "content": "fresh"}))
+    [new_file] = [c for c in host.client.permission_asks[-1].tool_call.content or []
+                  if isinstance(c, FileEditToolCallContent)]
+    assert (new_file.path, new_file.old_text, new_file.new_text) == (
+        str(workspace / "new" / "file.txt"), None, "fresh")
 
 
 async def test_read_ranges_list_and_search_through_the_agent_loop(
