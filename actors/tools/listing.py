@@ -7,6 +7,7 @@ never through a symbolic link, skipping ``.git``, forbidden paths and what
 
 from __future__ import annotations
 
+import contextlib
 import re
 from typing import Any, ClassVar
 
@@ -72,12 +73,13 @@ class FileListTool(Tool):
         walk = Walk(env.paths, _optional_str(args, "path", "."), env.cancelled)
         found: list[str] = []
         more = False
-        for entry in walk.entries():
-            if matcher.match(entry.rel):
-                if len(found) == limit:
-                    more = True
-                    break
-                found.append(f"{entry.rel}/" if entry.is_dir else entry.rel)
+        with contextlib.closing(walk.entries()) as entries:  # closes its directories
+            for entry in entries:
+                if matcher.match(entry.rel):
+                    if len(found) == limit:
+                        more = True
+                        break
+                    found.append(f"{entry.rel}/" if entry.is_dir else entry.rel)
         truncated = more or walk.exhausted
         raw = {"path": walk.base, "pattern": pattern, "files": found, "truncated": truncated}
         text = "\n".join(found) if found else f"no match for {pattern} under {walk.base}"
@@ -117,14 +119,15 @@ class SearchTool(Tool):
         walk = Walk(env.paths, _optional_str(args, "path", "."), env.cancelled)
         matches: list[dict[str, Any]] = []
         searched = 0
-        for entry in walk.entries():
-            if entry.is_dir or entry.size > self.max_file_bytes:
-                continue
-            if files is not None and not files(entry.rel):
-                continue
-            searched += 1
-            if _search_file(entry, regex, matches, limit + 1, walk.forbidden):
-                break
+        with contextlib.closing(walk.entries()) as entries:  # closes its directories
+            for entry in entries:
+                if entry.is_dir or entry.size > self.max_file_bytes:
+                    continue
+                if files is not None and not files(entry.rel):
+                    continue
+                searched += 1
+                if _search_file(entry, regex, matches, limit + 1, walk.forbidden):
+                    break
         truncated = len(matches) > limit or walk.exhausted
         return _search_result(walk.base, matches[:limit], truncated, searched)
 

@@ -22,7 +22,7 @@ import os
 import re
 import stat
 import threading
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 
 from pathspec import GitIgnoreSpec
@@ -72,7 +72,7 @@ class Walk:
         """(device, inode) of the forbidden paths, once :meth:`entries` has started."""
         return self._forbidden
 
-    def entries(self) -> Iterator[WalkEntry]:
+    def entries(self) -> Generator[WalkEntry, None, None]:
         """Every file and directory beneath the base, depth first, in name order."""
         try:
             with self.paths.open_parent(self.path) as parent:
