@@ -4,6 +4,7 @@ deliver_file and ask_user; and how their results travel (wire form, ACP encoding
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import os
 import threading
@@ -26,6 +27,7 @@ from ipc.events import (
     event_from_wire,
     event_to_wire,
 )
+from tests.test_tools import Flipper
 
 TOOLS = default_tools()
 
@@ -330,3 +332,33 @@ def test_edit_and_write_previews_are_diffs_or_nothing(project: Path) -> None:
     assert written.preview({"path": "d/b.txt", "content": "x"}, policy) == (
         DiffContent(str(project / "d" / "b.txt"), None, "x"),)
     assert path.read_text() == "one\n" and not (project / "d").exists()
+
+
+def test_search_and_edit_never_reach_through_a_swapped_in_symlink(
+    project: Path, tmp_path: Path
+) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("OUTSIDE-SECRET\n")
+    (project / "src").mkdir()
+    (project / "src" / "code.txt").write_text("inside\n")
+    (project / "src.swap").symlink_to(outside)
+    env = env_for(project)
+    with Flipper(project, "src", "src.swap") as flipper:
+        for _ in range(300):
+            result = run("search", {"pattern": "OUTSIDE|inside"}, env)
+            assert "OUTSIDE" not in result.text
+    assert flipper.flips > 0
+    (project / "e.txt").write_text("OUTSIDE-SECRET\n")
+    (project / "e.swap").symlink_to(outside / "secret.txt")
+    with Flipper(project, "e.txt", "e.swap") as flipper:
+        for _ in range(300):
+            with contextlib.suppress(ToolError):
+                run("file_edit", {"path": "e.txt", "old_string": "OUTSIDE", "new_string": "X",
+                                  "replace_all": True}, env)
+            with contextlib.suppress(OSError):  # put the text back, never through the link
+                fd = os.open(project / "e.txt", os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)
+                os.write(fd, b"OUTSIDE-SECRET\n")
+                os.close(fd)
+    assert flipper.flips > 0
+    assert (outside / "secret.txt").read_text() == "OUTSIDE-SECRET\n"
