@@ -143,6 +143,23 @@ def test_rejected_approval_denies_the_tool(daemon: DaemonProc, workspace: Path) 
     assert not (workspace / "no.txt").exists()
 
 
+def test_reject_always_denies_that_tool_from_then_on_without_asking(
+    daemon: DaemonProc, workspace: Path
+) -> None:
+    with daemon.client() as client:
+        sid, prompt_id, ask = ask_to_write(client, workspace, "no.txt", "x")
+        client.request("session/approve", {"sessionId": sid, "requestId": ask["requestId"],
+                                           "decision": "reject_always"})
+        client.wait_response(prompt_id)
+        args = json.dumps({"path": "no2.txt", "content": "x"})
+        client.request("session/prompt", {"sessionId": sid,
+                                          "prompt": f"!tool file_write {args}"})
+        results = [u for u in client.updates() if u["type"] == "tool_result"]
+        assert [r["status"] for r in results] == ["failed", "failed"]
+        assert len([u for u in client.updates() if u["type"] == "approval_request"]) == 1
+    assert not (workspace / "no.txt").exists() and not (workspace / "no2.txt").exists()
+
+
 def test_another_connections_session_is_not_ours(daemon: DaemonProc) -> None:
     with daemon.client() as owner, daemon.client() as other:
         sid = owner.request("session/new")["sessionId"]
