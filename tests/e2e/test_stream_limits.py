@@ -1,0 +1,86 @@
+"""Streams the host cannot pass on as they come: a huge stream to a reading client
+over stdio, and turn updates that cannot be encoded at all."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .rawclient import RawHost
+
+BIG_PROMPT = "w " * 1_000_000  # 2 MB, streamed back word by word: 1M updates
+
+
+def prompt_frame(host: RawHost, sid: str, text: str) -> int:
+    """Send ``session/prompt`` without waiting; its request id."""
+    request_id = host.new_id()
+    host.send({"jsonrpc": "2.0", "id": request_id, "method": "session/prompt",
+               "params": {"sessionId": sid, "prompt": text}})
+    return request_id
+
+
+def answers_and_chunks(host: RawHost, ids: set[int], timeout: float) -> tuple[
+        dict[int, dict[str, Any]], dict[str, list[str]]]:
+    """Read until every id in ``ids`` is answered: the answers, and the streamed
+    message text per session (updates are consumed here, not kept)."""
+    answers: dict[int, dict[str, Any]] = {}
+    chunks: dict[str, list[str]] = {}
+    while len(answers) < len(ids):
+        frame = host.next_frame(timeout)
+        if frame.get("method") == "session/update":
+            update = frame["params"]["update"]
+            if update["sessionUpdate"] == "agent_message_chunk":
+                chunks.setdefault(frame["params"]["sessionId"], []).append(
+                    update["content"]["text"])
+        elif frame.get("id") in ids and "method" not in frame:
+            answers[frame["id"]] = frame
+    return answers, chunks
+
+
+@pytest.mark.timeout(180)
+def test_a_2mb_prompt_streams_back_to_a_reading_client_and_the_host_stays_up(
+    raw_host: RawHost, workspace: Path
+) -> None:
+    """Before: the write buffer passed its high-water mark, the host closed its own
+    stdout, and every in-flight request (the sibling's too) went unanswered."""
+    raw_host.initialize()
+    big, sibling = raw_host.new_session(workspace), raw_host.new_session(workspace)
+    sibling_id = prompt_frame(raw_host, sibling, "!sleep 1\nsibling answers")
+    big_id = prompt_frame(raw_host, big, BIG_PROMPT)
+    answers, chunks = answers_and_chunks(raw_host, {big_id, sibling_id}, timeout=120)
+    result = answers[big_id]["result"]
+    assert result["stopReason"] == "end_turn"
+    assert result["content"].split() == ["w"] * 1_000_000
+    assert "".join(chunks[big]) == result["content"]  # merged or not, nothing lost
+    assert answers[sibling_id]["result"]["content"] == "sibling answers"
+    after = raw_host.call("session/prompt", {"sessionId": big, "prompt": "still here"})
+    assert after["content"] == "still here"
+
+
+def nested_arguments(levels: int) -> str:
+    return '{"path": "x", "deep": ' + "[" * levels + "]" * levels + "}"
+
+
+@pytest.mark.parametrize("levels", [300, 251], ids=["past-the-worker", "past-the-host-only"])
+def test_tool_arguments_nested_too_deep_fail_the_turn_and_the_session_goes_on(
+    raw_host: RawHost, workspace: Path, levels: int
+) -> None:
+    """Before: the worker (300 levels) or the host (251: the worker's envelope still
+    fits the encoder's limit, the client's frame does not) dropped the update, the
+    prompt was never answered, later prompts got -32002, close never answered and
+    the host did not exit on EOF."""
+    raw_host.initialize()
+    sid = raw_host.new_session(workspace)
+    failed = raw_host.request("session/prompt", {
+        "sessionId": sid, "prompt": f"!tool file_read {nested_arguments(levels)}"}, timeout=20)
+    assert failed["error"]["code"] == -32603
+    assert "cannot be encoded" in failed["error"]["message"]
+    again = raw_host.call("session/prompt", {"sessionId": sid, "prompt": "usable again"})
+    assert again["content"] == "usable again"
+    running = prompt_frame(raw_host, sid, "!sleep 30")
+    raw_host.send({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": sid}})
+    cancelled = raw_host.next_response(timeout=20)
+    assert cancelled["id"] == running and cancelled["result"]["stopReason"] == "cancelled"
+    assert raw_host.call("session/close", {"sessionId": sid}) == {}
