@@ -27,6 +27,7 @@ import logging
 import os
 import stat
 import sys
+import time
 from collections.abc import Callable
 from typing import Any, Final, TypeAlias
 
@@ -109,7 +110,8 @@ class WriteFlow:
         self._stall_timeout = stall_timeout
         self._on_stall = on_stall
         self._written = 0
-        self._taken_at_check = 0
+        self._last_taken = 0
+        self._last_progress = 0.0
         self._stall_timer: asyncio.TimerHandle | None = None
         self._drained: list[Callable[[], None]] = []
         self._waiter: asyncio.Task[None] | None = None
@@ -124,9 +126,9 @@ class WriteFlow:
         """Count a write; start watching for a stall when it left us behind."""
         self._written += nbytes
         if self._stall_timer is None and self.behind:
-            self._taken_at_check = self._taken()
-            self._stall_timer = asyncio.get_running_loop().call_later(
-                self._stall_timeout, self._check_stall)
+            self._last_taken = self._taken()
+            self._last_progress = time.monotonic()
+            self._watch_stall()
 
     def when_drained(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` (once) when the connection is no longer behind; never
@@ -145,17 +147,22 @@ class WriteFlow:
     def _taken(self) -> int:
         return self._written - self._transport.get_write_buffer_size()
 
+    def _watch_stall(self) -> None:
+        period = min(1.0, self._stall_timeout / 4)
+        self._stall_timer = asyncio.get_running_loop().call_later(period, self._check_stall)
+
     def _check_stall(self) -> None:
+        """While behind: any byte taken is progress; none for ``stall_timeout`` is a stall."""
         self._stall_timer = None
         if not self.behind or self._transport.is_closing():
             return
-        taken = self._taken()
-        if taken == self._taken_at_check:
+        now, taken = time.monotonic(), self._taken()
+        if taken != self._last_taken:
+            self._last_taken, self._last_progress = taken, now
+        elif now - self._last_progress >= self._stall_timeout:
             self._on_stall(f"client stalled: took no bytes for {self._stall_timeout:g} s")
             return
-        self._taken_at_check = taken
-        self._stall_timer = asyncio.get_running_loop().call_later(
-            self._stall_timeout, self._check_stall)
+        self._watch_stall()
 
     async def _wait_drained(self) -> None:
         try:
