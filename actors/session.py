@@ -51,10 +51,9 @@ logger = logging.getLogger("zeroclaw.session")
 
 MODES = ("read_only", "supervised", "full")
 
-SendFn = Callable[[WorkerMessage], "int | None"]
+SendFn = Callable[[WorkerMessage], int | None]
 """Queue a message for the host; the bytes it takes on the wire (None: not counted).
 Raises :class:`ipc.worker_wire.EncodeError` for a message that cannot be encoded."""
-
 
 
 def check_mode(mode: str) -> str:
@@ -75,21 +74,25 @@ class StreamWindow:
 
     def __init__(self, size: int = STREAM_WINDOW_BYTES) -> None:
         self.size = size
-        self._unconfirmed = 0
+        self._spent = 0  # written by the turn's thread only
+        self._granted = 0  # written under the lock by the IO thread only
         self._open = False
         self._changed = threading.Condition(threading.Lock())
 
     def spend(self, nbytes: int) -> None:
-        """Count ``nbytes`` just queued; wait while the window is full (turn thread)."""
+        """Count ``nbytes`` just queued; wait while the window is full (turn thread).
+        Takes no lock while there is room: this is on the way of every event."""
+        self._spent += nbytes
+        if self._spent - self._granted < self.size or self._open:
+            return
         with self._changed:
-            self._unconfirmed += nbytes
-            while self._unconfirmed >= self.size and not self._open:
+            while self._spent - self._granted >= self.size and not self._open:
                 self._changed.wait()
 
     def grant(self, nbytes: int) -> None:
         """The host passed ``nbytes`` on (IO thread)."""
         with self._changed:
-            self._unconfirmed -= nbytes
+            self._granted += nbytes
             self._changed.notify_all()
 
     def open(self) -> None:
