@@ -3,14 +3,21 @@ over stdio, and turn updates that cannot be encoded at all."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
+from ipc.events import TextItem
+from storage.store import StoreReader
+
+from .procs import descendants, host_argv, host_env, reap_leaks
 from .rawclient import RawHost
 
 BIG_PROMPT = "w " * 1_000_000  # 2 MB, streamed back word by word: 1M updates
+CANCEL_MARKER = "[turn cancelled via client]"
 
 
 def prompt_frame(host: RawHost, sid: str, text: str) -> int:
@@ -84,3 +91,48 @@ def test_tool_arguments_nested_too_deep_fail_the_turn_and_the_session_goes_on(
     cancelled = raw_host.next_response(timeout=20)
     assert cancelled["id"] == running and cancelled["result"]["stopReason"] == "cancelled"
     assert raw_host.call("session/close", {"sessionId": sid}) == {}
+
+
+def write_request(proc: subprocess.Popen[bytes], request_id: int, method: str,
+                  params: dict[str, Any]) -> None:
+    assert proc.stdin is not None
+    proc.stdin.write(orjson.dumps({"jsonrpc": "2.0", "id": request_id, "method": method,
+                                   "params": params}) + b"\n")
+
+
+def read_result(proc: subprocess.Popen[bytes]) -> Any:
+    assert proc.stdout is not None
+    return orjson.loads(proc.stdout.readline())["result"]
+
+
+def test_an_editor_that_stops_reading_is_cut_off_after_the_stall_limit(
+    tmp_path: Path, workspace: Path
+) -> None:
+    """``zeroclaw acp`` under an editor that stopped reading stdout: after
+    ``client_stall_timeout_secs`` the host gives up on it, keeps the cancelled turn,
+    and exits 0 with its workers."""
+    env = host_env({"ZEROCLAW_acp__client_stall_timeout_secs": "2"})
+    with (tmp_path / "stalled.stderr").open("wb") as stderr:
+        proc = subprocess.Popen(host_argv(tmp_path / "cfg"), stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=stderr, env=env, bufsize=0)
+    try:
+        write_request(proc, 1, "initialize", {"protocolVersion": 1})
+        read_result(proc)
+        write_request(proc, 2, "session/new", {"cwd": str(workspace), "mcpServers": []})
+        sid = read_result(proc)["sessionId"]
+        workers = descendants(proc.pid)
+        write_request(proc, 3, "session/prompt", {"sessionId": sid, "prompt": BIG_PROMPT})
+        assert proc.wait(30) == 0  # stdout is never read again
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert reap_leaks(workers, 15.0) == []
+    assert "client stalled" in (tmp_path / "stalled.stderr").read_text()
+    reader = StoreReader(tmp_path / "cfg" / "data" / "sessions" / "acp-sessions.db")
+    try:
+        items = reader.load_items(sid)
+    finally:
+        reader.close()
+    assert isinstance(items[0], TextItem) and items[0].text == BIG_PROMPT
+    assert isinstance(items[-1], TextItem) and items[-1].text.endswith(CANCEL_MARKER)
