@@ -98,9 +98,10 @@ class WriteFlow:
 
     ``behind`` is true while more than :data:`PACE_MARK` bytes wait unsent;
     :meth:`when_drained` calls back once the buffer is down to a quarter of that.
-    While the connection is behind, a timer checks every ``stall_timeout``
-    seconds that the peer took at least one byte; if not, ``on_stall`` is
-    called with the reason (the connection then closes).
+    While the connection is behind, a timer looks (every quarter of
+    ``stall_timeout``, at most every second) whether the peer took any byte;
+    when it took none for ``stall_timeout`` seconds, ``on_stall`` is called
+    with the reason (the connection then closes).
     """
 
     def __init__(self, writer: asyncio.StreamWriter, stall_timeout: float,
@@ -175,6 +176,9 @@ class WriteFlow:
             return
         finally:
             self._waiter = None
+        if self._transport.is_closing():
+            self._drained.clear()
+            return
         callbacks, self._drained = self._drained, []
         for callback in callbacks:
             callback()

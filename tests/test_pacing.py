@@ -1,12 +1,17 @@
-"""TurnStream: a turn's updates wait, merged, while the client's connection is behind."""
+"""Pacing: a turn's updates wait, merged, while the client's connection is behind
+(TurnStream), and a connection knows when it is behind, drained or stalled (WriteFlow)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import socket
 from collections.abc import Callable
 
 import orjson
 
 from ipc.events import Event, MessageChunk, PlanEntry, PlanUpdate, ThoughtChunk
+from ipc.transports import WriteFlow
 from supervisor.pacing import CREDIT_BATCH, TurnStream
 
 
@@ -88,3 +93,38 @@ def test_an_update_that_cannot_be_encoded_for_the_client_is_reported() -> None:
     assert peer.sent == [] and len(failures) == 1 and "cannot be encoded" in failures[0]
 
 
+
+
+async def test_write_flow_calls_back_once_drained_and_cuts_a_peer_that_takes_nothing() -> None:
+    """Over a real socketpair: behind past the pace mark, drained once the peer reads,
+    and a stall reported once it takes no byte for the limit."""
+    ours, theirs = socket.socketpair()
+    theirs.setblocking(False)
+    _, writer = await asyncio.open_connection(sock=ours)
+    stalls: list[str] = []
+    flow = WriteFlow(writer, 0.4, stalls.append)
+    try:
+        chunk = b"x" * 65536
+        while not flow.behind:
+            writer.write(chunk)
+            flow.wrote(len(chunk))
+        drained = asyncio.get_running_loop().create_future()
+        flow.when_drained(lambda: drained.set_result(True))
+        await asyncio.sleep(0.2)
+        assert not drained.done() and stalls == []
+        async with asyncio.timeout(10):
+            while not drained.done():  # the peer reads: the buffer goes down
+                with contextlib.suppress(BlockingIOError):
+                    theirs.recv(1 << 20)
+                await asyncio.sleep(0.001)
+        while not flow.behind:
+            writer.write(chunk)
+            flow.wrote(len(chunk))
+        async with asyncio.timeout(10):
+            while not stalls:  # now it reads nothing
+                await asyncio.sleep(0.05)
+        assert "took no bytes for 0.4 s" in stalls[0]
+    finally:
+        flow.close()
+        writer.transport.abort()
+        theirs.close()
