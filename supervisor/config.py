@@ -78,6 +78,9 @@ class Settings:
     sessions_per_worker: int
     frame_limit: int
     log_level: str
+    client_stall_timeout_secs: float = 30.0
+    """A client that stays behind on its updates without reading a byte this long is
+    disconnected (its running turns are cancelled and kept, as when it goes away)."""
 
     @property
     def default_model(self) -> str:
@@ -219,6 +222,9 @@ def settings_from_document(
     timeout = acp.get("session_timeout_secs", 3600)
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
         raise ConfigError(f"session_timeout_secs must be a positive number, got {timeout!r}")
+    stall = acp.get("client_stall_timeout_secs", 30)
+    if isinstance(stall, bool) or not isinstance(stall, int | float) or stall <= 0:
+        raise ConfigError(f"client_stall_timeout_secs must be a positive number, got {stall!r}")
     forbidden = autonomy.get("forbidden_paths", ["/etc", "~/.ssh"])
     if not isinstance(forbidden, list) or not all(isinstance(p, str) for p in forbidden):
         raise ConfigError("autonomy.forbidden_paths must be an array of strings")
@@ -244,6 +250,7 @@ def settings_from_document(
         sessions_per_worker=_int(workers, "sessions_per_worker", 0, 0),
         frame_limit=_int(acp, "frame_limit", 32 * 1024 * 1024, 1024),
         log_level=str(env.get("ZEROCLAW_LOG") or _section(doc, "log").get("level", "warning")),
+        client_stall_timeout_secs=float(stall),
     )
 
 

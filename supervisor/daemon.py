@@ -193,7 +193,8 @@ class Daemon:
 
         try:
             await serve_stream(reader, writer, make_endpoint, frame_limit=self.settings.frame_limit,
-                               write_high_water=self.write_high_water)
+                               write_high_water=self.write_high_water,
+                               stall_timeout=self.settings.client_stall_timeout_secs)
         except asyncio.CancelledError:
             log.debug("connection #%d cancelled", number)  # not re-raised: see serve_unix
         except Exception:

@@ -29,7 +29,8 @@ async def serve_acp_stdio(settings: Settings) -> None:
     reader, writer = await open_stdio(settings.frame_limit)
     try:
         await serve_stream(reader, writer, lambda send: server.make_endpoint(send, "stdio"),
-                           frame_limit=settings.frame_limit)
+                           frame_limit=settings.frame_limit,
+                           stall_timeout=settings.client_stall_timeout_secs)
     finally:
         await server.shutdown()
 

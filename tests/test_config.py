@@ -13,6 +13,7 @@ def test_no_config_file_gives_the_echo_default_agent(tmp_path):
     assert settings.agents["default"].provider == "echo"
     assert settings.store_path == tmp_path / "data" / "sessions" / "acp-sessions.db"
     assert settings.max_sessions == 10 and settings.session_timeout_secs == 3600
+    assert settings.client_stall_timeout_secs == 30
 
 
 def test_file_then_env_then_flags(tmp_path):
@@ -40,7 +41,8 @@ def test_data_dir_rules(tmp_path):
 
 @pytest.mark.parametrize(
     "text",
-    ["[acp]\nmax_sessions = 0\n", "[autonomy]\nlevel = \"yolo\"\n", "[acp\n"],
+    ["[acp]\nmax_sessions = 0\n", "[autonomy]\nlevel = \"yolo\"\n", "[acp\n",
+     "[acp]\nclient_stall_timeout_secs = 0\n"],
 )
 def test_bad_config_is_a_clear_error(tmp_path, text):
     (tmp_path / "config.toml").write_text(text)
