@@ -23,7 +23,13 @@ import sys
 from collections.abc import Callable
 from typing import Any, Final, TypeAlias
 
-from ipc.framing import DEFAULT_FRAME_LIMIT, OVERSIZED, FrameReader, new_stream_reader
+from ipc.framing import (
+    DEFAULT_FRAME_LIMIT,
+    OVERSIZED,
+    FrameReader,
+    PartialFrameStalled,
+    new_stream_reader,
+)
 from ipc.jsonrpc import Endpoint
 
 __all__ = [
@@ -56,21 +62,28 @@ async def serve_stream(
     *,
     frame_limit: int = DEFAULT_FRAME_LIMIT,
     write_high_water: int = DEFAULT_WRITE_HIGH_WATER,
+    partial_frame_timeout: float | None = None,
+    hangup: asyncio.Event | None = None,
 ) -> None:
     """Serve one connection until EOF (after draining handlers) or until it breaks.
 
     ``reader`` must have been created with ``limit=frame_limit + 1`` (see
-    :func:`ipc.framing.new_stream_reader`). The endpoint
-    is always closed and the writer flushed (bounded) and closed on return.
+    :func:`ipc.framing.new_stream_reader`). A frame begun and left unfinished for
+    ``partial_frame_timeout`` seconds closes the connection (``None``: never);
+    ``hangup``, once set, ends the input as EOF would (nothing more is read). The
+    endpoint is always closed and the writer flushed (bounded) and closed on return;
+    then everything the connection buffered is let go at once (:func:`_let_go`).
     """
     connection = _Connection(writer, write_high_water)
     endpoint = make_endpoint(connection.send)
     connection.endpoint = endpoint
+    frames = FrameReader(reader, frame_limit, stall_timeout=partial_frame_timeout)
     try:
-        await connection.run(FrameReader(reader, frame_limit))
+        await connection.run(frames, hangup)
     finally:
         endpoint.close()
         await connection.close_writer()
+        _let_go(frames, reader)
 
 
 class _Connection:
@@ -105,17 +118,23 @@ class _Connection:
         if self.endpoint is not None:
             self.endpoint.close()
 
-    async def run(self, frames: FrameReader) -> None:
-        """Read until EOF, then drain handlers; stop early if the connection breaks."""
+    async def run(self, frames: FrameReader, hangup: asyncio.Event | None = None) -> None:
+        """Read until EOF (or ``hangup``), then drain handlers; stop early if the
+        connection breaks."""
         endpoint = self.endpoint
         assert endpoint is not None
         reading = asyncio.ensure_future(self._read_all(frames, endpoint))
         # shielded: cancelling our watcher must not cancel the protocol's own future
         closed = asyncio.ensure_future(asyncio.shield(self._writer.wait_closed()))
+        hung_up = asyncio.ensure_future(hangup.wait()) if hangup is not None else None
         draining: asyncio.Future[None] | None = None
         try:
-            await asyncio.wait((reading, closed, self._broken), return_when=asyncio.FIRST_COMPLETED)
-            if not reading.done() or _read_failed(reading):
+            watched = [f for f in (reading, closed, self._broken, hung_up) if f is not None]
+            await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+            if hung_up is not None and hung_up.done() and not reading.done():
+                log.info("input hung up: ending it as at EOF")
+                reading.cancel()  # nothing more is read
+            elif not reading.done() or _read_failed(reading):
                 return
             endpoint.receive_eof()
             draining = asyncio.ensure_future(endpoint.drain())
@@ -123,7 +142,7 @@ class _Connection:
                 (draining, closed, self._broken), return_when=asyncio.FIRST_COMPLETED
             )
         finally:
-            for future in (reading, closed, draining):
+            for future in (reading, closed, hung_up, draining):
                 if future is not None:
                     future.cancel()
             if closed.done() and not closed.cancelled():
@@ -160,11 +179,30 @@ class _Connection:
             pass  # a reset peer: nothing left to flush
 
 
+def _let_go(frames: FrameReader, reader: asyncio.StreamReader) -> None:
+    """Free a finished connection's buffers now rather than at the next cyclic GC.
+
+    The partial frame goes; and asyncio keeps the error that ended the connection
+    in ``reader``, whose traceback holds our frames (and so the last frame read,
+    and the reader itself): a cycle that only the collector would free. Dropping
+    the traceback and the error it was raised during breaks it.
+    """
+    frames.release()
+    error: BaseException | None = reader.exception()
+    while error is not None:
+        earlier = error.__context__
+        error.__traceback__ = error.__context__ = error.__cause__ = None
+        error = earlier
+
+
 def _read_failed(reading: asyncio.Future[None]) -> bool:
     """Whether the read loop ended with an error (logged) rather than at EOF."""
     error = reading.exception()
     if error is None:
         return False
+    if isinstance(error, PartialFrameStalled):
+        log.warning("closing connection: %s", error)
+        return True
     if isinstance(error, OSError):
         log.info("connection read failed: %s", type(error).__name__)
     else:

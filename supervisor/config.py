@@ -74,6 +74,7 @@ class Settings:
     sessions_per_worker: int
     frame_limit: int
     log_level: str
+    partial_frame_timeout_secs: float = 60.0
 
     @property
     def default_model(self) -> str:
@@ -215,7 +216,15 @@ def settings_from_document(
         sessions_per_worker=_int(workers, "sessions_per_worker", 0, 0),
         frame_limit=_int(acp, "frame_limit", 32 * 1024 * 1024, 1024),
         log_level=str(env.get("ZEROCLAW_LOG") or _section(doc, "log").get("level", "warning")),
+        partial_frame_timeout_secs=_seconds(acp, "partial_frame_timeout_secs", 60.0),
     )
+
+
+def _seconds(section: Mapping[str, Any], key: str, default: float) -> float:
+    value = section.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ConfigError(f"{key} must be a positive number, got {value!r}")
+    return float(value)
 
 
 def _section(doc: Mapping[str, Any], name: str) -> Mapping[str, Any]:
