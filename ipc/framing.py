@@ -135,13 +135,15 @@ class FrameReader:
         return self._cut(end, end + 1)
 
     def _cut(self, end: int, consumed: int) -> bytes | Literal[Oversized.OVERSIZED]:
+        """Take ``consumed`` bytes off the buffer; the line is the first ``end``
+        of them less a trailing ``\r`` (OVERSIZED for the tail of an over-long line)."""
         pending = self._pending
-        line = bytes(pending[: end - 1 if end and pending[end - 1] == _CR else end])
+        line: bytes | Literal[Oversized.OVERSIZED] = OVERSIZED
+        if not self._discarding:
+            line = bytes(pending[: end - 1 if end and pending[end - 1] == _CR else end])
         del pending[:consumed]
         self._scanned = 0
-        if self._discarding:
-            self._discarding = False
-            return OVERSIZED
+        self._discarding = False
         return line
 
     async def _fill(self) -> None:
