@@ -19,11 +19,11 @@ import itertools
 import logging
 import os
 import signal
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from ipc.jsonrpc import Endpoint
-from ipc.listener import Listener, OpenFileGuard, raise_open_file_limit
+from ipc.listener import ConnectionHandler, Listener, OpenFileGuard, raise_open_file_limit
 from ipc.transports import DEFAULT_WRITE_HIGH_WATER, serve_stream
 from supervisor import __version__
 from supervisor.acp_server import AcpServer
@@ -49,7 +49,6 @@ __all__ = [
 ]
 
 EndpointMaker = Callable[[Callable[[bytes], None], str], Endpoint]
-ConnectionHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 """Each stops the daemon cleanly (a hang-up of its terminal too)."""
