@@ -82,7 +82,7 @@ class FrameReader:
     stops growing for ``stall_timeout`` seconds raises :class:`PartialFrameStalled`.
     """
 
-    __slots__ = ("_discarding", "_eof", "_limit", "_pending", "_reader", "_scanned",
+    __slots__ = ("_discarding", "_eof", "_limit", "_peak", "_pending", "_reader", "_scanned",
                  "_stall_timeout")
 
     def __init__(self, reader: asyncio.StreamReader, limit: int = DEFAULT_FRAME_LIMIT, *,
@@ -94,6 +94,12 @@ class FrameReader:
         self._scanned = 0  # bytes of _pending known to hold no newline
         self._discarding = False  # dropping the rest of an over-long line
         self._eof = False
+        self._peak = 0
+
+    @property
+    def peak_buffered(self) -> int:
+        """The most bytes held at once (a line with what followed it in its chunk)."""
+        return self._peak
 
     async def read(self) -> bytes | Literal[Oversized.OVERSIZED] | None:
         """The next non-blank line without its line ending, ``None`` at EOF,
@@ -161,6 +167,7 @@ class FrameReader:
             self._eof = True
         elif not self._discarding or _NEWLINE in chunk:
             self._pending += chunk
+            self._peak = max(self._peak, len(self._pending))
         # else: still inside an over-long line; nothing of it is kept
 
 

@@ -4,8 +4,9 @@ asyncio's own server, out of file descriptors, logs a traceback for every failed
 ``accept`` and retries in a storm of timers (a CPU spin and a log flood). Here
 each :class:`Listener` runs one plain accept loop, and the loops of a process
 share one :class:`OpenFileGuard`: when ``accept`` fails for want of descriptors
-(EMFILE, ENFILE, ...) accepting pauses, a few descriptors held in reserve are
-handed back to the rest of the process (its workers and store still need some),
+(EMFILE, ENFILE, ...), or a connection just accepted took the last one outside
+a small reserve, accepting pauses, the reserve is handed back to the rest of
+the process (its workers and store still need descriptors),
 one warning is logged per :data:`LIMIT_LOG_INTERVAL`, and accepting resumes
 once the reserve can be taken again: after a connection closes, or on a slow
 retry timer. Clients arriving meanwhile wait in the listen backlog.
@@ -98,6 +99,16 @@ class OpenFileGuard:
                         errno.errorcode.get(error.errno or 0, error), soft, self._log_interval)
         self._schedule_retry()
 
+    def accepted(self) -> None:
+        """A connection was accepted: if it took the last descriptor outside the
+        reserve, pause now, so that the rest of the process is never left without."""
+        if not self._spares:
+            return
+        try:
+            os.close(os.dup(self._spares[0]))
+        except OSError as error:
+            self.exhausted(error)
+
     def released(self) -> None:
         """A connection closed: resume if the reserve can be taken again."""
         if not self._open.is_set():
@@ -182,6 +193,7 @@ class Listener:
                     log.error("stopped accepting on %s: %s", self._name, error)
                     return
                 continue
+            self._guard.accepted()
             await self._start_connection(loop, conn)
 
     async def _start_connection(self, loop: asyncio.AbstractEventLoop,

@@ -16,6 +16,7 @@ Threading: everything here runs on the asyncio loop thread.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
 import os
 import stat
@@ -48,6 +49,8 @@ DEFAULT_WRITE_HIGH_WATER: Final = 64 * 1024 * 1024
 _FLUSH_TIMEOUT: Final = 5.0
 _FRAMES_PER_YIELD: Final = 64
 _FILE_CHUNK: Final = 256 * 1024
+_TRIM_AFTER: Final = 1024 * 1024
+"""A connection that held a frame this large returns free heap memory when it ends."""
 
 EndpointFactory: TypeAlias = Callable[[Callable[[bytes], None]], Endpoint]
 
@@ -185,7 +188,9 @@ def _let_go(frames: FrameReader, reader: asyncio.StreamReader) -> None:
     The partial frame goes; and asyncio keeps the error that ended the connection
     in ``reader``, whose traceback holds our frames (and so the last frame read,
     and the reader itself): a cycle that only the collector would free. Dropping
-    the traceback and the error it was raised during breaks it.
+    the traceback and the error it was raised during breaks it. After a large
+    frame, the C heap's free pages go back to the system too: glibc would keep
+    them (its mmap threshold rises after the first large free).
     """
     frames.release()
     error: BaseException | None = reader.exception()
@@ -193,6 +198,20 @@ def _let_go(frames: FrameReader, reader: asyncio.StreamReader) -> None:
         earlier = error.__context__
         error.__traceback__ = error.__context__ = error.__cause__ = None
         error = earlier
+    if frames.peak_buffered >= _TRIM_AFTER and _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim`` (None elsewhere)."""
+    try:
+        trim: Callable[[int], int] = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    return trim
+
+
+_MALLOC_TRIM: Final = _malloc_trim()
 
 
 def _read_failed(reading: asyncio.Future[None]) -> bool:
