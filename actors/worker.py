@@ -360,7 +360,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=getattr(logging, str(args.log_level).upper(), logging.WARNING),
         format=f"%(asctime)s worker[{os.getpid()}] %(levelname)s %(name)s: %(message)s",
     )
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the host decides when workers stop
+    for signum in (signal.SIGINT, signal.SIGHUP):  # a terminal sends these to the group
+        signal.signal(signum, signal.SIG_IGN)  # the host decides when workers stop
     if os.getppid() != args.host_pid:
         logger.warning("host %d is already gone; exiting", args.host_pid)
         return 3

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import os
 import stat
@@ -31,7 +32,13 @@ import time
 from collections.abc import Callable
 from typing import Any, Final, TypeAlias
 
-from ipc.framing import DEFAULT_FRAME_LIMIT, OVERSIZED, FrameReader, new_stream_reader
+from ipc.framing import (
+    DEFAULT_FRAME_LIMIT,
+    OVERSIZED,
+    FrameReader,
+    PartialFrameStalled,
+    new_stream_reader,
+)
 from ipc.jsonrpc import Endpoint
 
 __all__ = [
@@ -59,6 +66,8 @@ DEFAULT_STALL_TIMEOUT: Final = 30.0
 _FLUSH_TIMEOUT: Final = 5.0
 _FRAMES_PER_YIELD: Final = 64
 _FILE_CHUNK: Final = 256 * 1024
+_TRIM_AFTER: Final = 1024 * 1024
+"""A connection that held a frame this large returns free heap memory when it ends."""
 
 EndpointFactory: TypeAlias = Callable[[Callable[[bytes], None]], Endpoint]
 
@@ -74,23 +83,30 @@ async def serve_stream(
     frame_limit: int = DEFAULT_FRAME_LIMIT,
     write_high_water: int = DEFAULT_WRITE_HIGH_WATER,
     stall_timeout: float = DEFAULT_STALL_TIMEOUT,
+    partial_frame_timeout: float | None = None,
+    hangup: asyncio.Event | None = None,
 ) -> None:
     """Serve one connection until EOF (after draining handlers) or until it breaks.
 
     ``reader`` must have been created with ``limit=frame_limit + 1`` (see
-    :func:`ipc.framing.new_stream_reader`). The endpoint
-    is always closed and the writer flushed (bounded) and closed on return.
+    :func:`ipc.framing.new_stream_reader`). A frame begun and left unfinished for
+    ``partial_frame_timeout`` seconds closes the connection (``None``: never);
+    ``hangup``, once set, ends the input as EOF would (nothing more is read). The
+    endpoint is always closed and the writer flushed (bounded) and closed on return;
+    then everything the connection buffered is let go at once (:func:`_let_go`).
     """
     connection = _Connection(writer, write_high_water, stall_timeout)
     endpoint = make_endpoint(connection.send)
     endpoint.state["flow"] = connection.flow
     connection.endpoint = endpoint
+    frames = FrameReader(reader, frame_limit, stall_timeout=partial_frame_timeout)
     try:
-        await connection.run(FrameReader(reader, frame_limit))
+        await connection.run(frames, hangup)
     finally:
         connection.flow.close()
         endpoint.close()
         await connection.close_writer()
+        _let_go(frames, reader)
 
 
 class WriteFlow:
@@ -219,17 +235,23 @@ class _Connection:
         if self.endpoint is not None:
             self.endpoint.close()
 
-    async def run(self, frames: FrameReader) -> None:
-        """Read until EOF, then drain handlers; stop early if the connection breaks."""
+    async def run(self, frames: FrameReader, hangup: asyncio.Event | None = None) -> None:
+        """Read until EOF (or ``hangup``), then drain handlers; stop early if the
+        connection breaks."""
         endpoint = self.endpoint
         assert endpoint is not None
         reading = asyncio.ensure_future(self._read_all(frames, endpoint))
         # shielded: cancelling our watcher must not cancel the protocol's own future
         closed = asyncio.ensure_future(asyncio.shield(self._writer.wait_closed()))
+        hung_up = asyncio.ensure_future(hangup.wait()) if hangup is not None else None
         draining: asyncio.Future[None] | None = None
         try:
-            await asyncio.wait((reading, closed, self._broken), return_when=asyncio.FIRST_COMPLETED)
-            if not reading.done() or _read_failed(reading):
+            watched = [f for f in (reading, closed, self._broken, hung_up) if f is not None]
+            await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+            if hung_up is not None and hung_up.done() and not reading.done():
+                log.info("input hung up: ending it as at EOF")
+                reading.cancel()  # nothing more is read
+            elif not reading.done() or _read_failed(reading):
                 return
             endpoint.receive_eof()
             draining = asyncio.ensure_future(endpoint.drain())
@@ -237,7 +259,7 @@ class _Connection:
                 (draining, closed, self._broken), return_when=asyncio.FIRST_COMPLETED
             )
         finally:
-            for future in (reading, closed, draining):
+            for future in (reading, closed, hung_up, draining):
                 if future is not None:
                     future.cancel()
             if closed.done() and not closed.cancelled():
@@ -274,11 +296,46 @@ class _Connection:
             pass  # a reset peer: nothing left to flush
 
 
+def _let_go(frames: FrameReader, reader: asyncio.StreamReader) -> None:
+    """Free a finished connection's buffers now rather than at the next cyclic GC.
+
+    The partial frame goes; and asyncio keeps the error that ended the connection
+    in ``reader``, whose traceback holds our frames (and so the last frame read,
+    and the reader itself): a cycle that only the collector would free. Dropping
+    the traceback and the error it was raised during breaks it. After a large
+    frame, the C heap's free pages go back to the system too: glibc would keep
+    them (its mmap threshold rises after the first large free).
+    """
+    frames.release()
+    error: BaseException | None = reader.exception()
+    while error is not None:
+        earlier = error.__context__
+        error.__traceback__ = error.__context__ = error.__cause__ = None
+        error = earlier
+    if frames.peak_buffered >= _TRIM_AFTER and _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim`` (None elsewhere)."""
+    try:
+        trim: Callable[[int], int] = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    return trim
+
+
+_MALLOC_TRIM: Final = _malloc_trim()
+
+
 def _read_failed(reading: asyncio.Future[None]) -> bool:
     """Whether the read loop ended with an error (logged) rather than at EOF."""
     error = reading.exception()
     if error is None:
         return False
+    if isinstance(error, PartialFrameStalled):
+        log.warning("closing connection: %s", error)
+        return True
     if isinstance(error, OSError):
         log.info("connection read failed: %s", type(error).__name__)
     else:

@@ -81,6 +81,9 @@ class Settings:
     client_stall_timeout_secs: float = 30.0
     """A client that stays behind on its updates without reading a byte this long is
     disconnected (its running turns are cancelled and kept, as when it goes away)."""
+    partial_frame_timeout_secs: float = 60.0
+    """A client of ``daemon.sock`` or ``acp.sock`` whose unfinished line stops growing this
+    long is disconnected."""
 
     @property
     def default_model(self) -> str:
@@ -222,9 +225,6 @@ def settings_from_document(
     timeout = acp.get("session_timeout_secs", 3600)
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
         raise ConfigError(f"session_timeout_secs must be a positive number, got {timeout!r}")
-    stall = acp.get("client_stall_timeout_secs", 30)
-    if isinstance(stall, bool) or not isinstance(stall, int | float) or stall <= 0:
-        raise ConfigError(f"client_stall_timeout_secs must be a positive number, got {stall!r}")
     forbidden = autonomy.get("forbidden_paths", ["/etc", "~/.ssh"])
     if not isinstance(forbidden, list) or not all(isinstance(p, str) for p in forbidden):
         raise ConfigError("autonomy.forbidden_paths must be an array of strings")
@@ -250,7 +250,8 @@ def settings_from_document(
         sessions_per_worker=_int(workers, "sessions_per_worker", 0, 0),
         frame_limit=_int(acp, "frame_limit", 32 * 1024 * 1024, 1024),
         log_level=str(env.get("ZEROCLAW_LOG") or _section(doc, "log").get("level", "warning")),
-        client_stall_timeout_secs=float(stall),
+        client_stall_timeout_secs=_seconds(acp, "client_stall_timeout_secs", 30.0),
+        partial_frame_timeout_secs=_seconds(acp, "partial_frame_timeout_secs", 60.0),
     )
 
 
@@ -283,6 +284,13 @@ def _forbidden_path(entry: str, env: Mapping[str, str]) -> str:
 def _whole_if_integral(seconds: float) -> float:
     """3600.0 (from a flag) as 3600: clients expect an integer ``sessionTimeoutSecs``."""
     return int(seconds) if float(seconds).is_integer() else float(seconds)
+
+
+def _seconds(section: Mapping[str, Any], key: str, default: float) -> float:
+    value = section.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ConfigError(f"{key} must be a positive number, got {value!r}")
+    return float(value)
 
 
 def _section(doc: Mapping[str, Any], name: str) -> Mapping[str, Any]:
