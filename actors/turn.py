@@ -309,18 +309,18 @@ class ActorTurnContext:
             return f"denied: autonomy is {mode}"
         normalized = choice.replace("-", "_") if choice else None
         if normalized in ("allow_always", "reject_always"):
-            self._remember(tool.name, normalized)
+            self._remember_answer(tool.name, normalized)
         if normalized in ("allow_always", "allow_once"):
             return None
         if choice is None:
             return "denied: the permission request was cancelled or timed out"
         return f"denied: the user chose {choice!r}"
 
-    def _remember(self, tool_name: str, decision: str) -> None:
+    def _remember_answer(self, tool_name: str, decision: str) -> None:
         """Keep an always-answer for the session, and have the host store it."""
         rules = self._session.tool_rules
         rules[tool_name] = decision
-        self._session.send(PermissionRules(sid=self._sid, rules=dict(rules)))
+        self._send(PermissionRules(sid=self._sid, rules=dict(rules)))
 
     def _execute(self, tool: Tool, call_id: str, args: dict[str, Any]) -> ToolCallOutcome:
         config = self._session.config
