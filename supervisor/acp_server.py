@@ -21,6 +21,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from actors.tools.sandbox import detect as detect_sandbox
 from ipc import acp_handshake
 from ipc.errors import InvalidParams, SessionNotFound
 from ipc.jsonrpc import ConnectionLost, Endpoint, RemoteError
@@ -159,6 +160,7 @@ class AcpServer:
         self.handshake = acp_handshake.initialize_result(
             version=self.version, persistent=persistent, default_model=settings.default_model,
             max_sessions=settings.max_sessions, timeout=settings.session_timeout_secs,
+            sandbox=detect_sandbox(settings.sandbox).to_wire(),
         )
 
     def make_endpoint(self, send: Callable[[bytes], None], name: str = "acp") -> Endpoint:

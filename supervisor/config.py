@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from actors.tools.sandbox import SANDBOX_CHOICES
+
 __all__ = [
     "AUTONOMY_LEVELS",
     "AgentConfig",
@@ -78,6 +80,8 @@ class Settings:
     sessions_per_worker: int
     frame_limit: int
     log_level: str
+    sandbox: str = "auto"  # [autonomy] sandbox: auto | bwrap | landlock | none
+    allow_unsandboxed_shell: bool = False
 
     @property
     def default_model(self) -> str:
@@ -223,6 +227,12 @@ def settings_from_document(
     if not isinstance(forbidden, list) or not all(isinstance(p, str) for p in forbidden):
         raise ConfigError("autonomy.forbidden_paths must be an array of strings")
     forbidden = [_forbidden_path(p, env) for p in forbidden if p.strip()]
+    sandbox = autonomy.get("sandbox", "auto")
+    if sandbox not in SANDBOX_CHOICES:
+        raise ConfigError(f"autonomy.sandbox must be one of {', '.join(SANDBOX_CHOICES)}")
+    unsandboxed = autonomy.get("allow_unsandboxed_shell", False)
+    if not isinstance(unsandboxed, bool):
+        raise ConfigError("autonomy.allow_unsandboxed_shell must be true or false")
     agents = _agents(doc, config_dir)
     default_agent = acp.get("default_agent")
     if default_agent is not None and (
@@ -244,6 +254,8 @@ def settings_from_document(
         sessions_per_worker=_int(workers, "sessions_per_worker", 0, 0),
         frame_limit=_int(acp, "frame_limit", 32 * 1024 * 1024, 1024),
         log_level=str(env.get("ZEROCLAW_LOG") or _section(doc, "log").get("level", "warning")),
+        sandbox=sandbox,
+        allow_unsandboxed_shell=unsandboxed,
     )
 
 

@@ -8,6 +8,11 @@ The command does not inherit the host's environment, which may hold API keys
 and tokens that would then stream to the client and into the store: it gets
 only :data:`INHERITED_VARIABLES` (and the locale's ``LC_*`` categories) from
 the worker's environment, plus the agent's configured ``env``.
+
+The command runs confined by the OS (:mod:`actors.tools.sandbox`): it writes only
+beneath the session's roots and a private temporary directory, cannot read the
+forbidden paths, and leaves nothing running. Without a working sandbox the tool
+refuses to run unless ``[autonomy] allow_unsandboxed_shell`` is set.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from typing import Any, ClassVar
 
 from actors.tools.base import Tool, ToolEnv, ToolError, ToolResult, require_str
 from actors.tools.paths import PathDenied
+from actors.tools.sandbox import SandboxInfo, confined, worker_sandbox_settings
 
 __all__ = ["INHERITED_VARIABLES", "ShellTool", "command_environment"]
 
@@ -57,10 +63,15 @@ class ShellTool(Tool):
     mutating: ClassVar[bool] = True
 
     def __init__(self, *, default_timeout: float = 60.0, max_timeout: float = 600.0,
-                 max_output: int = 64 * 1024) -> None:
+                 max_output: int = 64 * 1024, sandbox: SandboxInfo | None = None,
+                 allow_unsandboxed: bool | None = None) -> None:
+        """``sandbox`` and ``allow_unsandboxed`` default to what the host told this process
+        (:func:`actors.tools.sandbox.worker_sandbox_settings`), read at the first call."""
         self.default_timeout = default_timeout
         self.max_timeout = max_timeout
         self.max_output = max_output
+        self._sandbox = sandbox
+        self._allow_unsandboxed = allow_unsandboxed
 
     def title(self, args: dict[str, Any]) -> str:
         command = args.get("command")
@@ -73,25 +84,42 @@ class ShellTool(Tool):
             env.paths.check_command(command)
         except PathDenied as exc:
             raise ToolError(str(exc)) from None
+        sandbox = self._usable_sandbox()
         if env.cancelled.is_set():
             raise ToolError("cancelled before the command started")
-        proc = subprocess.Popen(
-            ["/bin/sh", "-c", command],
-            cwd=env.paths.cwd,
-            env=command_environment(env.agent_env),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
-            collected = self._collect(proc, env, time.monotonic() + timeout)
-        finally:
-            _kill_group(proc)
-            assert proc.stdout is not None
-            proc.stdout.close()
-            exit_code = proc.wait()
-        return self._result(collected, exit_code, timeout)
+        with confined(sandbox, env.paths, command) as confinement:
+            proc = subprocess.Popen(
+                confinement.argv,
+                cwd=env.paths.cwd,
+                env={**command_environment(env.agent_env), **confinement.env},
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            try:
+                collected = self._collect(proc, env, time.monotonic() + timeout)
+            finally:
+                _kill_group(proc)
+                assert proc.stdout is not None
+                proc.stdout.close()
+                exit_code = proc.wait()
+        return self._result(collected, exit_code, timeout, sandbox.backend)
+
+    def _usable_sandbox(self) -> SandboxInfo:
+        """The sandbox to run in, or a refusal when there is none and none is allowed."""
+        if self._sandbox is None or self._allow_unsandboxed is None:
+            sandbox, allowed = worker_sandbox_settings()
+            self._sandbox = self._sandbox or sandbox
+            self._allow_unsandboxed = allowed if self._allow_unsandboxed is None \
+                else self._allow_unsandboxed
+        if not self._sandbox.confines and not self._allow_unsandboxed:
+            raise ToolError(
+                "shell refused: no OS sandbox is available to confine commands "
+                f"({self._sandbox.reason}). Install bubblewrap (bwrap) or use a kernel with "
+                "Landlock, or set [autonomy] allow_unsandboxed_shell = true to run commands "
+                "unconfined.")
+        return self._sandbox
 
     def _timeout(self, args: dict[str, Any]) -> float:
         value = args.get("timeout", self.default_timeout)
@@ -132,7 +160,8 @@ class ShellTool(Tool):
             collected.output += chunk[:room]
         return True
 
-    def _result(self, collected: _Collected, exit_code: int, timeout: float) -> ToolResult:
+    def _result(self, collected: _Collected, exit_code: int, timeout: float,
+                sandbox: str) -> ToolResult:
         output = collected.output.decode("utf-8", errors="replace")
         truncated = collected.total > len(collected.output)
         if truncated:
@@ -142,7 +171,8 @@ class ShellTool(Tool):
         if collected.stopped_by == "timeout":
             message = f"timed out after {timeout:g}s: the command was killed\n{output}"
             raise ToolError(message.rstrip())
-        raw = {"exit_code": exit_code, "output": output, "truncated": truncated}
+        raw = {"exit_code": exit_code, "output": output, "truncated": truncated,
+               "sandbox": sandbox}
         text = output if exit_code == 0 else f"{output}\n[exit code {exit_code}]".lstrip("\n")
         return ToolResult(text=text, raw_output=raw, ok=exit_code == 0)
 
