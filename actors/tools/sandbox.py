@@ -210,7 +210,8 @@ def _bwrap_argv(policy: PathPolicy, command: str) -> list[str]:
     if os.path.isdir("/var/tmp"):
         argv += ["--tmpfs", "/var/tmp"]
     for root in policy.roots:
-        argv += ["--bind", str(root), str(root)]
+        if root.is_dir():  # an agent workspace may not exist yet
+            argv += ["--bind", str(root), str(root)]
     for forbidden in policy.forbidden:
         if forbidden.is_dir():
             argv += ["--tmpfs", str(forbidden), "--remount-ro", str(forbidden)]
