@@ -108,10 +108,19 @@ def _end_leftovers() -> None:
             return
 
 
+class _Stopped(Exception):
+    """SIGTERM: the caller stops the command (timeout, cancelled turn)."""
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise _Stopped
+
+
 def main() -> int:
     spec = json.loads(sys.argv[1])
     argv = spec["argv"]
     _check(_libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "child subreaper")
+    signal.signal(signal.SIGTERM, _stop)
     child = os.fork()
     if child == 0:
         try:
@@ -120,7 +129,11 @@ def main() -> int:
         except BaseException as exc:  # never run the command unconfined
             os.write(2, f"sandbox: cannot confine the command: {exc}\n".encode())
         os._exit(126)
-    _, status = os.waitpid(child, 0)
+    try:
+        _, status = os.waitpid(child, 0)
+    except _Stopped:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        status = 15  # as if killed by SIGTERM; the child goes with the leftovers
     _end_leftovers()
     code = os.waitstatus_to_exitcode(status)
     return code if code >= 0 else 128 - code

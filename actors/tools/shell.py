@@ -45,6 +45,7 @@ _LOCALE_CATEGORIES = frozenset({
 _VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 _POLL_SECS = 0.05
+_LAUNCHER_GRACE_SECS = 0.5  # how long a stopped command's launcher may take to clean up
 _READ_SIZE = 65536
 
 
@@ -100,7 +101,7 @@ class ShellTool(Tool):
             try:
                 collected = self._collect(proc, env, time.monotonic() + timeout)
             finally:
-                _kill_group(proc)
+                _end_command(proc)
                 assert proc.stdout is not None
                 proc.stdout.close()
                 exit_code = proc.wait()
@@ -199,6 +200,19 @@ def _has_exited(proc: subprocess.Popen[bytes]) -> bool:
     except ChildProcessError:
         return True
     return info is not None
+
+
+def _end_command(proc: subprocess.Popen[bytes]) -> None:
+    """End the command and everything it started. A Landlock launcher that is still
+    running is asked first (SIGTERM): it kills the descendants that left the process
+    group, which were re-parented to it. Then SIGKILL to the whole group."""
+    if not _has_exited(proc):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + _LAUNCHER_GRACE_SECS
+        while not _has_exited(proc) and time.monotonic() < deadline:
+            time.sleep(0.005)
+    _kill_group(proc)
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
