@@ -95,7 +95,8 @@ class Host:
             on_worker_exit=self._on_worker_exit,
             max_workers=settings.workers_max,
             inherit=agent_variables(settings.agents.values()),
-            env=worker_sandbox_environment(self.sandbox, settings.allow_unsandboxed_shell),
+            env=worker_sandbox_environment(self.sandbox, settings.allow_unsandboxed_shell,
+                                           (settings.data_dir, settings.socket_path)),
         )
         become_subreaper()
         await self.pool.start()

@@ -36,7 +36,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,9 +56,11 @@ __all__ = [
 
 #: The values of ``[autonomy] sandbox``.
 SANDBOX_CHOICES = ("auto", "bwrap", "landlock", "none")
-#: How the host tells its workers the backend it chose, and whether unconfined runs are allowed.
+#: How the host tells its workers the backend it chose, whether unconfined runs are allowed,
+#: and its own files a command must not see (the store, the sockets; ``os.pathsep``-joined).
 SANDBOX_VARIABLE = "ZEROCLAW_SHELL_SANDBOX"
 UNSANDBOXED_VARIABLE = "ZEROCLAW_ALLOW_UNSANDBOXED_SHELL"
+HIDDEN_VARIABLE = "ZEROCLAW_SHELL_HIDDEN"
 
 _LAUNCHER = Path(__file__).with_name("landlock_exec.py")
 _PROBE_TIMEOUT = 10.0
@@ -153,18 +155,25 @@ def _probe_landlock() -> tuple[int, str]:
 # --- the worker's view ----------------------------------------------------------------------
 
 
-def worker_sandbox_environment(info: SandboxInfo, allow_unsandboxed: bool) -> dict[str, str]:
-    """The variables the host gives its workers: the backend it resolved, and the switch."""
+def worker_sandbox_environment(info: SandboxInfo, allow_unsandboxed: bool,
+                               hidden: Iterable[Path] = ()) -> dict[str, str]:
+    """The variables the host gives its workers: the backend it resolved, the switch, and
+    the host's own paths (data dir, sockets) that commands must not see."""
     return {SANDBOX_VARIABLE: info.backend if info.confines else "none",
-            UNSANDBOXED_VARIABLE: "1" if allow_unsandboxed else "0"}
+            UNSANDBOXED_VARIABLE: "1" if allow_unsandboxed else "0",
+            HIDDEN_VARIABLE: os.pathsep.join(str(path) for path in hidden)}
 
 
-def worker_sandbox_settings(env: Mapping[str, str] | None = None) -> tuple[SandboxInfo, bool]:
-    """The sandbox this process's commands use (``auto`` when the host said nothing) and
-    whether running them unconfined is allowed."""
+def worker_sandbox_settings(
+    env: Mapping[str, str] | None = None,
+) -> tuple[SandboxInfo, bool, tuple[Path, ...]]:
+    """The sandbox this process's commands use (``auto`` when the host said nothing),
+    whether running them unconfined is allowed, and the host paths they must not see."""
     env = os.environ if env is None else env
     requested = env.get(SANDBOX_VARIABLE) or "auto"
-    return detect(requested), env.get(UNSANDBOXED_VARIABLE) == "1"
+    hidden = tuple(Path(os.path.realpath(p)) for p in
+                   (env.get(HIDDEN_VARIABLE) or "").split(os.pathsep) if os.path.isabs(p))
+    return detect(requested), env.get(UNSANDBOXED_VARIABLE) == "1", hidden
 
 
 # --- one call -------------------------------------------------------------------------------
@@ -183,18 +192,21 @@ class Confined:
 
 
 @contextmanager
-def confined(info: SandboxInfo, policy: PathPolicy, command: str) -> Iterator[Confined]:
-    """``/bin/sh -c command`` under ``info``'s backend for a session with ``policy``; a
-    private temporary directory lives as long as the context."""
+def confined(info: SandboxInfo, policy: PathPolicy, command: str,
+             hidden: tuple[Path, ...] = ()) -> Iterator[Confined]:
+    """``/bin/sh -c command`` under ``info``'s backend for a session with ``policy``, the
+    ``hidden`` paths masked like forbidden ones; a private temporary directory lives as
+    long as the context."""
+    masked = (*policy.forbidden, *hidden)
     if info.backend == "bwrap":
-        yield Confined(_bwrap_argv(policy, command), {"TMPDIR": "/tmp"})
+        yield Confined(_bwrap_argv(policy, masked, command), {"TMPDIR": "/tmp"})
         return
     if info.backend != "landlock":
         yield Confined([_SHELL, "-c", command])
         return
     private_tmp = tempfile.mkdtemp(prefix="zeroclaw-shell-")
     try:
-        rules = landlock_rules(policy, Path(private_tmp), info.landlock_abi)
+        rules = landlock_rules(policy, Path(private_tmp), info.landlock_abi, hidden)
         spec = {"abi": info.landlock_abi, "rules": rules, "argv": [_SHELL, "-c", command]}
         argv = [sys.executable, "-I", "-S", str(_LAUNCHER), json.dumps(spec)]
         yield Confined(argv, {"TMPDIR": private_tmp})
@@ -202,7 +214,7 @@ def confined(info: SandboxInfo, policy: PathPolicy, command: str) -> Iterator[Co
         shutil.rmtree(private_tmp, ignore_errors=True)
 
 
-def _bwrap_argv(policy: PathPolicy, command: str) -> list[str]:
+def _bwrap_argv(policy: PathPolicy, masked: tuple[Path, ...], command: str) -> list[str]:
     """``/`` read-only, fresh /dev, /proc and /tmp, the roots writable, forbidden masked
     (after the roots, so forbidden wins)."""
     argv = [shutil.which("bwrap") or "bwrap", "--ro-bind", "/", "/", "--dev", "/dev",
@@ -212,7 +224,7 @@ def _bwrap_argv(policy: PathPolicy, command: str) -> list[str]:
     for root in policy.roots:
         if root.is_dir():  # an agent workspace may not exist yet
             argv += ["--bind", str(root), str(root)]
-    for forbidden in policy.forbidden:
+    for forbidden in masked:
         if forbidden.is_dir():
             argv += ["--tmpfs", str(forbidden), "--remount-ro", str(forbidden)]
         elif forbidden.exists():
@@ -220,13 +232,15 @@ def _bwrap_argv(policy: PathPolicy, command: str) -> list[str]:
     return [*argv, *_BWRAP_ISOLATION, "--chdir", str(policy.cwd), "--", _SHELL, "-c", command]
 
 
-def landlock_rules(policy: PathPolicy, private_tmp: Path, abi: int) -> list[list[Any]]:
+def landlock_rules(policy: PathPolicy, private_tmp: Path, abi: int,
+                   hidden: tuple[Path, ...] = ()) -> list[list[Any]]:
     """``[path, rights]`` rules: read (and execute) everywhere, full rights beneath the
-    roots and ``private_tmp``, read-write on a few devices; never beneath a forbidden path."""
+    roots and ``private_tmp``, read-write on a few devices; never beneath a forbidden or
+    hidden path."""
     everything = _ABI1_ALL | (_REFER if abi >= 2 else 0) | (_TRUNCATE if abi >= 3 else 0) \
         | (_IOCTL_DEV if abi >= 5 else 0)
     rules: list[list[Any]] = []
-    forbidden = policy.forbidden
+    forbidden = (*policy.forbidden, *hidden)
     _carve(Path("/"), _READ_RIGHTS, (*forbidden, Path("/dev")), rules)  # no raw disks
     for root in (*policy.roots, private_tmp):
         _carve(root, everything, forbidden, rules)

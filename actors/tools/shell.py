@@ -26,6 +26,7 @@ import subprocess
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 from actors.tools.base import Tool, ToolEnv, ToolError, ToolResult, require_str
@@ -73,6 +74,7 @@ class ShellTool(Tool):
         self.max_output = max_output
         self._sandbox = sandbox
         self._allow_unsandboxed = allow_unsandboxed
+        self._hidden: tuple[Path, ...] = ()
 
     def title(self, args: dict[str, Any]) -> str:
         command = args.get("command")
@@ -88,7 +90,7 @@ class ShellTool(Tool):
         sandbox = self._usable_sandbox()
         if env.cancelled.is_set():
             raise ToolError("cancelled before the command started")
-        with confined(sandbox, env.paths, command) as confinement:
+        with confined(sandbox, env.paths, command, self._hidden) as confinement:
             proc = subprocess.Popen(
                 confinement.argv,
                 cwd=env.paths.cwd,
@@ -110,7 +112,7 @@ class ShellTool(Tool):
     def _usable_sandbox(self) -> SandboxInfo:
         """The sandbox to run in, or a refusal when there is none and none is allowed."""
         if self._sandbox is None or self._allow_unsandboxed is None:
-            sandbox, allowed = worker_sandbox_settings()
+            sandbox, allowed, self._hidden = worker_sandbox_settings()
             self._sandbox = self._sandbox or sandbox
             self._allow_unsandboxed = allowed if self._allow_unsandboxed is None \
                 else self._allow_unsandboxed

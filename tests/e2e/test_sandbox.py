@@ -195,3 +195,25 @@ async def test_without_a_sandbox_the_shell_is_refused_unless_allowed(
     assert done.status == "completed" and done.raw_output["sandbox"] == "none"
     assert (layout.cwd / "ran.txt").read_text() == "ran\n"
     assert status["sandbox"]["allowUnsandboxedShell"] is True
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_a_command_cannot_read_the_hosts_store_even_from_a_cwd_that_holds_it(
+    sdk_hosts: SdkHostFactory, config_dir: Path, layout: Layout, backend: str
+) -> None:
+    """Another session's conversation is in the store under the host's data dir."""
+    write_config(config_dir, sandbox_config(backend))
+    said = f"PRIVATE-WORDS-{secrets.token_hex(8)}"
+    async with sdk_hosts(env_extra=host_env_for(layout)) as host:
+        await host.initialize()
+        other = await host.new_session(layout.cwd)
+        assert (await host.prompt(other, f"remember {said}")).stop_reason == "end_turn"
+        sid = await host.new_session(config_dir.parent)
+        command = (f"D=dat; grep -a -o -h 'PRIVATE-WORDS-[0-9a-f]*' {config_dir.name}/${{D}}a/"
+                   f"sessions/*; ls -R {config_dir.name}")
+        done = await run_tool(host, sid, "shell", {"command": command})
+        (layout.cwd / "probe.txt").write_text("probe-text")
+        probe = await run_tool(host, sid, "shell",
+                               {"command": f"cat {layout.cwd.name}/probe.txt"})
+    assert said not in json.dumps(done.raw_output)
+    assert "probe-text" in json.dumps(probe.raw_output)  # the rest of the cwd is usable
