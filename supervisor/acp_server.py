@@ -21,7 +21,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from actors.tools.sandbox import detect as detect_sandbox
+from actors.sandbox import detect as detect_sandbox
 from ipc import acp_handshake
 from ipc.errors import InvalidParams, SessionNotFound
 from ipc.jsonrpc import ConnectionLost, Endpoint, RemoteError

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from actors.tools.sandbox import SANDBOX_CHOICES
+from actors.sandbox import SANDBOX_CHOICES
 
 __all__ = [
     "AUTONOMY_LEVELS",

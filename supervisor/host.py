@@ -20,8 +20,8 @@ from typing import Any
 from actors.agents import agent_config_problem
 from actors.bridge import call, loop_reply, tell
 from actors.persistence import PersistenceActor, PersistRequest
-from actors.tools.sandbox import SandboxInfo, worker_sandbox_environment
-from actors.tools.sandbox import detect as detect_sandbox
+from actors.sandbox import SandboxInfo, worker_sandbox_environment
+from actors.sandbox import detect as detect_sandbox
 from ipc.errors import InternalError, SessionNotFound
 from ipc.events import SessionInfo, TurnRecord, event_from_wire, iso_utc
 from ipc.worker_wire import (

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from actors.tools import PathPolicy, ShellTool, ToolEnv, ToolError
-from actors.tools.sandbox import (
+from actors.sandbox import (
     SandboxInfo,
     detect,
-    landlock_rules,
     worker_sandbox_environment,
     worker_sandbox_settings,
 )
+from actors.tools import PathPolicy, ShellTool, ToolEnv, ToolError
+from actors.tools.sandbox import landlock_rules
 from supervisor.config import ConfigError, Settings, settings_from_document
 from tests.test_tools import none_left, sleep_marker
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from actors.sandbox import detect
 from actors.tools import (
     FileReadTool,
     FileWriteTool,
@@ -23,7 +24,6 @@ from actors.tools import (
     ToolError,
     default_tools,
 )
-from actors.tools.sandbox import detect
 
 
 @pytest.fixture

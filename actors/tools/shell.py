@@ -29,9 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from actors.sandbox import SandboxInfo, worker_sandbox_settings
 from actors.tools.base import Tool, ToolEnv, ToolError, ToolResult, require_str
 from actors.tools.paths import PathDenied
-from actors.tools.sandbox import SandboxInfo, confined, worker_sandbox_settings
+from actors.tools.sandbox import confined
 
 __all__ = ["INHERITED_VARIABLES", "ShellTool", "command_environment"]
 
@@ -68,7 +69,7 @@ class ShellTool(Tool):
                  max_output: int = 64 * 1024, sandbox: SandboxInfo | None = None,
                  allow_unsandboxed: bool | None = None) -> None:
         """``sandbox`` and ``allow_unsandboxed`` default to what the host told this process
-        (:func:`actors.tools.sandbox.worker_sandbox_settings`), read at the first call."""
+        (:func:`actors.sandbox.worker_sandbox_settings`), read at the first call."""
         self.default_timeout = default_timeout
         self.max_timeout = max_timeout
         self.max_output = max_output
