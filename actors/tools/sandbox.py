@@ -45,6 +45,8 @@ __all__ = ["Confined", "confined", "landlock_rules"]
 
 _LAUNCHER = Path(__file__).with_name("landlock_exec.py")
 _SHELL = "/bin/sh"
+#: Never writable beneath a root (a session rooted at ``/`` still cannot write them).
+_KERNEL_INTERFACES = (Path("/dev"), Path("/proc"), Path("/sys"))
 #: Writable device files a command commonly needs (everything else under /dev is read-only).
 _DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty")
 
@@ -88,15 +90,21 @@ def confined(info: SandboxInfo, policy: PathPolicy, command: str,
 
 
 def _bwrap_argv(policy: PathPolicy, masked: tuple[Path, ...], command: str) -> list[str]:
-    """``/`` read-only, fresh /dev, /proc and /tmp, the roots writable, forbidden masked
-    (after the roots, so forbidden wins)."""
-    argv = [shutil.which("bwrap") or "bwrap", "--ro-bind", "/", "/", "--dev", "/dev",
-            "--proc", "/proc", "--tmpfs", "/tmp"]
+    """``/`` read-only, a fresh ``/tmp``, the roots writable, then fresh ``/dev`` and
+    ``/proc`` with ``/proc/sys`` and ``/sys`` read-only (even a root of ``/`` does not
+    reach raw disks or kernel settings), then the masks (last, so forbidden wins)."""
+    argv = [shutil.which("bwrap") or "bwrap", "--ro-bind", "/", "/", "--tmpfs", "/tmp"]
     if os.path.isdir("/var/tmp"):
         argv += ["--tmpfs", "/var/tmp"]
     for root in policy.roots:
         if root.is_dir():  # an agent workspace may not exist yet
             argv += ["--bind", str(root), str(root)]
+    argv += ["--dev", "/dev", "--proc", "/proc"]
+    for kernel in ("/proc/sys", "/sys"):  # root may write sysctls without capabilities
+        if os.path.isdir(kernel):
+            argv += ["--ro-bind", kernel, kernel]
+    if os.path.exists("/proc/sysrq-trigger"):
+        argv += ["--ro-bind", "/dev/null", "/proc/sysrq-trigger"]
     for forbidden in masked:
         if forbidden.is_dir():
             argv += ["--tmpfs", str(forbidden), "--remount-ro", str(forbidden)]
@@ -115,8 +123,8 @@ def landlock_rules(policy: PathPolicy, private_tmp: Path, abi: int,
     rules: list[list[Any]] = []
     forbidden = (*policy.forbidden, *hidden)
     _carve(Path("/"), _READ_RIGHTS, (*forbidden, Path("/dev")), rules)  # no raw disks
-    for root in (*policy.roots, private_tmp):
-        _carve(root, everything, forbidden, rules)
+    for root in (*policy.roots, private_tmp):  # even a root of / writes no kernel interface
+        _carve(root, everything, (*forbidden, *_KERNEL_INTERFACES), rules)
     for device in _DEVICES:
         if os.path.exists(device):
             _carve(Path(device), _READ_FILE | _WRITE_FILE | (everything & _TRUNCATE),

@@ -106,6 +106,9 @@ def shell_attacks(layout: Layout, marker: str) -> dict[str, str]:
         "write through a dangling symlink": "echo pwned > dangling",
         "write into the forbidden ssh dir": "echo pwned >> ~/${S}h/authorized_keys",
         "write to the root of the filesystem": f"touch /zc-{marker}; touch /usr/zc-{marker}",
+        # root may write sysctls without capabilities (core_pattern runs a host program)
+        "kernel settings": "cat /proc/sys/vm/swappiness > /proc/sys/vm/swappiness "
+                           "&& echo SYSCTL-WRITTEN",
         "fork left running": f"sleep {marker} & setsid sleep {marker} & "
                              f"(nohup sleep {marker} >/dev/null 2>&1 &); echo forked",
     }
@@ -146,6 +149,7 @@ async def test_escape_attempts_through_the_shell_and_file_tools_are_contained(
              if any(secret in output for secret in (*layout.secrets, passwd_line))]
     assert leaks == [], "secrets leaked"
     assert not outlived, "a process started by the command outlived it"
+    assert "SYSCTL-WRITTEN" not in outputs["kernel settings"]
     assert sorted(p.name for p in layout.outside.iterdir()) == ["kept.txt"]
     assert sorted(p.name for p in (layout.home / ".ssh").iterdir()) == ["id_rsa"]
     assert not Path(f"/zc-{marker}").exists() and not Path(f"/usr/zc-{marker}").exists()
