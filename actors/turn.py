@@ -243,6 +243,9 @@ class ActorTurnContext:
             return None
         if mode != "supervised":
             return f"denied: autonomy is {mode}"
+        unavailable = tool.unavailable()  # no point asking for what cannot run
+        if unavailable is not None:
+            return unavailable
         choice = self.ask_permission(call_id, tool.name, title, tool.kind, args)
         mode = self._session.state.mode  # set_mode may have come while the client decided
         if mode == "read_only":

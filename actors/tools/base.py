@@ -56,6 +56,10 @@ class Tool(ABC):
         """A one-line label for the tool call (what the client shows)."""
         return self.name
 
+    def unavailable(self) -> str | None:
+        """Why the tool cannot run here at all (asked before a permission request), or None."""
+        return None
+
     @abstractmethod
     def run(self, args: dict[str, Any], env: ToolEnv) -> ToolResult:
         """Do the work; raise :class:`ToolError` for a failure the caller should see."""

@@ -110,20 +110,31 @@ class ShellTool(Tool):
                 exit_code = proc.wait()
         return self._result(collected, exit_code, timeout, sandbox.backend)
 
-    def _usable_sandbox(self) -> SandboxInfo:
-        """The sandbox to run in, or a refusal when there is none and none is allowed."""
+    def unavailable(self) -> str | None:
+        """The refusal when no sandbox works and running unconfined is not allowed."""
+        sandbox = self._sandbox_settings()
+        if sandbox.confines or self._allow_unsandboxed:
+            return None
+        return ("shell refused: no OS sandbox is available to confine commands "
+                f"({sandbox.reason}). Install bubblewrap (bwrap) or use a kernel with "
+                "Landlock, or set [autonomy] allow_unsandboxed_shell = true to run commands "
+                "unconfined.")
+
+    def _sandbox_settings(self) -> SandboxInfo:
+        """The sandbox to run in; what the host told this process fills what was not given."""
         if self._sandbox is None or self._allow_unsandboxed is None:
             sandbox, allowed, self._hidden = worker_sandbox_settings()
             self._sandbox = self._sandbox or sandbox
-            self._allow_unsandboxed = allowed if self._allow_unsandboxed is None \
-                else self._allow_unsandboxed
-        if not self._sandbox.confines and not self._allow_unsandboxed:
-            raise ToolError(
-                "shell refused: no OS sandbox is available to confine commands "
-                f"({self._sandbox.reason}). Install bubblewrap (bwrap) or use a kernel with "
-                "Landlock, or set [autonomy] allow_unsandboxed_shell = true to run commands "
-                "unconfined.")
+            if self._allow_unsandboxed is None:
+                self._allow_unsandboxed = allowed
         return self._sandbox
+
+    def _usable_sandbox(self) -> SandboxInfo:
+        """The sandbox to run in, or a refusal when there is none and none is allowed."""
+        refusal = self.unavailable()
+        if refusal is not None:
+            raise ToolError(refusal)
+        return self._sandbox_settings()
 
     def _timeout(self, args: dict[str, Any]) -> float:
         value = args.get("timeout", self.default_timeout)

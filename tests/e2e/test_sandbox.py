@@ -190,6 +190,15 @@ async def test_without_a_sandbox_the_shell_is_refused_unless_allowed(
     assert status["sandbox"]["backend"] == "none"
     assert status["sandbox"]["allowUnsandboxedShell"] is False
 
+    write_config(config_dir, sandbox_config("none").replace('"full"', '"supervised"'))
+    async with sdk_hosts(env_extra=host_env_for(layout)) as host:
+        await host.initialize()
+        sid = await host.new_session(layout.cwd)
+        done = await run_tool(host, sid, "shell", {"command": "echo ran > ran.txt"})
+        assert host.client.permission_asks == []  # nothing to approve: it cannot run
+    assert done.status == "failed" and "no OS sandbox" in json.dumps(done.raw_output)
+    assert not (layout.cwd / "ran.txt").exists()
+
     write_config(config_dir, sandbox_config("none", "allow_unsandboxed_shell = true\n"))
     async with sdk_hosts(env_extra=host_env_for(layout)) as host:
         await host.initialize()
