@@ -113,3 +113,17 @@ def test_config_keys_are_checked(tmp_path: Path) -> None:
         settings({"sandbox": "docker"})
     with pytest.raises(ConfigError, match="allow_unsandboxed_shell must be true or false"):
         settings({"allow_unsandboxed_shell": "yes"})
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_cwd_of_thousands_of_entries_around_a_forbidden_one_still_runs(
+    tmp_path: Path, backend: str
+) -> None:
+    """Landlock allows such a cwd entry by entry: far more rules than one argument holds."""
+    env = session(tmp_path, forbidden=(str(tmp_path / "project" / "keys"),))
+    (tmp_path / "project" / "keys").mkdir()
+    for n in range(2500):
+        (tmp_path / "project" / f"file-with-a-rather-long-name-{n:05d}.txt").write_text("x")
+    result = ShellTool(sandbox=detect(backend)).run(
+        {"command": "cat file-with-a-rather-long-name-02499.txt"}, env)
+    assert result.ok and result.text == "x"

@@ -1,9 +1,9 @@
-"""Run a command under Landlock: ``python -I -S landlock_exec.py SPEC_JSON``.
+"""Run a command under Landlock: ``python -I -S landlock_exec.py SPEC_FILE``.
 
 Started by the ``shell`` tool (never imported by it: a threaded worker must not
 restrict itself, and ``preexec_fn`` is unsafe there). This process marks itself a
 child subreaper and forks; the child drops every capability from its bounding set,
-sets ``no_new_privs``, applies the ruleset of ``SPEC_JSON`` (``{"abi": N,
+sets ``no_new_privs``, applies the ruleset of ``SPEC_FILE`` (JSON ``{"abi": N,
 "rules": [[path, rights], ...], "argv": [...]}``, built by
 :func:`actors.tools.sandbox.landlock_rules`) and execs ``argv``. When it exits, the
 parent kills every descendant left behind (they were re-parented to it) and exits
@@ -117,7 +117,9 @@ def _stop(signum: int, frame: object) -> None:
 
 
 def main() -> int:
-    spec = json.loads(sys.argv[1])
+    with open(sys.argv[1], encoding="utf-8") as spec_file:
+        spec = json.load(spec_file)
+    os.unlink(sys.argv[1])  # the command's tmp holds it: gone before the command starts
     argv = spec["argv"]
     _check(_libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "child subreaper")
     signal.signal(signal.SIGTERM, _stop)

@@ -83,7 +83,9 @@ def confined(info: SandboxInfo, policy: PathPolicy, command: str,
     try:
         rules = landlock_rules(policy, Path(private_tmp), info.landlock_abi, hidden)
         spec = {"abi": info.landlock_abi, "rules": rules, "argv": [_SHELL, "-c", command]}
-        argv = [sys.executable, "-I", "-S", str(_LAUNCHER), json.dumps(spec)]
+        spec_path = Path(private_tmp, ".landlock-spec.json")  # too long for an argument
+        spec_path.write_text(json.dumps(spec), encoding="utf-8")
+        argv = [sys.executable, "-I", "-S", str(_LAUNCHER), str(spec_path)]
         yield Confined(argv, {"TMPDIR": private_tmp})
     finally:
         shutil.rmtree(private_tmp, ignore_errors=True)
