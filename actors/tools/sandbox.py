@@ -1,4 +1,5 @@
-"""OS confinement for shell commands: bubblewrap or Landlock, detected once per process.
+"""OS confinement for shell commands: the command line that runs one under bubblewrap or
+Landlock.
 
 What a confined command (and everything it starts) may do:
 
@@ -14,8 +15,11 @@ What a confined command (and everything it starts) may do:
 
 Backends: ``bwrap`` (mount namespace with ``/`` read-only, the roots bound writable,
 each forbidden path masked, a private ``/tmp``, a PID namespace, all capabilities
-dropped, a new session) is preferred by ``auto``; ``landlock`` (Linux 5.13+; an
-allow-list applied by :mod:`actors.tools.landlock_exec` before it execs the shell).
+dropped, a new session, ``/proc/sys`` and ``/sys`` read-only) is preferred by ``auto``;
+``landlock`` (Linux 5.13+; an allow-list applied by :mod:`actors.tools.landlock_exec`
+before it execs the shell; nothing is writable under ``/dev`` but a few devices, nor
+under ``/proc`` or ``/sys``). The host's data dir and sockets (``hidden``) are masked
+like forbidden paths.
 Landlock cannot subtract a path from an allowed tree, so a directory that contains a
 forbidden path is allowed entry by entry (minus the forbidden one): such a directory
 cannot be listed, and nothing can be created directly in it. Neither backend confines
