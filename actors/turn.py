@@ -302,6 +302,9 @@ class ActorTurnContext:
             return f"denied: autonomy is {mode}"
         if remembered == "reject_always":
             return f"denied: the user chose to always reject {tool.name}"
+        unavailable = tool.unavailable()  # no point asking for what cannot run
+        if unavailable is not None:
+            return unavailable
         preview = tool.preview(args, self._session.config.paths)
         choice = self.ask_permission(call_id, tool.name, title, tool.kind, args, preview)
         mode = self._session.state.mode  # set_mode may have come while the client decided

@@ -34,9 +34,11 @@ def check_protocol_version(value: Any) -> None:
 
 
 def initialize_result(
-    *, version: str, persistent: bool, default_model: str, max_sessions: int, timeout: float
+    *, version: str, persistent: bool, default_model: str, max_sessions: int, timeout: float,
+    sandbox: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The ``initialize`` answer; without a store, no load/list/resume/close/delete."""
+    """The ``initialize`` answer; without a store, no load/list/resume/close/delete.
+    ``sandbox`` is how shell commands are confined (``_meta.zeroclaw.sandbox``)."""
     session_caps: dict[str, Any] = (
         {"list": {}, "resume": {}, "close": {}, "delete": {}} if persistent else {}
     )
@@ -55,6 +57,7 @@ def initialize_result(
                 "defaultModel": default_model,
                 "maxSessions": max_sessions,
                 "sessionTimeoutSecs": timeout,
+                **({"sandbox": sandbox} if sandbox is not None else {}),
             }
         },
     }

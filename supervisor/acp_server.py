@@ -22,6 +22,7 @@ import secrets
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from actors.sandbox import detect as detect_sandbox
 from ipc import acp_handshake
 from ipc.errors import InvalidParams, SessionNotFound
 from ipc.events import content_from_wire
@@ -187,6 +188,7 @@ class AcpServer:
         self.handshake = acp_handshake.initialize_result(
             version=self.version, persistent=persistent, default_model=settings.default_model,
             max_sessions=settings.max_sessions, timeout=settings.session_timeout_secs,
+            sandbox=detect_sandbox(settings.sandbox).to_wire(),
         )
 
     def make_endpoint(self, send: Callable[[bytes], None], name: str = "acp") -> Endpoint:

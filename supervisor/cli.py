@@ -91,6 +91,10 @@ def _run_acp(args: argparse.Namespace) -> int:
         from supervisor.stdio import serve_config_error
 
         return _serve_stdio(serve_config_error(str(exc)), 2)  # the editor gets the reason too
+    if not args.attach:
+        from actors.sandbox import detect_soon
+
+        detect_soon(settings.sandbox)  # for the initialize answer, meanwhile the imports run
     if args.attach:
         from supervisor.attach import run_attach
 

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from actors.sandbox import SANDBOX_CHOICES
+
 __all__ = [
     "AUTONOMY_LEVELS",
     "AgentConfig",
@@ -84,6 +86,8 @@ class Settings:
     partial_frame_timeout_secs: float = 60.0
     """A client of ``daemon.sock`` or ``acp.sock`` whose unfinished line stops growing this
     long is disconnected."""
+    sandbox: str = "auto"  # [autonomy] sandbox: auto | bwrap | landlock | none
+    allow_unsandboxed_shell: bool = False
 
     @property
     def default_model(self) -> str:
@@ -229,6 +233,12 @@ def settings_from_document(
     if not isinstance(forbidden, list) or not all(isinstance(p, str) for p in forbidden):
         raise ConfigError("autonomy.forbidden_paths must be an array of strings")
     forbidden = [_forbidden_path(p, env) for p in forbidden if p.strip()]
+    sandbox = autonomy.get("sandbox", "auto")
+    if sandbox not in SANDBOX_CHOICES:
+        raise ConfigError(f"autonomy.sandbox must be one of {', '.join(SANDBOX_CHOICES)}")
+    unsandboxed = autonomy.get("allow_unsandboxed_shell", False)
+    if not isinstance(unsandboxed, bool):
+        raise ConfigError("autonomy.allow_unsandboxed_shell must be true or false")
     agents = _agents(doc, config_dir)
     default_agent = acp.get("default_agent")
     if default_agent is not None and (
@@ -252,6 +262,8 @@ def settings_from_document(
         log_level=str(env.get("ZEROCLAW_LOG") or _section(doc, "log").get("level", "warning")),
         client_stall_timeout_secs=_seconds(acp, "client_stall_timeout_secs", 30.0),
         partial_frame_timeout_secs=_seconds(acp, "partial_frame_timeout_secs", 60.0),
+        sandbox=sandbox,
+        allow_unsandboxed_shell=unsandboxed,
     )
 
 

@@ -20,6 +20,8 @@ from typing import Any
 from actors.agents import agent_config_problem
 from actors.bridge import call, loop_reply, tell
 from actors.persistence import PersistenceActor, PersistRequest
+from actors.sandbox import SandboxInfo, worker_sandbox_environment
+from actors.sandbox import detect as detect_sandbox
 from ipc.errors import InternalError, SessionNotFound
 from ipc.events import SessionInfo, TurnRecord, event_from_wire, iso_utc
 from ipc.worker_wire import (
@@ -71,6 +73,7 @@ class Host:
         self.routes: dict[str, Route] = {}
         self.store: Store
         self.pool: WorkerPool
+        self.sandbox: SandboxInfo  # how shell commands are confined (set by start)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._sweeper: asyncio.Task[None] | None = None
         self._orphan_sweeper: asyncio.Task[None] | None = None
@@ -90,6 +93,7 @@ class Host:
         limits = Limits(settings.max_sessions, settings.session_timeout_secs,
                         settings.sessions_per_worker)
         self.supervisor = SupervisorActor.start(limits)
+        self.sandbox = await asyncio.to_thread(detect_sandbox, settings.sandbox)
         self.pool = WorkerPool(
             run_dir=settings.data_dir / "run",
             on_message=self._on_worker_message,
@@ -97,6 +101,8 @@ class Host:
             on_worker_exit=self._on_worker_exit,
             max_workers=settings.workers_max,
             inherit=agent_variables(settings.agents.values()),
+            env=worker_sandbox_environment(self.sandbox, settings.allow_unsandboxed_shell,
+                                           (settings.data_dir, settings.socket_path)),
         )
         become_subreaper()
         await self.pool.start()

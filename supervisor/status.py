@@ -96,4 +96,6 @@ def host_status(sessions: Sessions, owners: Owners) -> dict[str, Any]:
                    "sessionTimeoutSecs": settings.session_timeout_secs},
         "store": {"path": str(host.store.path), "backend": "sqlite",
                   "persistent": host.store.persistent, "lastCommit": host.store.last_commit},
+        "sandbox": {**host.sandbox.to_wire(),
+                    "allowUnsandboxedShell": settings.allow_unsandboxed_shell},
     }

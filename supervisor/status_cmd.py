@@ -175,6 +175,10 @@ def render(status: dict[str, Any], now: float | None = None) -> str:
         committed = store.get("lastCommit")
         last = f", last commit {_duration(now - committed)} ago" if committed else ""
         lines.append(f"store: {store.get('path')} ({kind}{last})")
+    sandbox = status.get("sandbox")
+    if isinstance(sandbox, dict):
+        lines.append(f"sandbox: {sandbox.get('backend')} {sandbox.get('version') or ''}".rstrip()
+                     + (f" ({sandbox['reason']})" if sandbox.get("reason") else ""))
     usage = status.get("usage")
     if isinstance(usage, dict):
         lines.append(f"usage: {_tokens(usage)} tokens in {usage.get('turns', 0)} turns "

@@ -13,6 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from actors.sandbox import detect
 from actors.tools import (
     FileReadTool,
     FileWriteTool,
@@ -51,6 +52,31 @@ def gone(pid: int, timeout: float = 3.0) -> bool:
         if time.monotonic() > deadline:
             return False
         time.sleep(0.01)
+
+
+def sleep_marker() -> str:
+    """A ``sleep`` argument no other process uses: ``3000.<random digits>`` seconds."""
+    return f"3000.{int.from_bytes(os.urandom(4), 'big')}"
+
+
+def running_with(marker: str) -> list[int]:
+    """Live (not zombie) processes whose command line holds ``marker``."""
+    found = []
+    for process in psutil.process_iter(["cmdline", "status"]):
+        if process.info["status"] != psutil.STATUS_ZOMBIE and marker in (
+                process.info["cmdline"] or []):
+            found.append(process.pid)
+    return found
+
+
+def none_left(marker: str, timeout: float = 3.0) -> bool:
+    """No process holding ``marker`` within ``timeout`` (a sandbox hides their pids)."""
+    deadline = time.monotonic() + timeout
+    while running_with(marker):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 # --- path confinement ------------------------------------------------------------------------
@@ -156,7 +182,8 @@ def test_shell_runs_in_the_session_cwd_and_merges_stderr(dirs: tuple[Path, Path]
     result = ShellTool().run({"command": "pwd; echo oops >&2"}, make_env(cwd, workspace))
     assert result.ok
     assert result.text == f"{cwd.resolve()}\noops\n"
-    assert result.raw_output == {"exit_code": 0, "output": result.text, "truncated": False}
+    assert result.raw_output == {"exit_code": 0, "output": result.text, "truncated": False,
+                                 "sandbox": detect().backend}
 
 
 def test_shell_nonzero_exit_is_a_failed_result(dirs: tuple[Path, Path]) -> None:
@@ -180,12 +207,10 @@ def test_shell_timeout_kills_the_command(dirs: tuple[Path, Path]) -> None:
     assert time.monotonic() - started < 3
 
 
-def test_shell_cancel_kills_the_whole_process_group_promptly(
-    dirs: tuple[Path, Path], tmp_path: Path
-) -> None:
+def test_shell_cancel_kills_the_whole_process_group_promptly(dirs: tuple[Path, Path]) -> None:
     env = make_env(*dirs)
-    pid_file = tmp_path / "bg.pid"
-    command = f"sleep 30 & echo $! > {pid_file}; wait"
+    marker = sleep_marker()
+    command = f"sleep {marker} & echo started > started.txt; wait"
     errors: list[str] = []
 
     def run() -> None:
@@ -197,26 +222,27 @@ def test_shell_cancel_kills_the_whole_process_group_promptly(
     thread = threading.Thread(target=run)
     thread.start()
     deadline = time.monotonic() + 5
-    while not (pid_file.exists() and pid_file.read_text().strip()):
+    while not (dirs[0] / "started.txt").exists() or not running_with(marker):
         assert time.monotonic() < deadline, "the command never started"
         time.sleep(0.01)
-    background = int(pid_file.read_text())
     cancelled_at = time.monotonic()
     env.cancelled.set()
     thread.join(timeout=5)
     assert not thread.is_alive()
     assert time.monotonic() - cancelled_at < 1.0
     assert errors and errors[0].startswith("cancelled")
-    assert gone(background)
+    assert none_left(marker)
 
 
 def test_shell_returns_when_the_shell_exits_despite_background_jobs(
     dirs: tuple[Path, Path],
 ) -> None:
     started = time.monotonic()
-    result = ShellTool().run({"command": "sleep 30 & echo $!"}, make_env(*dirs))
+    marker = sleep_marker()
+    ShellTool().run({"command": f"sleep {marker} & setsid sleep {marker} & echo $!"},
+                    make_env(*dirs))
     assert time.monotonic() - started < 3
-    assert gone(int(result.text))  # what it left behind was killed with its group
+    assert none_left(marker)  # what it left behind was killed, even in its own session
 
 
 def test_shell_refuses_forbidden_paths_and_bad_arguments(dirs: tuple[Path, Path]) -> None:

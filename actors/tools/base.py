@@ -88,6 +88,10 @@ class Tool(ABC):
         by default, and nothing when it cannot be worked out (the call reports why)."""
         return ()
 
+    def unavailable(self) -> str | None:
+        """Why the tool cannot run here at all (asked before a permission request), or None."""
+        return None
+
     @abstractmethod
     def run(self, args: dict[str, Any], env: ToolEnv) -> ToolResult:
         """Do the work; raise :class:`ToolError` for a failure the caller should see."""

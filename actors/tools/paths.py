@@ -177,7 +177,12 @@ class PathPolicy:
         for word in words:
             for piece in word.split("="):
                 if piece.startswith(("/", "~", ".")) or "/" in piece:
-                    self._check_forbidden(piece, canonical(piece, self.cwd))
+                    try:
+                        resolved = canonical(piece, self.cwd)
+                    except OSError as exc:  # e.g. /proc/1/root: a link it may not read
+                        raise PathDenied(
+                            f"path {piece!r} cannot be checked ({exc.strerror}); refused") from None
+                    self._check_forbidden(piece, resolved)
 
     def _check_forbidden(self, given: str, resolved: Path) -> None:
         for forbidden in self.forbidden:

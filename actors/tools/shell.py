@@ -8,6 +8,11 @@ The command does not inherit the host's environment, which may hold API keys
 and tokens that would then stream to the client and into the store: it gets
 only :data:`INHERITED_VARIABLES` (and the locale's ``LC_*`` categories) from
 the worker's environment, plus the agent's configured ``env``.
+
+The command runs confined by the OS (:mod:`actors.tools.sandbox`): it writes only
+beneath the session's roots and a private temporary directory, cannot read the
+forbidden paths, and leaves nothing running. Without a working sandbox the tool
+refuses to run unless ``[autonomy] allow_unsandboxed_shell`` is set.
 """
 
 from __future__ import annotations
@@ -21,10 +26,13 @@ import subprocess
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
+from actors.sandbox import SandboxInfo, worker_sandbox_settings
 from actors.tools.base import Tool, ToolEnv, ToolError, ToolResult, require_str
 from actors.tools.paths import PathDenied
+from actors.tools.sandbox import confined
 
 __all__ = ["INHERITED_VARIABLES", "ShellTool", "command_environment"]
 
@@ -39,6 +47,7 @@ _LOCALE_CATEGORIES = frozenset({
 _VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 _POLL_SECS = 0.05
+_LAUNCHER_GRACE_SECS = 0.5  # how long a stopped command's launcher may take to clean up
 _READ_SIZE = 65536
 
 
@@ -57,10 +66,16 @@ class ShellTool(Tool):
     mutating: ClassVar[bool] = True
 
     def __init__(self, *, default_timeout: float = 60.0, max_timeout: float = 600.0,
-                 max_output: int = 64 * 1024) -> None:
+                 max_output: int = 64 * 1024, sandbox: SandboxInfo | None = None,
+                 allow_unsandboxed: bool | None = None) -> None:
+        """``sandbox`` and ``allow_unsandboxed`` default to what the host told this process
+        (:func:`actors.sandbox.worker_sandbox_settings`), read at the first call."""
         self.default_timeout = default_timeout
         self.max_timeout = max_timeout
         self.max_output = max_output
+        self._sandbox = sandbox
+        self._allow_unsandboxed = allow_unsandboxed
+        self._hidden: tuple[Path, ...] = ()
 
     def title(self, args: dict[str, Any]) -> str:
         command = args.get("command")
@@ -73,25 +88,53 @@ class ShellTool(Tool):
             env.paths.check_command(command)
         except PathDenied as exc:
             raise ToolError(str(exc)) from None
+        sandbox = self._usable_sandbox()
         if env.cancelled.is_set():
             raise ToolError("cancelled before the command started")
-        proc = subprocess.Popen(
-            ["/bin/sh", "-c", command],
-            cwd=env.paths.cwd,
-            env=command_environment(env.agent_env),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
-            collected = self._collect(proc, env, time.monotonic() + timeout)
-        finally:
-            _kill_group(proc)
-            assert proc.stdout is not None
-            proc.stdout.close()
-            exit_code = proc.wait()
-        return self._result(collected, exit_code, timeout)
+        with confined(sandbox, env.paths, command, self._hidden) as confinement:
+            proc = subprocess.Popen(
+                confinement.argv,
+                cwd=env.paths.cwd,
+                env={**command_environment(env.agent_env), **confinement.env},
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            try:
+                collected = self._collect(proc, env, time.monotonic() + timeout)
+            finally:
+                _end_command(proc)
+                assert proc.stdout is not None
+                proc.stdout.close()
+                exit_code = proc.wait()
+        return self._result(collected, exit_code, timeout, sandbox.backend)
+
+    def unavailable(self) -> str | None:
+        """The refusal when no sandbox works and running unconfined is not allowed."""
+        sandbox = self._sandbox_settings()
+        if sandbox.confines or self._allow_unsandboxed:
+            return None
+        return ("shell refused: no OS sandbox is available to confine commands "
+                f"({sandbox.reason}). Install bubblewrap (bwrap) or use a kernel with "
+                "Landlock, or set [autonomy] allow_unsandboxed_shell = true to run commands "
+                "unconfined.")
+
+    def _sandbox_settings(self) -> SandboxInfo:
+        """The sandbox to run in; what the host told this process fills what was not given."""
+        if self._sandbox is None or self._allow_unsandboxed is None:
+            sandbox, allowed, self._hidden = worker_sandbox_settings()
+            self._sandbox = self._sandbox or sandbox
+            if self._allow_unsandboxed is None:
+                self._allow_unsandboxed = allowed
+        return self._sandbox
+
+    def _usable_sandbox(self) -> SandboxInfo:
+        """The sandbox to run in, or a refusal when there is none and none is allowed."""
+        refusal = self.unavailable()
+        if refusal is not None:
+            raise ToolError(refusal)
+        return self._sandbox_settings()
 
     def _timeout(self, args: dict[str, Any]) -> float:
         value = args.get("timeout", self.default_timeout)
@@ -132,7 +175,8 @@ class ShellTool(Tool):
             collected.output += chunk[:room]
         return True
 
-    def _result(self, collected: _Collected, exit_code: int, timeout: float) -> ToolResult:
+    def _result(self, collected: _Collected, exit_code: int, timeout: float,
+                sandbox: str) -> ToolResult:
         output = collected.output.decode("utf-8", errors="replace")
         truncated = collected.total > len(collected.output)
         if truncated:
@@ -142,7 +186,8 @@ class ShellTool(Tool):
         if collected.stopped_by == "timeout":
             message = f"timed out after {timeout:g}s: the command was killed\n{output}"
             raise ToolError(message.rstrip())
-        raw = {"exit_code": exit_code, "output": output, "truncated": truncated}
+        raw = {"exit_code": exit_code, "output": output, "truncated": truncated,
+               "sandbox": sandbox}
         text = output if exit_code == 0 else f"{output}\n[exit code {exit_code}]".lstrip("\n")
         return ToolResult(text=text, raw_output=raw, ok=exit_code == 0)
 
@@ -169,6 +214,19 @@ def _has_exited(proc: subprocess.Popen[bytes]) -> bool:
     except ChildProcessError:
         return True
     return info is not None
+
+
+def _end_command(proc: subprocess.Popen[bytes]) -> None:
+    """End the command and everything it started. A Landlock launcher that is still
+    running is asked first (SIGTERM): it kills the descendants that left the process
+    group, which were re-parented to it. Then SIGKILL to the whole group."""
+    if not _has_exited(proc):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + _LAUNCHER_GRACE_SECS
+        while not _has_exited(proc) and time.monotonic() < deadline:
+            time.sleep(0.005)
+    _kill_group(proc)
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
