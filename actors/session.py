@@ -16,9 +16,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from actors.agents.base import Agent, AgentFailure, SessionSetup, TurnResult, history_tokens
@@ -152,6 +152,7 @@ class SessionConfig:
     permission_timeout: float
     history: tuple[TurnItem, ...]
     mcp_servers: tuple[Any, ...] = ()
+    meta: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_open(cls, message: OpenSession) -> SessionConfig:
@@ -168,6 +169,7 @@ class SessionConfig:
             permission_timeout=float(message.permission_timeout),
             history=history,
             mcp_servers=tuple(message.mcp_servers),
+            meta=dict(message.meta),
         )
 
 
@@ -219,6 +221,7 @@ class SessionActor(SimpleInboxActor):
             self.agent.open(SessionSetup(
                 sid=config.sid, paths=config.paths, mode=lambda: self.state.mode,
                 mcp_servers=config.mcp_servers, has_history=bool(config.history),
+                meta=config.meta,
             ))
         except Exception:  # the first turn reports what is wrong
             logger.exception("session %s: agent could not open", config.sid)

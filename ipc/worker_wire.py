@@ -12,11 +12,12 @@ data (events, turn records, history) travels as plain dicts made by
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, TypeAlias
+from typing import Any, ClassVar, TypeAlias, TypedDict
 
 import orjson
 
 __all__ = [
+    "AgentProcessEntry",
     "CancelTurn",
     "CloseSession",
     "Heartbeat",
@@ -44,6 +45,17 @@ __all__ = [
 ]
 
 
+class AgentProcessEntry(TypedDict):
+    """One external agent process of a worker (``provider = "acp"``), as its heartbeat
+    reports it: ``sessions`` are the agent sessions it holds, ``restarts`` how often the
+    worker started it again (after a crash or a turn it would not cancel)."""
+
+    alias: str
+    pid: int
+    sessions: int
+    restarts: int
+
+
 class WireError(ValueError):
     """A frame that is not a known envelope."""
 
@@ -58,6 +70,7 @@ class OpenSession:
     ``history`` is the stored conversation as :func:`ipc.events.item_to_wire` dicts,
     so a model-backed agent can continue it. ``permission_timeout`` is in seconds.
     ``mcp_servers`` is the client's list from ``session/new`` (an ACP agent gets it).
+    ``meta`` is the stored session's meta (an ACP agent finds its session id there).
     """
 
     T: ClassVar[str] = "open"
@@ -70,6 +83,7 @@ class OpenSession:
     permission_timeout: float
     history: list[dict[str, Any]] = field(default_factory=list)
     mcp_servers: list[Any] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,9 +165,12 @@ class WorkerReady:
 
 @dataclass(frozen=True, slots=True)
 class Heartbeat:
+    """``agents``: the worker's hosted agent processes, each an :class:`AgentProcessEntry`."""
+
     T: ClassVar[str] = "beat"
     pid: int
     sessions: int
+    agents: list[AgentProcessEntry] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

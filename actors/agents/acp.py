@@ -4,10 +4,17 @@ inside zeroclaw.
 Config (``[agents.<alias>]``): ``command`` (argv array, no shell; ``argv[0]`` an
 absolute path or a name on PATH), ``env`` (a table added to a clean environment),
 ``per_session`` (one process per session instead of one per worker and alias),
-``agent_start_timeout_secs`` (default 30: for ``initialize`` and ``session/new``).
+``agent_start_timeout_secs`` (default 30: for ``initialize`` and ``session/new``),
+``cancel_grace_secs`` (default 5: how long a cancelled turn may take to end in the
+agent before the turn ends ``cancelled`` and the agent process is restarted).
 
 Each zeroclaw session gets its own session in the agent (``session/new`` with the
-session's cwd and the client's ``mcpServers``). A turn forwards the prompt as a
+session's cwd and the client's ``mcpServers``). A session that had an agent session
+before (stored as ``acpAgentSessionId``, or the one of a crashed process) gets it
+back through the agent's own ``session/resume`` or ``session/load`` where the agent
+advertises them (the agent's replay is dropped: the client did not ask for it);
+otherwise a fresh agent session, and the next prompt result says
+``contextRestored: false``. A turn forwards the prompt as a
 text block, relays the agent's ``session/update``s as zeroclaw events (so they
 are recorded and replayed like any turn), relays its permission requests to the
 client under the session's autonomy mode, forwards ``session/cancel``, and
@@ -38,13 +45,20 @@ from actors.agents.acp_process import AgentProcess, LaunchSpec, SessionLink, cle
 from actors.agents.acp_updates import ToolNames, events_from_update
 from actors.agents.base import Agent, AgentFailure, SessionSetup, TurnContext, TurnResult
 from ipc.jsonrpc import ConnectionLost, RemoteError
+from ipc.worker_wire import AgentProcessEntry
 
-__all__ = ["CLIENT_CAPABILITIES", "AcpAgent", "command_problem", "stop_agent_processes"]
+__all__ = [
+    "CLIENT_CAPABILITIES",
+    "AcpAgent",
+    "agent_processes",
+    "command_problem",
+    "stop_agent_processes",
+]
 
 log = logging.getLogger("zeroclaw.agent")
 
 DEFAULT_START_TIMEOUT = 30.0
-CANCEL_GRACE_SECS = 10.0  # after session/cancel, how long the agent has to end the turn
+DEFAULT_CANCEL_GRACE = 5.0  # after session/cancel, how long the agent has to end the turn
 _POLL_SECS = 0.05
 _STOP_REASONS = frozenset({"end_turn", "max_tokens", "max_turn_requests", "refusal", "cancelled"})
 #: What zeroclaw offers an agent: file access under the session's path policy; no terminal.
@@ -79,9 +93,11 @@ def command_problem(config: Mapping[str, Any]) -> str | None:
         isinstance(name, str) and _VARIABLE_NAME.fullmatch(name) for name in passed
     ):
         return "pass_env must be an array of environment variable names"
-    timeout = config.get("agent_start_timeout_secs", DEFAULT_START_TIMEOUT)
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
-        return "agent_start_timeout_secs must be a positive number"
+    for key, default in (("agent_start_timeout_secs", DEFAULT_START_TIMEOUT),
+                         ("cancel_grace_secs", DEFAULT_CANCEL_GRACE)):
+        value = config.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            return f"{key} must be a positive number"
     if _executable(command[0], dict(env)) is None:
         return f"executable {command[0]!r} not found (not an absolute path or a name on PATH)"
     return None
@@ -122,6 +138,7 @@ class _Processes:
         self._lock = threading.Lock()
         self._starting: dict[str, threading.Lock] = {}
         self._running: dict[str, AgentProcess] = {}
+        self._restarts: dict[str, int] = {}  # keys started before, and how often again
 
     def acquire(self, key: str, spec: LaunchSpec) -> AgentProcess:
         """The live process for ``key``, started (and initialized) if needed."""
@@ -133,6 +150,9 @@ class _Processes:
                 return process
             if process is not None:
                 process.stop()  # it exited: end its loop thread too
+            with self._lock:
+                restarts = self._restarts.get(key)
+                self._restarts[key] = 0 if restarts is None else restarts + 1
             process = AgentProcess(spec, HANDLERS)
             process.start(CLIENT_CAPABILITIES)
             log.info("agent %s initialized: %s", spec.alias, _summary(process.initialize_result))
@@ -140,12 +160,25 @@ class _Processes:
                 self._running[key] = process
             return process
 
-    def discard(self, key: str, process: AgentProcess) -> None:
-        """Stop ``process`` and forget it (a hung or per-session agent)."""
+    def discard(self, key: str, process: AgentProcess, *, final: bool = False) -> None:
+        """Stop ``process`` and forget it: a hung agent (the next :meth:`acquire` of
+        ``key`` counts a restart), or with ``final`` a per-session agent whose session
+        ended."""
         with self._lock:
             if self._running.get(key) is process:
                 del self._running[key]
+            if final:
+                self._restarts.pop(key, None)
         process.stop()
+
+    def entries(self) -> list[AgentProcessEntry]:
+        """The running agents, for the worker's heartbeat (any thread)."""
+        with self._lock:
+            running = list(self._running.items())
+            restarts = dict(self._restarts)
+        return [AgentProcessEntry(alias=p.alias, pid=p.pid or 0, sessions=len(p.links),
+                                  restarts=restarts.get(key, 0))
+                for key, p in running if p.alive and p.pid is not None]
 
     def stop_all(self) -> None:
         with self._lock:
@@ -164,10 +197,27 @@ def stop_agent_processes() -> None:
     _PROCESSES.stop_all()
 
 
-def _offers_close(result: Mapping[str, Any]) -> bool:
+def agent_processes() -> list[AgentProcessEntry]:
+    """This worker's running agent processes (its IO thread, for the heartbeat)."""
+    return _PROCESSES.entries()
+
+
+def _offers(result: Mapping[str, Any], capability: str) -> bool:
+    """Whether the agent's ``initialize`` result offers ``sessionCapabilities.<name>``."""
     caps = result.get("agentCapabilities")
     sessions = caps.get("sessionCapabilities") if isinstance(caps, Mapping) else None
-    return isinstance(sessions, Mapping) and sessions.get("close") is not None
+    return isinstance(sessions, Mapping) and sessions.get(capability) is not None
+
+
+def _restore_method(result: Mapping[str, Any]) -> str | None:
+    """How the agent reopens one of its sessions: ``session/resume`` (no replay) over
+    ``session/load``, or None when it advertises neither."""
+    if _offers(result, "resume"):
+        return "session/resume"
+    caps = result.get("agentCapabilities")
+    if isinstance(caps, Mapping) and caps.get("loadSession") is True:
+        return "session/load"
+    return None
 
 
 def _summary(result: Mapping[str, Any]) -> str:
@@ -191,6 +241,7 @@ class AcpAgent(Agent):
     def __init__(self, config: dict[str, Any]) -> None:
         super().__init__(config)
         self.alias = str(config.get("alias", "acp"))
+        self.cancel_grace = float(config.get("cancel_grace_secs", DEFAULT_CANCEL_GRACE))
         self._setup: SessionSetup | None = None
         self._process: AgentProcess | None = None
         self._link: SessionLink | None = None
@@ -199,10 +250,13 @@ class AcpAgent(Agent):
         self._agent_sessions = 0
         self._context_lost = False
         self._new_agent_session = False  # its id is not stored yet
+        self._restorable: str | None = None  # the agent session to reopen, if the agent can
 
     def open(self, setup: SessionSetup) -> None:
         """Start the agent (if this worker has none yet) and its session, ahead of a turn."""
         self._setup = setup
+        stored = setup.meta.get("acpAgentSessionId")
+        self._restorable = stored if isinstance(stored, str) and stored else None
         if self.config.get("per_session") is True:
             self._key = f"{self.alias}/{setup.sid}"
         try:
@@ -214,15 +268,19 @@ class AcpAgent(Agent):
     def close(self) -> None:
         """Drop this session's agent session (``session/close`` where the agent offers
         it), and a per-session agent process."""
+        process = self._process
+        if process is not None and self._key != self.alias:
+            _PROCESSES.discard(self._key, process, final=True)  # its session ends with it
+        else:
+            self._drop_link()
+
+    def _drop_link(self) -> None:
         process, link = self._process, self._link
-        if process is None:
+        if process is None or link is None:
             return
-        if self._key != self.alias:
-            _PROCESSES.discard(self._key, process)  # the agent session ends with it
-        elif link is not None:
-            process.links.pop(link.agent_session_id, None)
-            if process.alive and _offers_close(process.initialize_result):
-                process.call("session/close", {"sessionId": link.agent_session_id})
+        process.links.pop(link.agent_session_id, None)
+        if process.alive and _offers(process.initialize_result, "close"):
+            process.call("session/close", {"sessionId": link.agent_session_id})
 
     @property
     def agent_session_id(self) -> str | None:
@@ -243,20 +301,61 @@ class AcpAgent(Agent):
             self._new_agent_session = False
             stored["acpAgentSessionId"] = self.agent_session_id
         assert self._process is not None and self._link is not None
-        stop_reason = _AcpTurn(self._process, self._link, ctx, self._setup_mode).run(prompt)
+        turn = _AcpTurn(self._process, self._link, ctx, self._setup_mode, self.cancel_grace)
+        stop_reason = turn.run(prompt)
+        if turn.ignored_cancel:  # it may never answer again: the next turn gets a new one
+            log.warning("agent %s did not end a cancelled turn within %gs; restarting it",
+                        self.alias, self.cancel_grace)
+            _PROCESSES.discard(self._key, self._process)
         return TurnResult(stop_reason=stop_reason, meta=meta, session_meta=stored)
 
     def _setup_mode(self) -> str:
         return self._setup.mode() if self._setup is not None else "supervised"
 
     def _connect(self) -> None:
-        """A fresh agent session (starting the process if needed); AgentFailure if not."""
+        """This session's agent session (starting the process if needed): the earlier
+        one reopened where the agent can, else a fresh one; AgentFailure if neither."""
         setup = self._setup
         if setup is None:
             raise AgentFailure(f"agent {self.alias}: the session is not open")
-        self.close()
+        if self._link is not None:
+            self._restorable = self._link.agent_session_id
+        self._drop_link()
         self._process = self._link = None
         process = _PROCESSES.acquire(self._key, _launch_spec(self.config))
+        agent_sid = self._reopen(process, setup)
+        if agent_sid is None:
+            agent_sid = self._new_session(process, setup)
+            self._new_agent_session = True
+            if setup.has_history or self._agent_sessions:
+                self._context_lost = True
+                log.warning("session %s: agent %s has a fresh session %s; the context of the "
+                            "earlier turns was not restored", setup.sid, self.alias, agent_sid)
+        link = SessionLink(agent_sid, setup.paths, setup.mode)
+        process.links[agent_sid] = link
+        self._process, self._link = process, link
+        self._agent_sessions += 1
+
+    def _reopen(self, process: AgentProcess, setup: SessionSetup) -> str | None:
+        """The earlier agent session through the agent's resume or load, or None. Its
+        replay has no open turn to go to, so it is dropped (:mod:`acp_client`)."""
+        method = _restore_method(process.initialize_result)
+        agent_sid, self._restorable = self._restorable, None
+        if agent_sid is None or method is None:
+            return None
+        try:
+            process.call_and_wait(method, {
+                "sessionId": agent_sid, "cwd": str(setup.paths.cwd),
+                "mcpServers": list(setup.mcp_servers),
+            })
+        except AgentFailure as exc:
+            log.warning("session %s: %s; starting a fresh agent session", setup.sid, exc)
+            return None
+        log.info("session %s: agent %s session %s reopened (%s)", setup.sid, self.alias,
+                 agent_sid, method)
+        return agent_sid
+
+    def _new_session(self, process: AgentProcess, setup: SessionSetup) -> str:
         try:
             result = process.call_and_wait("session/new", {
                 "cwd": str(setup.paths.cwd), "mcpServers": list(setup.mcp_servers),
@@ -268,29 +367,23 @@ class AcpAgent(Agent):
         agent_sid = result.get("sessionId") if isinstance(result, Mapping) else None
         if not isinstance(agent_sid, str) or not agent_sid:
             raise AgentFailure(f"agent {self.alias} answered session/new without a sessionId")
-        link = SessionLink(agent_sid, setup.paths, setup.mode)
-        process.links[agent_sid] = link
         log.info("session %s: agent %s session %s (modes: %r)", setup.sid, self.alias,
                  agent_sid, result.get("modes"))
-        self._process, self._link = process, link
-        self._new_agent_session = True
-        if setup.has_history or self._agent_sessions:
-            self._context_lost = True
-            log.warning("session %s: agent %s has a fresh session %s; the context of the "
-                        "earlier turns was not restored", setup.sid, self.alias, agent_sid)
-        self._agent_sessions += 1
+        return agent_sid
 
 
 class _AcpTurn:
     """One prompt forwarded to the agent, pumped on the session's actor thread."""
 
     def __init__(self, process: AgentProcess, link: SessionLink, ctx: TurnContext,
-                 mode: Callable[[], str]) -> None:
+                 mode: Callable[[], str], cancel_grace: float) -> None:
         self.process = process
         self.link = link
         self.ctx = ctx
         self.mode = mode
+        self.cancel_grace = cancel_grace
         self.tools = ToolNames()
+        self.ignored_cancel = False  # the cancel grace ran out
 
     def run(self, prompt: str) -> str | None:
         link = self.link
@@ -317,9 +410,8 @@ class _AcpTurn:
             if self.ctx.cancelled.is_set() and cancel_sent is None:
                 self.process.notify("session/cancel", {"sessionId": self.link.agent_session_id})
                 cancel_sent = time.monotonic()
-            if cancel_sent is not None and time.monotonic() - cancel_sent > CANCEL_GRACE_SECS:
-                log.warning("agent %s did not end a cancelled turn within %gs; left it",
-                            self.process.alias, CANCEL_GRACE_SECS)
+            if cancel_sent is not None and time.monotonic() - cancel_sent > self.cancel_grace:
+                self.ignored_cancel = True
                 future.cancel()
                 return
             try:
