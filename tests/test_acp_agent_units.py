@@ -62,6 +62,11 @@ def test_updates_map_to_events() -> None:
                                            {"type": "diff", "path": "/a"}]}, tools)
     assert done == [ToolCallFinished("t1", "Read a", "completed", {"ok": True},
                                      "out\ndiff of /a")]
+    only_raw = events_from_update({"sessionUpdate": "tool_call", "toolCallId": "t3",
+                                   "status": "completed", "rawOutput": {"ok": 1, "a": "b"}},
+                                  tools)
+    assert only_raw[-1] == ToolCallFinished("t3", "tool call", "completed", {"ok": 1, "a": "b"},
+                                            '{"a":"b","ok":1}')
     late = {"sessionUpdate": "tool_call_update", "toolCallId": "t1", "status": "failed"}
     assert events_from_update(late, tools) == []  # already finished
     plan = events_from_update({"sessionUpdate": "plan", "entries": [
