@@ -72,6 +72,15 @@ def _process_figures(pid: int) -> tuple[int, float]:
     return rss, cpu
 
 
+def _forget_gone(shown: set[int]) -> None:
+    """Drop the kept Process objects of processes no longer shown (replaced workers,
+    restarted agents), so they do not pile up in a long-running host."""
+    if len(_processes) > len(shown):
+        for pid in [pid for pid in _processes if pid not in shown]:
+            _processes.pop(pid, None)
+            _samples.pop(pid, None)
+
+
 def _agent_entry(agent: AgentProcessEntry) -> dict[str, Any]:
     """A worker's agent process (from its last heartbeat) with the host's psutil figures."""
     rss, cpu = _process_figures(agent["pid"])
@@ -86,13 +95,14 @@ def host_status(sessions: Sessions, owners: Owners) -> dict[str, Any]:
     pool = host.pool
     now = time.monotonic()
     silent_after = _SILENT_BEATS * pool.heartbeat_secs
-    workers = []
-    for w in pool.info():
+    workers, infos = [], pool.info()
+    for w in infos:
         rss, cpu = _process_figures(w.pid)
         responsive = w.alive and (not w.ready or now - w.last_beat <= silent_after)
         workers.append({"pid": w.pid, "rssBytes": rss, "cpuPercent": cpu,
                         "sessions": per_worker.get(w.worker_id, 0), "responsive": responsive,
                         "agents": [_agent_entry(a) for a in w.agents]})
+    _forget_gone({w.pid for w in infos} | {a["pid"] for w in infos for a in w.agents})
     settings = host.settings
     return {
         "serverVersion": __version__,
