@@ -30,6 +30,8 @@ def test_command_problems_name_the_reason() -> None:
     assert "env must be" in str(command_problem({"command": ["python3"], "env": {"A": 1}}))
     assert "positive" in str(command_problem({"command": ["python3"],
                                               "agent_start_timeout_secs": 0}))
+    grace = command_problem({"command": ["python3"], "cancel_grace_secs": "5"})
+    assert grace == "cancel_grace_secs must be a positive number"
     assert "unknown agent provider 'gpt'" in str(agent_config_problem({"provider": "gpt"}))
     assert agent_config_problem({"provider": "echo"}) is None
 
