@@ -27,6 +27,8 @@ from actors.tools import PathPolicy, Tool, default_tools
 from actors.turn import ActorTurnContext, TurnRecorder
 from ipc.events import TurnItem, item_from_wire
 from ipc.worker_wire import (
+    STREAM_WINDOW_BYTES,
+    EncodeError,
     OpenSession,
     SessionClosed,
     TurnEnded,
@@ -42,19 +44,62 @@ __all__ = [
     "SessionActor",
     "SessionConfig",
     "SessionState",
+    "StreamWindow",
 ]
 
 logger = logging.getLogger("zeroclaw.session")
 
 MODES = ("read_only", "supervised", "full")
 
-SendFn = Callable[[WorkerMessage], None]
+SendFn = Callable[[WorkerMessage], int | None]
+"""Queue a message for the host; the bytes it takes on the wire (None: not counted).
+Raises :class:`ipc.worker_wire.EncodeError` for a message that cannot be encoded."""
 
 
 def check_mode(mode: str) -> str:
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r} (known: {', '.join(MODES)})")
     return mode
+
+
+class StreamWindow:
+    """Flow control of one turn's stream: the bytes of its events that the host has
+    not yet confirmed passing on to its client (:class:`ipc.worker_wire.Credit`).
+
+    Thread-safe: spent on the turn's thread, which waits while the window is used
+    up, so a client that does not read slows its own session's agent instead of
+    growing a queue; granted on the IO thread; opened for good when the turn is
+    cancelled, so a waiting turn ends promptly.
+    """
+
+    def __init__(self, size: int = STREAM_WINDOW_BYTES) -> None:
+        self.size = size
+        self._spent = 0  # written by the turn's thread only
+        self._granted = 0  # written under the lock by the IO thread only
+        self._open = False
+        self._changed = threading.Condition(threading.Lock())
+
+    def spend(self, nbytes: int) -> None:
+        """Count ``nbytes`` just queued; wait while the window is full (turn thread).
+        Takes no lock while there is room: this is on the way of every event."""
+        self._spent += nbytes
+        if self._spent - self._granted < self.size or self._open:
+            return
+        with self._changed:
+            while self._spent - self._granted >= self.size and not self._open:
+                self._changed.wait()
+
+    def grant(self, nbytes: int) -> None:
+        """The host passed ``nbytes`` on (IO thread)."""
+        with self._changed:
+            self._granted += nbytes
+            self._changed.notify_all()
+
+    def open(self) -> None:
+        """Stop waiting for credit (the turn was cancelled or the session closes)."""
+        with self._changed:
+            self._open = True
+            self._changed.notify_all()
 
 
 class SessionState:
@@ -65,6 +110,8 @@ class SessionState:
         self._mode = check_mode(mode)
         self._lock = threading.Lock()
         self._turn_cancel: threading.Event | None = None
+        self._turn_id = ""
+        self._window = StreamWindow()
 
     @property
     def mode(self) -> str:
@@ -78,13 +125,28 @@ class SessionState:
     def busy(self) -> bool:
         return self._turn_cancel is not None
 
-    def begin_turn(self) -> threading.Event | None:
-        """The new turn's cancel flag, or None if a turn is already running (IO thread)."""
+    @property
+    def window(self) -> StreamWindow:
+        """The running (or last) turn's stream window."""
+        return self._window
+
+    def begin_turn(self, turn_id: str = "") -> threading.Event | None:
+        """The new turn's cancel flag, or None if a turn is already running (IO thread).
+        The turn gets a fresh :class:`StreamWindow`."""
         with self._lock:
             if self._turn_cancel is not None:
                 return None
             self._turn_cancel = threading.Event()
+            self._turn_id = turn_id
+            self._window = StreamWindow()
             return self._turn_cancel
+
+    def grant(self, turn_id: str, nbytes: int) -> None:
+        """Credit from the host for ``turn_id``'s stream; ignored for an older turn."""
+        with self._lock:
+            window = self._window if turn_id == self._turn_id else None
+        if window is not None:
+            window.grant(nbytes)
 
     def end_turn(self, cancel: threading.Event) -> None:
         """Forget the running turn (actor thread), before its result is sent."""
@@ -98,6 +160,7 @@ class SessionState:
             if self._turn_cancel is None:
                 return False
             self._turn_cancel.set()
+            self._window.open()
             return True
 
 
@@ -243,31 +306,43 @@ class SessionActor(SimpleInboxActor):
         return None
 
     def _run_turn(self, turn: RunTurn) -> None:
-        sid = self.config.sid
         started = time.time()
         recorder = TurnRecorder(turn.prompt)
-        ctx = ActorTurnContext(self, turn.turn_id, turn.cancelled, recorder)
-        failure: str | None = None
-        result: TurnResult | None = None
-        try:
-            result = self.agent.run_turn(turn.prompt, ctx)
-        except AgentFailure as exc:
-            failure = str(exc) or "agent failed"
-        except Exception as exc:
-            logger.exception("session %s: agent raised", sid)
-            failure = f"agent error: {type(exc).__name__}: {exc}"
-        finally:
-            self.permissions.withdraw_session(sid)
-            self.state.end_turn(turn.cancelled)
+        ctx = ActorTurnContext(self, turn.turn_id, turn.cancelled, recorder, self.state.window)
+        result, failure = self._play(turn, ctx)
         cancelled = turn.cancelled.is_set()
-        if failure is not None and not cancelled:
-            self.send(TurnFailed(sid=sid, turn_id=turn.turn_id, message=failure))
+        if ctx.failure is not None or (failure is not None and not cancelled):
+            self._fail(turn.turn_id, ctx.failure or failure or "turn failed")
             return
         result = result or TurnResult()
         extra = {name: value for name, value in (("meta", result.meta),
                                                   ("session_meta", result.session_meta)) if value}
-        record = recorder.build(sid, cancelled=cancelled, started_at=started,
+        record = recorder.build(self.config.sid, cancelled=cancelled, started_at=started,
                                 stop_reason=result.stop_reason, extra=extra)
+        try:
+            self.send(TurnEnded(sid=self.config.sid, turn_id=turn.turn_id,
+                                record=record.to_wire()))
+        except EncodeError as exc:
+            self._fail(turn.turn_id, f"the turn cannot be recorded: {exc}")
+            return
         self.history.extend(record.items)
         self.history_tokens += history_tokens(record.items)
-        self.send(TurnEnded(sid=sid, turn_id=turn.turn_id, record=record.to_wire()))
+
+    def _play(self, turn: RunTurn, ctx: ActorTurnContext) -> tuple[TurnResult | None, str | None]:
+        """Run the agent: what it returned, and why it failed (None: it did not).
+        The turn is over for the IO thread after."""
+        sid = self.config.sid
+        try:
+            return self.agent.run_turn(turn.prompt, ctx), None
+        except AgentFailure as exc:
+            return None, str(exc) or "agent failed"
+        except Exception as exc:
+            logger.exception("session %s: agent raised", sid)
+            return None, f"agent error: {type(exc).__name__}: {exc}"
+        finally:
+            self.permissions.withdraw_session(sid)
+            self.state.end_turn(turn.cancelled)
+
+    def _fail(self, turn_id: str, reason: str) -> None:
+        """The turn failed: nothing of it is kept (the host answers -32603 with ``reason``)."""
+        self.send(TurnFailed(sid=self.config.sid, turn_id=turn_id, message=reason))

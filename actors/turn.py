@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from actors.agents.base import ToolCallOutcome, estimate_tokens
+from actors.agents.base import AgentFailure, ToolCallOutcome, estimate_tokens
 from actors.tools import Tool, ToolEnv, ToolError
 from ipc.events import (
     Event,
@@ -32,16 +32,20 @@ from ipc.events import (
     TurnRecord,
     event_to_wire,
 )
-from ipc.worker_wire import PermissionAsk, TurnEvent, UserAsk, WorkerMessage
+from ipc.worker_wire import EncodeError, PermissionAsk, TurnEvent, UserAsk, WorkerMessage
 
 if TYPE_CHECKING:
-    from actors.session import SessionActor
+    from actors.session import SessionActor, StreamWindow
 
-__all__ = ["CANCEL_MARKER", "ActorTurnContext", "TurnRecorder"]
+__all__ = ["CANCEL_MARKER", "ActorTurnContext", "TurnAborted", "TurnRecorder"]
 
 logger = logging.getLogger("zeroclaw.turn")
 
 CANCEL_MARKER = "[turn cancelled via client]"
+
+
+class TurnAborted(AgentFailure):
+    """A message of the turn cannot be put on the wire: the turn fails with this reason."""
 
 
 @dataclass(slots=True)
@@ -151,13 +155,17 @@ class ActorTurnContext:
 
     def __init__(
         self, session: SessionActor, turn_id: str, cancelled: threading.Event,
-        recorder: TurnRecorder,
+        recorder: TurnRecorder, window: StreamWindow,
     ) -> None:
         self._session = session
         self._sid = session.config.sid
         self._turn_id = turn_id
         self._cancelled = cancelled
         self._recorder = recorder
+        self._window = window
+        self.failure: str | None = None
+        """Set when a message of the turn could not be sent: the turn then fails,
+        even if the agent caught the :class:`TurnAborted` it got."""
 
     @property
     def cancelled(self) -> threading.Event:
@@ -176,9 +184,23 @@ class ActorTurnContext:
         return self._session.history_tokens
 
     def emit(self, event: Event) -> None:
+        """Record ``event`` and stream it; waits while the host's client lags a whole
+        stream window behind (see :class:`actors.session.StreamWindow`)."""
         self._recorder.add(event)
         wire = event_to_wire(event)
-        self._session.send(TurnEvent(sid=self._sid, turn_id=self._turn_id, event=wire))
+        size = self._send(TurnEvent(sid=self._sid, turn_id=self._turn_id, event=wire))
+        if size:
+            self._window.spend(size)
+
+    def _send(self, message: WorkerMessage) -> int | None:
+        """Hand ``message`` to the IO thread; raises :class:`TurnAborted` when it
+        cannot be encoded (e.g. tool arguments nested past the encoder's limit)."""
+        try:
+            return self._session.send(message)
+        except EncodeError as exc:
+            self.failure = f"this turn cannot be streamed: {exc}"
+            logger.warning("session %s: %s", self._sid, self.failure)
+            raise TurnAborted(self.failure) from None
 
     def ask_permission(
         self, tool_call_id: str, tool_name: str, title: str, kind: str, raw_input: Any
@@ -207,7 +229,11 @@ class ActorTurnContext:
         if self._cancelled.is_set():
             board.discard(request_id)
             return None
-        self._session.send(ask(request_id))
+        try:
+            self._send(ask(request_id))
+        except TurnAborted:
+            board.discard(request_id)
+            raise
         try:
             return future.result(timeout=self._session.config.permission_timeout)
         except TimeoutError:

@@ -10,6 +10,12 @@ Threads:
   burst). The IO thread sends what is queued as the parts of one zmq message
   (one envelope per part), so a turn's events cost one send, not one each.
 
+A turn's events are flow-controlled end to end: the turn's thread waits while
+its :class:`actors.session.StreamWindow` is used up, and the host grants credit
+(:class:`ipc.worker_wire.Credit`) as its client takes the stream. So what is
+queued here is bounded by one window per streaming session (256 KiB) plus
+control messages, however slow a client is.
+
 The worker says WorkerReady at start and Heartbeat every period, and exits on
 Shutdown, or when its host is gone: the parent pid changed (the host was killed
 and the worker re-parented) or no Ping came for five periods. Logs go to stderr.
@@ -44,6 +50,7 @@ from actors.session import (
 from ipc.worker_wire import (
     CancelTurn,
     CloseSession,
+    Credit,
     Heartbeat,
     HostMessage,
     OpenFailed,
@@ -88,20 +95,23 @@ class Outbox:
         self._signalled = False
         self.fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
 
-    def put(self, message: WorkerMessage) -> None:
-        """Queue ``message`` for the host (any thread); dropped once the worker is closing."""
-        try:
-            frame = encode(message)
-        except TypeError:
-            logger.exception("cannot encode %s; dropped", type(message).__name__)
-            return
+    def put(self, message: WorkerMessage) -> int:
+        """Queue ``message`` for the host (any thread); dropped once the worker is closing.
+
+        Returns the bytes it takes on the wire (a turn's stream window counts
+        them). Raises :class:`ipc.worker_wire.EncodeError` on the caller's thread
+        when it cannot be encoded: the caller (a turn) fails on it, so nothing
+        is dropped unnoticed.
+        """
+        frame = encode(message)
         with self._lock:
             if self._closed:
-                return
+                return 0
             self._frames.append(frame)
             if not self._signalled:
                 self._signalled = True
                 os.eventfd_write(self.fd, 1)
+        return len(frame)
 
     def take_all(self) -> list[bytes]:
         """Everything queued so far, oldest first (IO thread)."""
@@ -229,6 +239,8 @@ class WorkerProcess:
                 self._open(message)
             case StartTurn():
                 self._start_turn(message)
+            case Credit(sid=sid, turn_id=turn_id, nbytes=nbytes):
+                self._credit(sid, turn_id, nbytes)
             case CancelTurn(sid=sid):
                 self._cancel(sid)
             case UserAnswer(request_id=request_id, answer=answer):
@@ -267,7 +279,7 @@ class WorkerProcess:
     def _start_turn(self, message: StartTurn) -> None:
         live = self.sessions.get(message.sid)
         reason = "session is not open in this worker"
-        cancel = live.state.begin_turn() if live else None
+        cancel = live.state.begin_turn(message.turn_id) if live else None
         if live and cancel is None:
             reason = "session busy: a turn is already running"
         if live and cancel is not None:
@@ -278,6 +290,11 @@ class WorkerProcess:
                 live.state.end_turn(cancel)
                 reason = "session actor is gone"
         self.outbox.put(TurnFailed(sid=message.sid, turn_id=message.turn_id, message=reason))
+
+    def _credit(self, sid: str, turn_id: str, nbytes: int) -> None:
+        live = self.sessions.get(sid)
+        if live is not None:
+            live.state.grant(turn_id, nbytes)
 
     def _cancel(self, sid: str) -> None:
         live = self.sessions.get(sid)
@@ -344,7 +361,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=getattr(logging, str(args.log_level).upper(), logging.WARNING),
         format=f"%(asctime)s worker[{os.getpid()}] %(levelname)s %(name)s: %(message)s",
     )
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the host decides when workers stop
+    for signum in (signal.SIGINT, signal.SIGHUP):  # a terminal sends these to the group
+        signal.signal(signum, signal.SIG_IGN)  # the host decides when workers stop
     if os.getppid() != args.host_pid:
         logger.warning("host %d is already gone; exiting", args.host_pid)
         return 3

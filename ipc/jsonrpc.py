@@ -405,6 +405,7 @@ class Endpoint:
             return
         self._closed = True
         self._input_closed = True
+        self._send = _send_nothing  # let go of the transport: no cycle through its send
         self._fail_pending()
         callbacks, self.on_eof = self.on_eof, []
         self._run_callbacks("on_eof", callbacks)
@@ -425,6 +426,10 @@ class Endpoint:
         for future in pending.values():
             if not future.done():
                 future.set_exception(ConnectionLost(f"{self.name}: connection closed"))
+
+
+def _send_nothing(frame: bytes) -> None:
+    """The ``send`` of a closed endpoint (never called: sends check ``_closed``)."""
 
 
 def _being_cancelled() -> bool:

@@ -2,8 +2,14 @@
 
 :func:`serve_stream` runs one connection: it reads NDJSON frames, feeds the
 endpoint, and at EOF lets in-flight handlers finish (``drain``) before closing.
-It closes early when the peer is gone (our writes fail) or stops reading (the
-write buffer passes a high-water mark), so a stuck client cannot grow our memory.
+
+Writes are paced (:class:`WriteFlow`, in ``endpoint.state["flow"]``): once more
+than :data:`PACE_MARK` bytes wait unsent, senders that can wait (a turn's
+session updates) hold back until the peer drains, so a slow client slows only
+its own streams. The connection closes early when the peer is gone (our writes
+fail), when it takes no byte for ``stall_timeout`` seconds while it is behind
+(it stopped reading), or, as a last resort, when the write buffer passes the
+high-water mark anyway, so a stuck client cannot grow our memory.
 
 :func:`open_stdio` moves the protocol onto private duplicates of fds 0 and 1,
 then points fd 1 at stderr and fd 0 at ``/dev/null``: a stray ``print`` or a
@@ -16,19 +22,31 @@ Threading: everything here runs on the asyncio loop thread.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
 import logging
 import os
 import stat
 import sys
+import time
 from collections.abc import Callable
 from typing import Any, Final, TypeAlias
 
-from ipc.framing import DEFAULT_FRAME_LIMIT, OVERSIZED, FrameReader, new_stream_reader
+from ipc.framing import (
+    DEFAULT_FRAME_LIMIT,
+    OVERSIZED,
+    FrameReader,
+    PartialFrameStalled,
+    new_stream_reader,
+)
 from ipc.jsonrpc import Endpoint
 
 __all__ = [
+    "DEFAULT_STALL_TIMEOUT",
     "DEFAULT_WRITE_HIGH_WATER",
+    "PACE_MARK",
     "EndpointFactory",
+    "WriteFlow",
     "open_stdio",
     "serve_stream",
     "serve_unix",
@@ -39,9 +57,17 @@ log = logging.getLogger("zeroclaw.ipc.transports")
 DEFAULT_WRITE_HIGH_WATER: Final = 64 * 1024 * 1024
 """Unsent bytes after which a peer counts as not reading and is disconnected."""
 
+PACE_MARK: Final = 256 * 1024
+"""Unsent bytes past which a connection is behind: paced senders wait for it to drain."""
+
+DEFAULT_STALL_TIMEOUT: Final = 30.0
+"""Seconds a connection may stay behind without taking a byte before it is closed."""
+
 _FLUSH_TIMEOUT: Final = 5.0
 _FRAMES_PER_YIELD: Final = 64
 _FILE_CHUNK: Final = 256 * 1024
+_TRIM_AFTER: Final = 1024 * 1024
+"""A connection that held a frame this large returns free heap memory when it ends."""
 
 EndpointFactory: TypeAlias = Callable[[Callable[[bytes], None]], Endpoint]
 
@@ -56,32 +82,135 @@ async def serve_stream(
     *,
     frame_limit: int = DEFAULT_FRAME_LIMIT,
     write_high_water: int = DEFAULT_WRITE_HIGH_WATER,
+    stall_timeout: float = DEFAULT_STALL_TIMEOUT,
+    partial_frame_timeout: float | None = None,
+    hangup: asyncio.Event | None = None,
 ) -> None:
     """Serve one connection until EOF (after draining handlers) or until it breaks.
 
     ``reader`` must have been created with ``limit=frame_limit + 1`` (see
-    :func:`ipc.framing.new_stream_reader`). The endpoint
-    is always closed and the writer flushed (bounded) and closed on return.
+    :func:`ipc.framing.new_stream_reader`). A frame begun and left unfinished for
+    ``partial_frame_timeout`` seconds closes the connection (``None``: never);
+    ``hangup``, once set, ends the input as EOF would (nothing more is read). The
+    endpoint is always closed and the writer flushed (bounded) and closed on return;
+    then everything the connection buffered is let go at once (:func:`_let_go`).
     """
-    connection = _Connection(writer, write_high_water)
+    connection = _Connection(writer, write_high_water, stall_timeout)
     endpoint = make_endpoint(connection.send)
+    endpoint.state["flow"] = connection.flow
     connection.endpoint = endpoint
+    frames = FrameReader(reader, frame_limit, stall_timeout=partial_frame_timeout)
     try:
-        await connection.run(FrameReader(reader, frame_limit))
+        await connection.run(frames, hangup)
     finally:
+        connection.flow.close()
         endpoint.close()
         await connection.close_writer()
+        _let_go(frames, reader)
+
+
+class WriteFlow:
+    """The pace of one connection's writes (loop thread).
+
+    ``behind`` is true while more than :data:`PACE_MARK` bytes wait unsent;
+    :meth:`when_drained` calls back once the buffer is down to a quarter of that.
+    While the connection is behind, a timer looks (every quarter of
+    ``stall_timeout``, at most every second) whether the peer took any byte;
+    when it took none for ``stall_timeout`` seconds, ``on_stall`` is called
+    with the reason (the connection then closes).
+    """
+
+    def __init__(self, writer: asyncio.StreamWriter, stall_timeout: float,
+                 on_stall: Callable[[str], None]) -> None:
+        self._writer = writer
+        self._transport = writer.transport
+        self._stall_timeout = stall_timeout
+        self._on_stall = on_stall
+        self._written = 0
+        self._last_taken = 0
+        self._last_progress = 0.0
+        self._stall_timer: asyncio.TimerHandle | None = None
+        self._drained: list[Callable[[], None]] = []
+        self._waiter: asyncio.Task[None] | None = None
+        with contextlib.suppress(NotImplementedError, AttributeError):
+            self._transport.set_write_buffer_limits(high=PACE_MARK, low=PACE_MARK // 4)
+
+    @property
+    def behind(self) -> bool:
+        return self._transport.get_write_buffer_size() > PACE_MARK
+
+    def wrote(self, nbytes: int) -> None:
+        """Count a write; start watching for a stall when it left us behind."""
+        self._written += nbytes
+        if self._stall_timer is None and self.behind:
+            self._last_taken = self._taken()
+            self._last_progress = time.monotonic()
+            self._watch_stall()
+
+    def when_drained(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (once) when the connection is no longer behind; never
+        if it closes first."""
+        self._drained.append(callback)
+        if self._waiter is None:
+            self._waiter = asyncio.ensure_future(self._wait_drained())
+
+    def close(self) -> None:
+        self._drained.clear()
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+        if self._waiter is not None:
+            self._waiter.cancel()
+
+    def _taken(self) -> int:
+        return self._written - self._transport.get_write_buffer_size()
+
+    def _watch_stall(self) -> None:
+        period = min(1.0, self._stall_timeout / 4)
+        self._stall_timer = asyncio.get_running_loop().call_later(period, self._check_stall)
+
+    def _check_stall(self) -> None:
+        """While behind: any byte taken is progress; none for ``stall_timeout`` is a stall."""
+        self._stall_timer = None
+        if not self.behind or self._transport.is_closing():
+            return
+        now, taken = time.monotonic(), self._taken()
+        if taken != self._last_taken:
+            self._last_taken, self._last_progress = taken, now
+        elif now - self._last_progress >= self._stall_timeout:
+            self._on_stall(f"client stalled: took no bytes for {self._stall_timeout:g} s")
+            return
+        self._watch_stall()
+
+    async def _wait_drained(self) -> None:
+        try:
+            while self.behind and not self._transport.is_closing():
+                await self._writer.drain()  # returns once the buffer is at the low mark
+                if self.behind:
+                    await asyncio.sleep(0.005)  # a transport without flow control
+        except Exception:  # the peer went away: nothing to call back
+            self._drained.clear()
+            return
+        finally:
+            self._waiter = None
+        if self._transport.is_closing():
+            self._drained.clear()
+            return
+        callbacks, self._drained = self._drained, []
+        for callback in callbacks:
+            callback()
 
 
 class _Connection:
     """Glue between one stream pair and its endpoint (loop thread)."""
 
-    def __init__(self, writer: asyncio.StreamWriter, high_water: int) -> None:
+    def __init__(self, writer: asyncio.StreamWriter, high_water: int,
+                 stall_timeout: float) -> None:
         self.endpoint: Endpoint | None = None
         self._writer = writer
         self._transport = writer.transport
         self._high_water = high_water
         self._broken: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self.flow = WriteFlow(writer, stall_timeout, self._break)
 
     def send(self, frame: bytes) -> None:
         """The endpoint's ``send``: write now, give up on a peer that does not read."""
@@ -94,6 +223,7 @@ class _Connection:
         except Exception as error:  # a broken pipe surfaces here on some transports
             self._break(f"write failed: {type(error).__name__}")
             return
+        self.flow.wrote(len(frame))
         if transport.get_write_buffer_size() > self._high_water:
             self._break("peer is not reading (write buffer over the high-water mark)")
 
@@ -105,17 +235,23 @@ class _Connection:
         if self.endpoint is not None:
             self.endpoint.close()
 
-    async def run(self, frames: FrameReader) -> None:
-        """Read until EOF, then drain handlers; stop early if the connection breaks."""
+    async def run(self, frames: FrameReader, hangup: asyncio.Event | None = None) -> None:
+        """Read until EOF (or ``hangup``), then drain handlers; stop early if the
+        connection breaks."""
         endpoint = self.endpoint
         assert endpoint is not None
         reading = asyncio.ensure_future(self._read_all(frames, endpoint))
         # shielded: cancelling our watcher must not cancel the protocol's own future
         closed = asyncio.ensure_future(asyncio.shield(self._writer.wait_closed()))
+        hung_up = asyncio.ensure_future(hangup.wait()) if hangup is not None else None
         draining: asyncio.Future[None] | None = None
         try:
-            await asyncio.wait((reading, closed, self._broken), return_when=asyncio.FIRST_COMPLETED)
-            if not reading.done() or _read_failed(reading):
+            watched = [f for f in (reading, closed, self._broken, hung_up) if f is not None]
+            await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+            if hung_up is not None and hung_up.done() and not reading.done():
+                log.info("input hung up: ending it as at EOF")
+                reading.cancel()  # nothing more is read
+            elif not reading.done() or _read_failed(reading):
                 return
             endpoint.receive_eof()
             draining = asyncio.ensure_future(endpoint.drain())
@@ -123,7 +259,7 @@ class _Connection:
                 (draining, closed, self._broken), return_when=asyncio.FIRST_COMPLETED
             )
         finally:
-            for future in (reading, closed, draining):
+            for future in (reading, closed, hung_up, draining):
                 if future is not None:
                     future.cancel()
             if closed.done() and not closed.cancelled():
@@ -160,11 +296,46 @@ class _Connection:
             pass  # a reset peer: nothing left to flush
 
 
+def _let_go(frames: FrameReader, reader: asyncio.StreamReader) -> None:
+    """Free a finished connection's buffers now rather than at the next cyclic GC.
+
+    The partial frame goes; and asyncio keeps the error that ended the connection
+    in ``reader``, whose traceback holds our frames (and so the last frame read,
+    and the reader itself): a cycle that only the collector would free. Dropping
+    the traceback and the error it was raised during breaks it. After a large
+    frame, the C heap's free pages go back to the system too: glibc would keep
+    them (its mmap threshold rises after the first large free).
+    """
+    frames.release()
+    error: BaseException | None = reader.exception()
+    while error is not None:
+        earlier = error.__context__
+        error.__traceback__ = error.__context__ = error.__cause__ = None
+        error = earlier
+    if frames.peak_buffered >= _TRIM_AFTER and _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim`` (None elsewhere)."""
+    try:
+        trim: Callable[[int], int] = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    return trim
+
+
+_MALLOC_TRIM: Final = _malloc_trim()
+
+
 def _read_failed(reading: asyncio.Future[None]) -> bool:
     """Whether the read loop ended with an error (logged) rather than at EOF."""
     error = reading.exception()
     if error is None:
         return False
+    if isinstance(error, PartialFrameStalled):
+        log.warning("closing connection: %s", error)
+        return True
     if isinstance(error, OSError):
         log.info("connection read failed: %s", type(error).__name__)
     else:
@@ -265,22 +436,36 @@ async def _connect_output(fd: int) -> asyncio.StreamWriter:
 
 
 class _OutputProtocol(asyncio.Protocol):
-    """Write side of stdout: records when the pipe is gone, as StreamWriter expects."""
+    """Write side of stdout: records when the pipe is gone, and when its buffer is
+    back under the low mark (``drain``), as StreamWriter expects."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
         self._closed = loop.create_future()
+        self._resumed: asyncio.Future[None] | None = None
+
+    def pause_writing(self) -> None:
+        if self._resumed is None:
+            self._resumed = self._loop.create_future()
+
+    def resume_writing(self) -> None:
+        resumed, self._resumed = self._resumed, None
+        if resumed is not None and not resumed.done():
+            resumed.set_result(None)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if exc is not None:
             log.info("stdout closed: %s", type(exc).__name__)
         if not self._closed.done():
             self._closed.set_result(None)
+        self.resume_writing()
 
     def _get_close_waiter(self, stream: Any) -> asyncio.Future[None]:
         return self._closed
 
     async def _drain_helper(self) -> None:
-        return None
+        if self._resumed is not None:
+            await asyncio.shield(self._resumed)
 
 
 class _FileWriteTransport(asyncio.WriteTransport):

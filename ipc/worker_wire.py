@@ -17,9 +17,12 @@ from typing import Any, ClassVar, TypeAlias, TypedDict
 import orjson
 
 __all__ = [
+    "STREAM_WINDOW_BYTES",
     "AgentProcessEntry",
     "CancelTurn",
     "CloseSession",
+    "Credit",
+    "EncodeError",
     "Heartbeat",
     "HostMessage",
     "OpenFailed",
@@ -45,6 +48,11 @@ __all__ = [
 ]
 
 
+STREAM_WINDOW_BYTES = 256 * 1024
+"""Encoded bytes of a turn's :class:`TurnEvent` frames the worker may send before the
+host grants them back with :class:`Credit` (the turn's agent waits meanwhile)."""
+
+
 class AgentProcessEntry(TypedDict):
     """One external agent process of a worker (``provider = "acp"``), as its heartbeat
     reports it: ``sessions`` are the agent sessions it holds, ``restarts`` how often the
@@ -58,6 +66,11 @@ class AgentProcessEntry(TypedDict):
 
 class WireError(ValueError):
     """A frame that is not a known envelope."""
+
+
+class EncodeError(ValueError):
+    """A message that cannot be put on the wire (a value orjson refuses: nested past
+    its depth limit, a lone surrogate, an integer past 64 bits, an unknown type)."""
 
 
 # --- host -> worker ----------------------------------------------------------
@@ -139,6 +152,18 @@ class CloseSession:
     T: ClassVar[str] = "close"
     sid: str
     close_id: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Credit:
+    """The host took ``nbytes`` more of the turn's :class:`TurnEvent` frames (their
+    encoded size) off to its client: the worker may send that much more of the turn.
+    Each turn starts with a full window; credit for another turn is ignored."""
+
+    T: ClassVar[str] = "credit"
+    sid: str
+    turn_id: str
+    nbytes: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,6 +283,7 @@ HostMessage: TypeAlias = (
     | UserAnswer
     | SetMode
     | CloseSession
+    | Credit
     | Ping
     | Shutdown
 )
@@ -284,6 +310,7 @@ _TYPES: dict[str, type[Any]] = {
         UserAnswer,
         SetMode,
         CloseSession,
+        Credit,
         Ping,
         Shutdown,
         WorkerReady,
@@ -306,10 +333,14 @@ _FIELD_NAMES: dict[type[Any], tuple[str, ...]] = {
 
 
 def encode(message: HostMessage | WorkerMessage) -> bytes:
-    """One zmq frame for ``message``."""
+    """One zmq frame for ``message``; raises :class:`EncodeError` when it has a value
+    orjson refuses (the caller decides what that means: a turn fails on it)."""
     payload = {name: getattr(message, name) for name in _FIELD_NAMES[type(message)]}
     payload["t"] = message.T
-    return orjson.dumps(payload)
+    try:
+        return orjson.dumps(payload)
+    except TypeError as exc:  # orjson.JSONEncodeError is a TypeError
+        raise EncodeError(f"{type(message).__name__} cannot be encoded: {exc}") from None
 
 
 def decode(frame: bytes) -> HostMessage | WorkerMessage:

@@ -164,9 +164,11 @@ def lost_turns(outcomes: list[ClientResult], turns: int,
 class Daemon:
     """``zeroclaw daemon`` in a fresh short temp config dir, stderr to a file there."""
 
-    def __init__(self, max_sessions: int) -> None:
+    def __init__(self, max_sessions: int, acp_config: str = "") -> None:
+        """``acp_config``: more lines for the ``[acp]`` section of its config.toml."""
         self.config_dir = Path(tempfile.mkdtemp(prefix="zcl", dir="/tmp"))
-        (self.config_dir / "config.toml").write_text(f"[acp]\nmax_sessions = {max_sessions}\n")
+        (self.config_dir / "config.toml").write_text(
+            f"[acp]\nmax_sessions = {max_sessions}\n{acp_config}")
         data = self.config_dir / "data"
         self.socket_path = data / "daemon.sock"
         self.db_path = data / "sessions" / "acp-sessions.db"
@@ -255,8 +257,9 @@ def wait_for(predicate: Callable[[], bool], timeout: float) -> bool:
 
 
 @contextlib.contextmanager
-def started_daemon(max_sessions: int, failed: Callable[[], bool]) -> Iterator[Daemon]:
-    daemon = Daemon(max_sessions)
+def started_daemon(max_sessions: int, failed: Callable[[], bool],
+                   acp_config: str = "") -> Iterator[Daemon]:
+    daemon = Daemon(max_sessions, acp_config)
     try:
         daemon.wait_listening()
         yield daemon

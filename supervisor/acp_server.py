@@ -29,6 +29,7 @@ from supervisor.host_handle import HostHandle
 if TYPE_CHECKING:
     from ipc import acp
     from ipc.events import Event
+    from ipc.transports import WriteFlow
     from ipc.worker_wire import PermissionAsk
     from supervisor.config import Settings
     from supervisor.sessions import Sessions
@@ -98,6 +99,11 @@ class AcpPeer:
     def __init__(self, endpoint: Endpoint) -> None:
         self.endpoint = endpoint
         self.name = endpoint.name
+
+    @property
+    def flow(self) -> WriteFlow | None:
+        flow: WriteFlow | None = self.endpoint.state.get("flow")
+        return flow
 
     def send_event(self, sid: str, event: Event) -> None:
         self.endpoint.notify("session/update", acp.encode_event(sid, event))

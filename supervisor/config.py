@@ -78,6 +78,12 @@ class Settings:
     sessions_per_worker: int
     frame_limit: int
     log_level: str
+    client_stall_timeout_secs: float = 30.0
+    """A client that stays behind on its updates without reading a byte this long is
+    disconnected (its running turns are cancelled and kept, as when it goes away)."""
+    partial_frame_timeout_secs: float = 60.0
+    """A client of ``daemon.sock`` or ``acp.sock`` whose unfinished line stops growing this
+    long is disconnected."""
 
     @property
     def default_model(self) -> str:
@@ -244,6 +250,8 @@ def settings_from_document(
         sessions_per_worker=_int(workers, "sessions_per_worker", 0, 0),
         frame_limit=_int(acp, "frame_limit", 32 * 1024 * 1024, 1024),
         log_level=str(env.get("ZEROCLAW_LOG") or _section(doc, "log").get("level", "warning")),
+        client_stall_timeout_secs=_seconds(acp, "client_stall_timeout_secs", 30.0),
+        partial_frame_timeout_secs=_seconds(acp, "partial_frame_timeout_secs", 60.0),
     )
 
 
@@ -276,6 +284,13 @@ def _forbidden_path(entry: str, env: Mapping[str, str]) -> str:
 def _whole_if_integral(seconds: float) -> float:
     """3600.0 (from a flag) as 3600: clients expect an integer ``sessionTimeoutSecs``."""
     return int(seconds) if float(seconds).is_integer() else float(seconds)
+
+
+def _seconds(section: Mapping[str, Any], key: str, default: float) -> float:
+    value = section.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ConfigError(f"{key} must be a positive number, got {value!r}")
+    return float(value)
 
 
 def _section(doc: Mapping[str, Any], name: str) -> Mapping[str, Any]:

@@ -1,12 +1,14 @@
 """``zeroclaw daemon [--ephemeral]``: one shared host serving many clients on ``daemon.sock``.
 
 Everything runs on the asyncio loop (main thread) except the host's actors and
-workers. Start: claim the socket (:mod:`supervisor.daemon_socket`), listen,
-start the host in the background (``initialize`` is answered before it is up;
-other methods wait for it). Stop, on SIGTERM/SIGINT or when an ephemeral daemon
-is left alone: stop accepting, cancel the running turns (persisted as
-cancelled) and let their prompts answer, close the connections, stop workers
-and actors (queued writes finish), remove the socket if it is still ours, exit 0.
+workers. Start: raise the soft open-file limit to the hard one, claim the
+socket (:mod:`supervisor.daemon_socket`), listen (:mod:`ipc.listener`: out of
+file descriptors, accepting pauses instead of spinning), start the host in the
+background (``initialize`` is answered before it is up; other methods wait for
+it). Stop, on SIGTERM/SIGINT/SIGHUP or when an ephemeral daemon is left alone:
+stop accepting, cancel the running turns (persisted as cancelled) and let their
+prompts answer, close the connections, stop workers and actors (queued writes
+finish), remove the socket if it is still ours, exit 0.
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ import itertools
 import logging
 import os
 import signal
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from ipc.jsonrpc import Endpoint
+from ipc.listener import ConnectionHandler, Listener, OpenFileGuard, raise_open_file_limit
 from ipc.transports import DEFAULT_WRITE_HIGH_WATER, serve_stream
 from supervisor import __version__
 from supervisor.acp_server import AcpServer
@@ -37,6 +40,7 @@ from supervisor.rpc_server import RpcServer
 
 __all__ = [
     "EPHEMERAL_GRACE_SECS",
+    "STOP_SIGNALS",
     "WRITE_HIGH_WATER_ENV",
     "Lifetime",
     "acp_socket_path",
@@ -45,7 +49,9 @@ __all__ = [
 ]
 
 EndpointMaker = Callable[[Callable[[bytes], None], str], Endpoint]
-ConnectionHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+"""Each stops the daemon cleanly (a hang-up of its terminal too)."""
 
 log = logging.getLogger("zeroclaw.daemon")
 
@@ -122,18 +128,22 @@ class Daemon:
         self._connection_ids = itertools.count(1)
         self._connections: dict[asyncio.Task[None], tuple[asyncio.StreamWriter, list[Endpoint]]]
         self._connections = {}
-        self._listeners: list[asyncio.Server] = []
+        self._listeners: list[Listener] = []
 
     async def serve(self, claim: SocketClaim, acp_claim: SocketClaim) -> int:
         loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        for signum in STOP_SIGNALS:
             loop.add_signal_handler(signum, self._on_signal, signum)
         limit = self.settings.frame_limit + 1
-        listener = await asyncio.start_unix_server(
-            self._handler("rpc", self.rpc.make_endpoint), sock=claim.sock, limit=limit)
-        acp_listener = await asyncio.start_unix_server(
-            self._handler("acp", self.acp.make_endpoint), sock=acp_claim.sock, limit=limit)
-        self._listeners = [listener, acp_listener]
+        guard = OpenFileGuard()
+        self._listeners = [
+            Listener(claim.sock, self._handler("rpc", self.rpc.make_endpoint), limit=limit,
+                     guard=guard),
+            Listener(acp_claim.sock, self._handler("acp", self.acp.make_endpoint), limit=limit,
+                     guard=guard),
+        ]
+        for listener in self._listeners:
+            listener.start()
         log.info("zeroclaw daemon %s listening on %s and %s (pid %d%s)", __version__,
                  claim.path, acp_claim.path, os.getpid(), ", ephemeral" if self.ephemeral else "")
         starting = self.host.start()
@@ -148,7 +158,8 @@ class Daemon:
             await stopping
         stopping.cancel()
         await self._shutdown()
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        guard.close()
+        for signum in STOP_SIGNALS:
             loop.remove_signal_handler(signum)
         return code
 
@@ -193,7 +204,9 @@ class Daemon:
 
         try:
             await serve_stream(reader, writer, make_endpoint, frame_limit=self.settings.frame_limit,
-                               write_high_water=self.write_high_water)
+                               write_high_water=self.write_high_water,
+                               stall_timeout=self.settings.client_stall_timeout_secs,
+                               partial_frame_timeout=self.settings.partial_frame_timeout_secs)
         except asyncio.CancelledError:
             log.debug("connection #%d cancelled", number)  # not re-raised: see serve_unix
         except Exception:
@@ -230,6 +243,7 @@ def acp_socket_path(settings: Settings) -> Path:
 
 
 async def _run(settings: Settings, ephemeral: bool) -> int:
+    raise_open_file_limit()
     try:
         claim = claim_socket(settings.socket_path, private_dir=settings.data_dir)
     except (DaemonAlreadyRunning, SocketUnusable) as exc:

@@ -99,8 +99,9 @@ def claim_socket(path: Path, private_dir: Path | None = None) -> SocketClaim:
 
     The socket's directory is created 0700; an existing one is tightened to 0700
     when it is ``private_dir`` (the data dir) and ours, and otherwise only
-    checked (an explicit ``ZEROCLAW_SOCKET`` may live in a shared directory such
-    as ``/tmp``, where the socket's own 0600 mode is the protection).
+    checked: an explicit ``ZEROCLAW_SOCKET`` may live in a shared directory such
+    as ``/tmp``, where the socket's own 0600 mode is the protection, and a warning
+    says so (sticky or not, other users can create files beside it there).
     Raises :class:`DaemonAlreadyRunning` or :class:`SocketUnusable`.
     """
     path = Path(os.path.abspath(path))
@@ -139,7 +140,7 @@ def _prepare_dir(directory: Path, *, private: bool) -> None:
     if private and st.st_uid == os.getuid() and mode != 0o700:
         os.chmod(directory, 0o700)
         log.info("tightened %s to 0700 (was %o)", directory, mode)
-    elif mode & 0o077 and not mode & stat.S_ISVTX:
+    elif mode & 0o077:  # sticky (/tmp) too: others can still create names beside ours
         log.warning("%s is accessible to other users (mode %o); the socket itself is 0600",
                     directory, mode)
 

@@ -41,6 +41,7 @@ from storage.store import Store, open_store
 from supervisor.closings import Closings
 from supervisor.config import Settings
 from supervisor.orphans import become_subreaper, end_orphans
+from supervisor.pacing import TurnStream
 from supervisor.routes import Peer, Route
 from supervisor.supervisor import Eviction, Limits, SupervisorActor, workers_wanted
 from supervisor.turns import TurnBook
@@ -88,6 +89,7 @@ class Host:
         self.pool = WorkerPool(
             run_dir=settings.data_dir / "run",
             on_message=self._on_worker_message,
+            on_event=self._on_turn_event,
             on_worker_exit=self._on_worker_exit,
             max_workers=settings.workers_max,
             inherit=agent_variables(settings.agents.values()),
@@ -207,12 +209,23 @@ class Host:
 
     # --- messages from workers ----------------------------------------------------------
 
+    def _on_turn_event(self, worker_id: str, message: TurnEvent, nbytes: int) -> None:
+        """One streamed event: paced to the turn's client (see :mod:`supervisor.pacing`)."""
+        sid, turn_id = message.sid, message.turn_id
+        turn = self.turns.get(sid, turn_id)
+        if turn is None or turn.failure is not None:
+            self.pool.grant(worker_id, sid, turn_id, nbytes)  # nobody takes it: dropped
+            return
+        if turn.stream is None:
+            turn.stream = TurnStream(
+                sid, turn.peer,
+                lambda n: self.pool.grant(worker_id, sid, turn_id, n),
+                lambda reason: self.turns.fail(turn, reason),
+            )
+        turn.stream.deliver(event_from_wire(message.event), nbytes)
+
     def _on_worker_message(self, worker_id: str, message: WorkerMessage) -> None:
         match message:
-            case TurnEvent(sid=sid, turn_id=turn_id, event=wire):
-                turn = self.turns.get(sid, turn_id)
-                if turn is not None:
-                    turn.peer.send_event(sid, event_from_wire(wire))
             case TurnEnded(sid=sid, turn_id=turn_id, record=wire):
                 turn = self.turns.get(sid, turn_id)
                 if turn is not None:
@@ -220,7 +233,7 @@ class Host:
             case TurnFailed(sid=sid, turn_id=turn_id, message=text):
                 turn = self.turns.get(sid, turn_id)
                 if turn is not None:
-                    self.turns.settle(turn, error=InternalError(text))
+                    self.turns.settle(turn, error=InternalError(turn.failure or text))
             case PermissionAsk():
                 self._ask_permission(worker_id, message)
             case UserAsk():
@@ -266,13 +279,17 @@ class Host:
         if turn is None or turn.cancel_requested:
             self.pool.send(worker_id, reply(None))
             return
-        task = self.spawn(self._relay(worker_id, turn.peer, ask_peer, reply))
+        if turn.stream is not None:
+            turn.stream.flush()  # the ask follows the updates before it
+        task = self.spawn(self._relay(worker_id, sid, turn_id, turn.peer, ask_peer, reply))
         turn.permission_tasks.add(task)
         task.add_done_callback(turn.permission_tasks.discard)
 
     async def _relay(
         self,
         worker_id: str,
+        sid: str,
+        turn_id: str,
         peer: Peer,
         ask_peer: Callable[[Peer], Awaitable[Any]],
         reply: Callable[[Any], HostMessage],
@@ -280,6 +297,10 @@ class Host:
         answer: Any = None
         try:
             answer = await ask_peer(peer)
+        except TypeError as exc:  # orjson.JSONEncodeError: the ask cannot be encoded
+            turn = self.turns.get(sid, turn_id)
+            if turn is not None:
+                self.turns.fail(turn, f"a request to the client cannot be encoded: {exc}")
         finally:  # cancelled (session/cancel) or failed: no answer
             self.pool.send(worker_id, reply(answer))
 

@@ -10,10 +10,14 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import InitVar, dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ipc.events import Event, TurnRecord
 from ipc.worker_wire import PermissionAsk
+
+if TYPE_CHECKING:
+    from ipc.transports import WriteFlow
+    from supervisor.pacing import TurnStream
 
 __all__ = ["Peer", "Route", "RunningTurn"]
 
@@ -23,8 +27,13 @@ class Peer(Protocol):
 
     name: str
 
+    @property
+    def flow(self) -> WriteFlow | None:
+        """The pace of this peer's connection (None: never behind)."""
+
     def send_event(self, sid: str, event: Event) -> None:
-        """Render ``event`` for this peer (a notification; never blocks)."""
+        """Render ``event`` for this peer (a notification; never blocks). Raises
+        TypeError (orjson's encode error) when it cannot be encoded."""
 
     async def ask_permission(self, sid: str, ask: PermissionAsk, timeout: float) -> str | None:
         """Ask the user; ``allow_once``/``allow_always``/``reject_once`` or None (denied)."""
@@ -109,5 +118,7 @@ class RunningTurn:
     started: bool = False  # StartTurn went to the worker
     recorded: bool = False  # the worker's record of the turn arrived: its commit decides
     cancel_requested: bool = False
+    stream: TurnStream | None = None  # its updates on their way to the peer
+    failure: str | None = None  # why it fails, decided on the host (the worker cancels it)
     finished: asyncio.Event = field(default_factory=asyncio.Event)
     permission_tasks: set[asyncio.Task[Any]] = field(default_factory=set)

@@ -38,6 +38,7 @@ from supervisor.status import host_status
 if TYPE_CHECKING:
     from ipc.acp import PromptRequest
     from ipc.events import Event
+    from ipc.transports import WriteFlow
     from ipc.worker_wire import PermissionAsk
     from supervisor.ownership import Owners
     from supervisor.sessions import Sessions
@@ -63,6 +64,11 @@ class DaemonPeer:
         self.gone = False  # its input ended: queued prompts must not start
         self._approvals: dict[str, tuple[str, asyncio.Future[str | None]]] = {}
         self._request_ids = itertools.count()
+
+    @property
+    def flow(self) -> WriteFlow | None:
+        flow: WriteFlow | None = self.endpoint.state.get("flow")
+        return flow
 
     def send_event(self, sid: str, event: Event) -> None:
         params = rpc.encode_event(sid, event)

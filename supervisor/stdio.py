@@ -2,13 +2,16 @@
 
 Runs on the asyncio loop (main thread). At EOF the running turns are cancelled
 (and persisted as cancelled), in-flight requests are answered, then the workers
-and actors stop and the process exits. With a configuration that cannot be used,
+and actors stop and the process exits. SIGHUP (the editor's terminal went away)
+ends the input the same way. With a configuration that cannot be used,
 :func:`serve_config_error` answers every request with the reason instead.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import signal
 from collections.abc import Iterator, Mapping
 
 from ipc.errors import InternalError
@@ -27,11 +30,16 @@ log = logging.getLogger("zeroclaw.stdio")
 async def serve_acp_stdio(settings: Settings) -> None:
     server = AcpServer(settings, __version__)
     reader, writer = await open_stdio(settings.frame_limit)
+    loop = asyncio.get_running_loop()
+    hangup = asyncio.Event()
+    loop.add_signal_handler(signal.SIGHUP, hangup.set)
     try:
         await serve_stream(reader, writer, lambda send: server.make_endpoint(send, "stdio"),
-                           frame_limit=settings.frame_limit)
+                           frame_limit=settings.frame_limit,
+                           stall_timeout=settings.client_stall_timeout_secs, hangup=hangup)
     finally:
         await server.shutdown()
+        loop.remove_signal_handler(signal.SIGHUP)
 
 
 class _EveryMethod(Mapping[str, Handler]):

@@ -64,6 +64,15 @@ class TurnBook:
             task.cancel()
         return True
 
+    def fail(self, turn: RunningTurn, reason: str) -> None:
+        """The host cannot carry the turn on (e.g. an update it cannot encode): the
+        worker cancels it, and its prompt then answers -32603 with ``reason``
+        (nothing of it is kept)."""
+        if turn.failure is None:
+            turn.failure = reason
+            log.warning("turn of %s fails: %s", turn.sid, reason)
+        self.cancel(turn.sid)
+
     def cancel_all(self, peer: Peer | None = None) -> None:
         for sid, turn in list(self.running.items()):
             if peer is None or turn.peer is peer:
@@ -98,6 +107,10 @@ class TurnBook:
 
     async def complete(self, turn: RunningTurn, record: TurnRecord) -> None:
         """Commit the turn's record, then settle it (also when its client is gone)."""
+        if turn.failure is not None:  # failed on the host: the record is not kept
+            self._forget_unstored(turn)
+            self.settle(turn, error=InternalError(turn.failure))
+            return
         try:
             turns: int = await self.host.persist("write_turn", record)
         except Exception as exc:
@@ -136,6 +149,11 @@ class TurnBook:
         """End the turn exactly once: free the session, then answer the prompt."""
         if turn.finished.is_set():
             return
+        if turn.stream is not None:  # its last updates go before its answer
+            turn.stream.flush()
+            turn.stream.close()
+        if turn.failure is not None and value is not None:
+            value, error = None, InternalError(turn.failure)
         if self.running.get(turn.sid) is turn:
             del self.running[turn.sid]
         if turn.admitted:

@@ -35,6 +35,7 @@ import zmq
 
 from ipc.worker_wire import (
     AgentProcessEntry,
+    Credit,
     Heartbeat,
     HostMessage,
     OpenFailed,
@@ -104,7 +105,9 @@ class WorkerPool:
     """Worker processes of one host. Create, ``await start()``, ``scale_to(n)``, ``await close()``.
 
     ``on_message(worker_id, message)`` gets every worker message except
-    WorkerReady and Heartbeat; ``on_worker_exit(worker_id)`` is called once per
+    WorkerReady and Heartbeat; TurnEvents go to ``on_event(worker_id, message,
+    nbytes)`` instead when it is given (``nbytes``: its encoded size, which the
+    stream credit counts, see :meth:`grant`); ``on_worker_exit(worker_id)`` is called once per
     dead worker (not during :meth:`close`). ``env`` holds extra environment
     variables for the workers; of the host's own they get only what
     :func:`supervisor.worker_env.worker_environment` keeps, plus ``inherit``.
@@ -117,6 +120,7 @@ class WorkerPool:
         on_message: Callable[[str, WorkerMessage], None],
         on_worker_exit: Callable[[str], None],
         max_workers: int,
+        on_event: Callable[[str, TurnEvent, int], None] | None = None,
         heartbeat_secs: float = 1.0,
         env: dict[str, str] | None = None,
         inherit: frozenset[str] = frozenset(),
@@ -127,6 +131,7 @@ class WorkerPool:
         self.heartbeat_secs = heartbeat_secs
         self.start_timeout = start_timeout
         self._on_message = on_message
+        self._on_event = on_event
         self._on_worker_exit = on_worker_exit
         self._env = env or {}
         self._inherit = inherit
@@ -259,6 +264,10 @@ class WorkerPool:
         finally:
             self._schedule_drain_if_pending()
         return True
+
+    def grant(self, worker_id: str, sid: str, turn_id: str, nbytes: int) -> None:
+        """Give a turn's stream ``nbytes`` of credit back (its events were passed on)."""
+        self.send(worker_id, Credit(sid, turn_id, nbytes))
 
     def info(self) -> list[WorkerStatus]:
         """Workers that have a process (started or ready), in start order."""
@@ -465,7 +474,10 @@ class WorkerPool:
             worker.agents = tuple(message.agents)
         elif isinstance(message, _FORWARDED):
             try:
-                self._on_message(worker_id, message)
+                if self._on_event is not None and isinstance(message, TurnEvent):
+                    self._on_event(worker_id, message, len(frame))
+                else:
+                    self._on_message(worker_id, message)
             except Exception:
                 log.exception("on_message raised for %s from %s", type(message).__name__,
                               worker_id)

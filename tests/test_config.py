@@ -13,6 +13,7 @@ def test_no_config_file_gives_the_echo_default_agent(tmp_path):
     assert settings.agents["default"].provider == "echo"
     assert settings.store_path == tmp_path / "data" / "sessions" / "acp-sessions.db"
     assert settings.max_sessions == 10 and settings.session_timeout_secs == 3600
+    assert settings.client_stall_timeout_secs == 30
 
 
 def test_file_then_env_then_flags(tmp_path):
@@ -40,12 +41,20 @@ def test_data_dir_rules(tmp_path):
 
 @pytest.mark.parametrize(
     "text",
-    ["[acp]\nmax_sessions = 0\n", "[autonomy]\nlevel = \"yolo\"\n", "[acp\n"],
+    ["[acp]\nmax_sessions = 0\n", "[autonomy]\nlevel = \"yolo\"\n", "[acp\n",
+     "[acp]\nclient_stall_timeout_secs = 0\n",
+     "[acp]\npartial_frame_timeout_secs = 0\n", "[acp]\npartial_frame_timeout_secs = \"x\"\n"],
 )
 def test_bad_config_is_a_clear_error(tmp_path, text):
     (tmp_path / "config.toml").write_text(text)
     with pytest.raises(ConfigError):
         load_settings(str(tmp_path), env={})
+
+
+def test_partial_frame_timeout_defaults_to_60_s(tmp_path):
+    assert load_settings(str(tmp_path), env={}).partial_frame_timeout_secs == 60
+    env = {"ZEROCLAW_acp__partial_frame_timeout_secs": "2.5"}
+    assert load_settings(str(tmp_path), env=env).partial_frame_timeout_secs == 2.5
 
 
 def test_env_override_is_case_insensitive_for_sections_and_keys(tmp_path):

@@ -14,6 +14,7 @@ from ipc.framing import (
     DEFAULT_FRAME_LIMIT,
     OVERSIZED,
     FrameReader,
+    PartialFrameStalled,
     encode_frame,
     new_stream_reader,
 )
@@ -156,6 +157,54 @@ async def test_connection_error_propagates() -> None:
     reader.set_exception(ConnectionResetError())
     with pytest.raises(ConnectionResetError):
         await FrameReader(reader, 1024).read()
+
+
+async def test_a_partial_frame_that_stops_growing_stalls() -> None:
+    reader = new_stream_reader(1024)
+    frames = FrameReader(reader, 1024, stall_timeout=0.2)
+    reader.feed_data(b'{"a":1}\n{"b":')
+    assert await frames.read() == b'{"a":1}'
+    with pytest.raises(PartialFrameStalled, match="5 bytes"):
+        await asyncio.wait_for(frames.read(), 5)
+
+
+async def test_a_growing_partial_frame_and_an_idle_stream_do_not_stall() -> None:
+    reader = new_stream_reader(1024)
+    frames = FrameReader(reader, 1024, stall_timeout=0.3)
+    reading = asyncio.ensure_future(frames.read())
+    await asyncio.sleep(0.5)  # idle between frames: no partial frame, no stall
+    for byte in b'{"b":2}':
+        reader.feed_data(bytes([byte]))
+        await asyncio.sleep(0.1)  # each byte is progress
+    reader.feed_data(b"\n")
+    assert await asyncio.wait_for(reading, 5) == b'{"b":2}'
+
+
+async def test_an_over_long_line_being_discarded_stalls_too() -> None:
+    reader = new_stream_reader(10)
+    frames = FrameReader(reader, 10, stall_timeout=0.2)
+    reader.feed_data(b"y" * 50)
+    with pytest.raises(PartialFrameStalled):
+        await asyncio.wait_for(frames.read(), 5)
+
+
+async def test_release_drops_the_partial_frame() -> None:
+    reader = new_stream_reader(MIB)
+    frames = FrameReader(reader, MIB)
+    reader.feed_data(b"z" * (MIB // 2))
+    reading = asyncio.ensure_future(frames.read())
+    await asyncio.sleep(0.05)
+    reading.cancel()
+    tracemalloc.start()
+    try:
+        frames.release()
+        current, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    reader.feed_data(b"\n")
+    reader.feed_eof()
+    assert current < 64 * 1024
+    assert await read_all(frames) == []  # only the newline was left
 
 
 async def test_whitespace_line_over_the_limit_is_oversized_however_it_ends() -> None:

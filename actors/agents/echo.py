@@ -86,10 +86,10 @@ class _EchoTurn:
         if self.echoed_lines:
             self.say("\n")
         self.echoed_lines += 1
-        for word in _WORD.findall(line):
+        for word in _WORD.finditer(line):  # lazily: a huge prompt is not copied word by word
             if self.ctx.cancelled.is_set():
                 return
-            self.say(word)
+            self.say(word.group())
 
     def say(self, text: str) -> None:
         self.said.append(text)

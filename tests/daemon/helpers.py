@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -146,7 +147,10 @@ class DaemonProc:
     """One ``zeroclaw daemon`` process with its own config dir."""
 
     def __init__(self, config_dir: Path | None = None, *args: str,
-                 env_extra: dict[str, str] | None = None) -> None:
+                 env_extra: dict[str, str] | None = None,
+                 preexec_fn: Callable[[], None] | None = None) -> None:
+        """``preexec_fn`` runs in the child before the daemon starts (limits, a
+        process group of its own)."""
         self.config_dir = config_dir or short_dir()
         self.owns_dir = config_dir is None
         self.env = host_env(env_extra)
@@ -158,7 +162,7 @@ class DaemonProc:
             zeroclaw_argv("daemon", "--config-dir", str(self.config_dir), "--log-level", "debug",
                           *args),
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._stderr,
-            env=self.env,
+            env=self.env, preexec_fn=preexec_fn,
         )
         self.children: list[psutil.Process] = []
 

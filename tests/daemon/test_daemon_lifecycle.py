@@ -4,6 +4,7 @@ and the ephemeral lifetime. Real daemon processes in short temporary config dirs
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import stat
 import subprocess
@@ -50,6 +51,18 @@ def test_zeroclaw_socket_env_creates_a_private_dir(daemons: Daemons, scratch_dir
         assert client.request("status")["pid"] == daemon.pid
     assert daemon.terminate() == 0
     assert not path.exists()
+
+
+def test_a_socket_in_a_sticky_shared_dir_is_warned_about(
+        daemons: Daemons, scratch_dir: Path) -> None:
+    """Like /tmp (1777): the sticky bit does not make a directory private."""
+    shared = scratch_dir / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    daemon = daemons(None, env_extra={"ZEROCLAW_SOCKET": str(shared / "d.sock")})
+    assert f"{shared} is accessible to other users (mode 1777)" in daemon.stderr()
+    assert _mode(shared) == 0o1777  # not ours to tighten
+    assert _mode(shared / "d.sock") == 0o600
 
 
 def test_second_daemon_is_refused_with_the_owner_pid(daemons: Daemons) -> None:
@@ -126,6 +139,31 @@ def test_sigterm_cancels_the_running_turn_answers_it_and_exits_0(daemons: Daemon
         assert daemon.wait(20) == 0
     assert not daemon.socket_path.exists()
     # the cancelled turn was persisted: a new daemon restores it and prompts on
+    again = daemons(daemon.config_dir)
+    with again.client() as client:
+        result = client.request("session/prompt", {"sessionId": sid, "prompt": "more"})
+        assert result["stopReason"] == "end_turn"
+        status = client.request("status")
+        assert [s["turns"] for s in status["sessions"] if s["sessionId"] == sid] == [2]
+
+
+def test_sighup_mid_turn_stops_cleanly_like_sigterm(daemons: Daemons) -> None:
+    """A hang-up of the daemon's terminal reaches its whole process group (the workers
+    too): the running turn is cancelled, answered and stored, both sockets go, exit 0."""
+    daemon = daemons(preexec_fn=os.setpgrp)
+    acp_socket = daemon.socket_path.with_name("acp.sock")
+    with daemon.client() as client:
+        sid = client.request("session/new")["sessionId"]
+        prompt_id = client.send("session/prompt", {"sessionId": sid,
+                                                   "prompt": "before\n!sleep 30\nafter"})
+        client.wait_update("agent_message_chunk")
+        daemon.snapshot_children()
+        os.killpg(daemon.pid, signal.SIGHUP)
+        response = client.wait_response(prompt_id)
+        assert response["result"]["stopReason"] == "cancelled"
+        assert daemon.wait(20) == 0
+    assert "received SIGHUP: stopping" in daemon.stderr()
+    assert not daemon.socket_path.exists() and not acp_socket.exists()
     again = daemons(daemon.config_dir)
     with again.client() as client:
         result = client.request("session/prompt", {"sessionId": sid, "prompt": "more"})

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 
 import orjson
 
-from tests.e2e.procs import host_argv, host_env
+from ipc.events import TextItem
+from tests.e2e.helpers import CANCEL_MARKER, stored_session
+from tests.e2e.procs import descendants, host_argv, host_env
 
 INIT = b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1}}\n'
 
@@ -43,3 +47,24 @@ def test_ask_directive_gets_no_answer_over_acp(raw_host, workspace):
     sid = raw_host.new_session(workspace)
     result = raw_host.call("session/prompt", {"sessionId": sid, "prompt": "!ask anyone?"})
     assert result == {"sessionId": sid, "stopReason": "end_turn", "content": "(no answer)"}
+
+
+def test_sighup_mid_turn_ends_the_input_like_eof(raw_host, workspace, config_dir):
+    """The editor's terminal went away: the running turn is cancelled, answered and
+    stored, and ``zeroclaw acp`` exits 0 (the fixture checks nothing is left behind)."""
+    raw_host.initialize()
+    sid = raw_host.new_session(workspace)
+    prompt_id = raw_host.new_id()
+    raw_host.send({"jsonrpc": "2.0", "id": prompt_id, "method": "session/prompt",
+                   "params": {"sessionId": sid, "prompt": "before\n!sleep 30\nafter"}})
+    while raw_host.next_frame().get("method") != "session/update":
+        pass  # the turn is running
+    raw_host.children_snapshot = descendants(raw_host.pid)
+    os.kill(raw_host.pid, signal.SIGHUP)
+    response = raw_host.next_response()
+    assert response["id"] == prompt_id
+    assert response["result"]["stopReason"] == "cancelled"
+    assert raw_host.proc.wait(20) == 0
+    session, items = stored_session(config_dir, sid)
+    assert session is not None and session.turn_count == 1
+    assert isinstance(items[-1], TextItem) and items[-1].text.endswith(CANCEL_MARKER)

@@ -1,0 +1,137 @@
+"""The pace of one running turn's stream of session updates to its client.
+
+Runs on the asyncio loop thread. The worker streams a turn's events within a
+window of :data:`ipc.worker_wire.STREAM_WINDOW_BYTES` (their encoded size) and
+waits when it is used up; the host grants the bytes back
+(:class:`ipc.worker_wire.Credit`) as it passes the events on to the client.
+
+While the client's connection is behind (:class:`ipc.transports.WriteFlow`),
+the events wait here instead of in the socket buffer, consecutive message or
+thought chunks merged into one update; they go out, and their credit back to
+the worker, once the connection has drained. So a slow client slows its own
+turn's agent, every other session keeps its pace, and what waits here is at
+most one window (plus the event that filled it) per running turn.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ipc.events import Event, MessageChunk, ThoughtChunk
+from ipc.worker_wire import STREAM_WINDOW_BYTES
+
+if TYPE_CHECKING:
+    from ipc.transports import WriteFlow
+    from supervisor.routes import Peer
+
+__all__ = ["CREDIT_BATCH", "TurnStream"]
+
+log = logging.getLogger("zeroclaw.pacing")
+
+CREDIT_BATCH = STREAM_WINDOW_BYTES // 4
+"""Bytes passed on before they are granted back while the client keeps up: a
+turn shorter than this costs no credit message at all."""
+
+_MERGED = (MessageChunk, ThoughtChunk)
+
+
+@dataclass(slots=True)
+class _Merged:
+    """Consecutive text chunks of one kind, waiting as one update."""
+
+    kind: type[MessageChunk] | type[ThoughtChunk]
+    parts: list[str] = field(default_factory=list)
+
+    def event(self) -> Event:
+        return self.kind("".join(self.parts))
+
+
+class TurnStream:
+    """One running turn's updates on their way to its client (loop thread).
+
+    ``grant(nbytes)`` returns stream credit to the worker; ``on_unsendable(reason)``
+    is called when an update cannot be encoded for the client (the turn must fail).
+    """
+
+    def __init__(self, sid: str, peer: Peer, grant: Callable[[int], None],
+                 on_unsendable: Callable[[str], None]) -> None:
+        self.sid = sid
+        self._peer = peer
+        self._grant = grant
+        self._on_unsendable = on_unsendable
+        self._waiting: list[Event | _Merged] = []
+        self._owed = 0
+        self._watching = False
+        self._closed = False
+
+    @property
+    def waiting(self) -> int:
+        """Updates held back (merged chunks count once)."""
+        return len(self._waiting)
+
+    def deliver(self, event: Event, nbytes: int) -> None:
+        """One event from the worker, ``nbytes`` of its stream window."""
+        self._owed += nbytes
+        flow = self._flow()
+        if not self._waiting and (flow is None or not flow.behind):
+            self._send(event)
+            if self._owed >= CREDIT_BATCH:
+                self._settle_credit()
+            return
+        self._hold(event)
+        if flow is not None and not self._watching:
+            self._watching = True
+            flow.when_drained(self._drained)
+
+    def flush(self) -> None:
+        """Send everything held back now (the turn ends, or a request must follow
+        its updates), and grant its credit."""
+        waiting, self._waiting = self._waiting, []
+        for item in waiting:
+            self._send(item.event() if isinstance(item, _Merged) else item)
+        self._settle_credit()
+
+    def close(self) -> None:
+        """The turn is over: drop what is held (call :meth:`flush` first to keep it)."""
+        self._closed = True
+        self._waiting.clear()
+
+    def _flow(self) -> WriteFlow | None:
+        return getattr(self._peer, "flow", None)
+
+    def _hold(self, event: Event) -> None:
+        last = self._waiting[-1] if self._waiting else None
+        if isinstance(event, _MERGED):
+            if not (isinstance(last, _Merged) and last.kind is type(event)):
+                last = _Merged(type(event))
+                self._waiting.append(last)
+            last.parts.append(event.text)
+        else:
+            self._waiting.append(event)
+
+    def _drained(self) -> None:
+        self._watching = False
+        if self._closed or not self._waiting:
+            return
+        flow = self._flow()
+        if flow is not None and flow.behind:  # another stream filled it up again
+            self._watching = True
+            flow.when_drained(self._drained)
+            return
+        self.flush()
+
+    def _settle_credit(self) -> None:
+        owed, self._owed = self._owed, 0
+        if owed:
+            self._grant(owed)
+
+    def _send(self, event: Event) -> None:
+        try:
+            self._peer.send_event(self.sid, event)
+        except TypeError as exc:  # orjson.JSONEncodeError: nested too deep, bad values
+            reason = f"a session update cannot be encoded: {exc}"
+            log.warning("session %s: %s", self.sid, reason)
+            self._on_unsendable(reason)

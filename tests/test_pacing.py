@@ -1,0 +1,130 @@
+"""Pacing: a turn's updates wait, merged, while the client's connection is behind
+(TurnStream), and a connection knows when it is behind, drained or stalled (WriteFlow)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import Callable
+
+import orjson
+
+from ipc.events import Event, MessageChunk, PlanEntry, PlanUpdate, ThoughtChunk
+from ipc.transports import WriteFlow
+from supervisor.pacing import CREDIT_BATCH, TurnStream
+
+
+class FakeFlow:
+    def __init__(self) -> None:
+        self.behind = False
+        self.waiting: list[Callable[[], None]] = []
+
+    def when_drained(self, callback: Callable[[], None]) -> None:
+        self.waiting.append(callback)
+
+    def drain(self) -> None:
+        self.behind = False
+        callbacks, self.waiting = self.waiting, []
+        for callback in callbacks:
+            callback()
+
+
+class FakePeer:
+    name = "fake"
+
+    def __init__(self) -> None:
+        self.flow = FakeFlow()
+        self.sent: list[Event] = []
+
+    def send_event(self, sid: str, event: Event) -> None:
+        orjson.dumps(getattr(event, "text", None) or [])  # raises as the real peers do
+        self.sent.append(event)
+
+
+def stream(peer: FakePeer) -> tuple[TurnStream, list[int], list[str]]:
+    granted: list[int] = []
+    failures: list[str] = []
+    return TurnStream("s", peer, granted.append, failures.append), granted, failures  # type: ignore[arg-type]
+
+
+def test_updates_go_straight_out_while_the_client_keeps_up_with_credit_in_batches() -> None:
+    peer = FakePeer()
+    turn, granted, _ = stream(peer)
+    for n in range(5):
+        turn.deliver(MessageChunk(f"w{n} "), 100)
+    assert [e.text for e in peer.sent] == [f"w{n} " for n in range(5)]  # type: ignore[union-attr]
+    assert granted == []  # under one batch: no credit message at all
+    turn.deliver(MessageChunk("big"), CREDIT_BATCH)
+    assert granted == [CREDIT_BATCH + 500]
+
+
+def test_while_behind_chunks_merge_and_go_out_with_their_credit_once_drained() -> None:
+    peer = FakePeer()
+    turn, granted, _ = stream(peer)
+    peer.flow.behind = True
+    plan = PlanUpdate((PlanEntry("a", "medium", "pending"),))
+    for event in (MessageChunk("a "), MessageChunk("b "), ThoughtChunk("hm "), ThoughtChunk("ok"),
+                  plan, MessageChunk("c "), MessageChunk("d")):
+        turn.deliver(event, 10)
+    assert peer.sent == [] and granted == [] and turn.waiting == 4
+    assert len(peer.flow.waiting) == 1  # one drain watch, not one per event
+    peer.flow.drain()
+    assert peer.sent == [MessageChunk("a b "), ThoughtChunk("hm ok"), plan, MessageChunk("c d")]
+    assert granted == [70]
+
+
+def test_the_end_of_a_turn_flushes_what_waits() -> None:
+    peer = FakePeer()
+    turn, granted, _ = stream(peer)
+    peer.flow.behind = True
+    turn.deliver(MessageChunk("x"), 10)
+    turn.flush()
+    turn.close()
+    assert peer.sent == [MessageChunk("x")] and granted == [10]
+    peer.flow.drain()  # a late drain sends nothing twice
+    assert peer.sent == [MessageChunk("x")]
+
+
+def test_an_update_that_cannot_be_encoded_for_the_client_is_reported() -> None:
+    peer = FakePeer()
+    turn, _, failures = stream(peer)
+    turn.deliver(MessageChunk("lone \ud800 surrogate"), 10)
+    assert peer.sent == [] and len(failures) == 1 and "cannot be encoded" in failures[0]
+
+
+
+
+async def test_write_flow_calls_back_once_drained_and_cuts_a_peer_that_takes_nothing() -> None:
+    """Over a real socketpair: behind past the pace mark, drained once the peer reads,
+    and a stall reported once it takes no byte for the limit."""
+    ours, theirs = socket.socketpair()
+    theirs.setblocking(False)
+    _, writer = await asyncio.open_connection(sock=ours)
+    stalls: list[str] = []
+    flow = WriteFlow(writer, 0.4, stalls.append)
+    try:
+        chunk = b"x" * 65536
+        while not flow.behind:
+            writer.write(chunk)
+            flow.wrote(len(chunk))
+        drained = asyncio.get_running_loop().create_future()
+        flow.when_drained(lambda: drained.set_result(True))
+        await asyncio.sleep(0.2)
+        assert not drained.done() and stalls == []
+        async with asyncio.timeout(10):
+            while not drained.done():  # the peer reads: the buffer goes down
+                with contextlib.suppress(BlockingIOError):
+                    theirs.recv(1 << 20)
+                await asyncio.sleep(0.001)
+        while not flow.behind:
+            writer.write(chunk)
+            flow.wrote(len(chunk))
+        async with asyncio.timeout(10):
+            while not stalls:  # now it reads nothing
+                await asyncio.sleep(0.05)
+        assert "took no bytes for 0.4 s" in stalls[0]
+    finally:
+        flow.close()
+        writer.transport.abort()
+        theirs.close()
