@@ -60,17 +60,22 @@ def find_agent_tools() -> AgentTools:
 
 class TimedPeer(RpcPeer):
     """An :class:`RpcPeer` that notes when the first notification after :meth:`arm`
-    arrived (the loop thread)."""
+    arrived, and how much message text came since (the loop thread)."""
 
     first_note_at: float | None = None
+    text_chars = 0
 
     def arm(self) -> None:
         self.first_note_at = None
         self.notifications = 0
+        self.text_chars = 0
 
     async def _on_frame(self, frame: dict[str, Any]) -> None:
-        if "method" in frame and "id" not in frame and self.first_note_at is None:
-            self.first_note_at = time.perf_counter()
+        if "method" in frame and "id" not in frame:
+            if self.first_note_at is None:
+                self.first_note_at = time.perf_counter()
+            update = (frame.get("params") or {}).get("update") or {}
+            self.text_chars += len((update.get("content") or {}).get("text") or "")
         await super()._on_frame(frame)
 
 
@@ -167,19 +172,24 @@ async def first_chunk(sizes: BenchSizes, side: Side) -> Sample:
 
 
 async def streamed_chunks(sizes: BenchSizes, side: Side) -> Sample:
-    """Turns of :data:`STREAM_CHUNKS` chunks each: chunks received per second."""
+    """Turns of :data:`STREAM_CHUNKS` chunks each: the agent's chunks relayed per second.
+
+    zeroclaw merges consecutive chunks into one update while its client reads
+    behind (see supervisor/pacing.py), so the chunks are counted by their text
+    (each is ``"x "``), and the updates that carried them are in ``details``."""
     async with _session(side) as (peer, sid):
-        chunks, seconds = 0, 0.0
+        seconds, updates = 0.0, 0
         turns: list[float] = []
         while len(turns) < 3 or seconds < sizes.min_seconds:
             turn, _first = await _turn(peer, sid, f"stream {STREAM_CHUNKS}")
-            if peer.notifications < STREAM_CHUNKS:
-                raise RpcFailure(f"{peer.notifications} of {STREAM_CHUNKS} chunks arrived")
-            chunks += peer.notifications
+            if peer.text_chars != 2 * STREAM_CHUNKS:
+                raise RpcFailure(f"{peer.text_chars} of {2 * STREAM_CHUNKS} characters came")
             seconds += turn
+            updates += peer.notifications
             turns.append(turn * 1000)
-    return Sample(chunks / seconds, len(turns), percentile(turns, 0.5), percentile(turns, 0.99),
-                  {"turn_ms": round(min(turns), 1)})
+    return Sample(STREAM_CHUNKS * len(turns) / seconds, len(turns), percentile(turns, 0.5),
+                  percentile(turns, 0.99), {"turn_ms": round(min(turns), 1),
+                                            "updates_per_turn": round(updates / len(turns))})
 
 
 Measure = Callable[[Side], Awaitable[Sample]]
