@@ -16,9 +16,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from actors.agents.base import Agent, AgentFailure, SessionSetup, TurnResult, history_tokens
@@ -216,6 +216,7 @@ class SessionConfig:
     history: tuple[TurnItem, ...]
     mcp_servers: tuple[Any, ...] = ()
     tool_rules: tuple[tuple[str, str], ...] = ()
+    meta: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_open(cls, message: OpenSession) -> SessionConfig:
@@ -233,6 +234,7 @@ class SessionConfig:
             history=history,
             mcp_servers=tuple(message.mcp_servers),
             tool_rules=tuple(message.tool_rules.items()),
+            meta=dict(message.meta),
         )
 
 
@@ -285,6 +287,7 @@ class SessionActor(SimpleInboxActor):
             self.agent.open(SessionSetup(
                 sid=config.sid, paths=config.paths, mode=lambda: self.state.mode,
                 mcp_servers=config.mcp_servers, has_history=bool(config.history),
+                meta=config.meta,
             ))
         except Exception:  # the first turn reports what is wrong
             logger.exception("session %s: agent could not open", config.sid)

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import pykka
 import zmq
 
-from actors.agents import create_agent, stop_agent_processes
+from actors.agents import agent_processes, create_agent, stop_agent_processes
 from actors.session import (
     CloseActor,
     PermissionBoard,
@@ -190,7 +190,8 @@ class WorkerProcess:
         now = time.monotonic()
         if now >= self._next_beat:
             self._next_beat = now + self.heartbeat
-            self.outbox.put(Heartbeat(pid=os.getpid(), sessions=len(self.sessions)))
+            self.outbox.put(Heartbeat(pid=os.getpid(), sessions=len(self.sessions),
+                                      agents=agent_processes()))
 
     def _check_host(self) -> None:
         if os.getppid() != self.host_pid:

@@ -12,12 +12,13 @@ data (events, turn records, history) travels as plain dicts made by
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, TypeAlias
+from typing import Any, ClassVar, TypeAlias, TypedDict
 
 import orjson
 
 __all__ = [
     "STREAM_WINDOW_BYTES",
+    "AgentProcessEntry",
     "CancelTurn",
     "CloseSession",
     "Credit",
@@ -53,6 +54,17 @@ STREAM_WINDOW_BYTES = 256 * 1024
 host grants them back with :class:`Credit` (the turn's agent waits meanwhile)."""
 
 
+class AgentProcessEntry(TypedDict):
+    """One external agent process of a worker (``provider = "acp"``), as its heartbeat
+    reports it: ``sessions`` are the agent sessions it holds, ``restarts`` how often the
+    worker started it again (after a crash or a turn it would not cancel)."""
+
+    alias: str
+    pid: int
+    sessions: int
+    restarts: int
+
+
 class WireError(ValueError):
     """A frame that is not a known envelope."""
 
@@ -73,6 +85,7 @@ class OpenSession:
     so a model-backed agent can continue it. ``permission_timeout`` is in seconds.
     ``mcp_servers`` is the client's list from ``session/new`` (an ACP agent gets it).
     ``tool_rules`` are the stored always-answers (see :class:`PermissionRules`).
+    ``meta`` is the stored session's meta (an ACP agent finds its session id there).
     """
 
     T: ClassVar[str] = "open"
@@ -86,6 +99,7 @@ class OpenSession:
     history: list[dict[str, Any]] = field(default_factory=list)
     mcp_servers: list[Any] = field(default_factory=list)
     tool_rules: dict[str, str] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,9 +193,12 @@ class WorkerReady:
 
 @dataclass(frozen=True, slots=True)
 class Heartbeat:
+    """``agents``: the worker's hosted agent processes, each an :class:`AgentProcessEntry`."""
+
     T: ClassVar[str] = "beat"
     pid: int
     sessions: int
+    agents: list[AgentProcessEntry] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

@@ -207,7 +207,7 @@ class Sessions:
             cwd=info.cwd, mode=info.mode, forbidden_paths=list(self.settings.forbidden_paths),
             permission_timeout=self.settings.session_timeout_secs,
             history=[item_to_wire(i) for i in agent_history(items)],
-            mcp_servers=list(info.mcp_servers),
+            mcp_servers=list(info.mcp_servers), meta=dict(info.meta),
             tool_rules=stored_tool_rules(info.meta),
         ))
         route = Route(info.id, worker_id, peer, agent.alias, info.workspace_dir,

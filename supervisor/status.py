@@ -6,7 +6,9 @@ are admitted and settled), so ``status`` never asks the supervisor, a worker or
 the writer, and a prompt's answer is never followed by a status that still shows
 its turn running. Worker figures come from the pool plus psutil,
 sampled at most once a second per worker (Process objects are kept, since the
-first ``cpu_percent()`` of a new one is always 0.0). ``usage`` is the host's
+first ``cpu_percent()`` of a new one is always 0.0). Each worker lists its hosted
+agent processes as its last heartbeat named them (restarts are the worker's count),
+with psutil figures sampled the same way. ``usage`` is the host's
 running totals (:mod:`supervisor.usage`); each session entry has its own.
 """
 
@@ -23,6 +25,7 @@ import psutil
 from supervisor import __version__
 
 if TYPE_CHECKING:
+    from ipc.worker_wire import AgentProcessEntry
     from supervisor.ownership import Owners
     from supervisor.routes import Route
     from supervisor.sessions import Sessions
@@ -69,6 +72,22 @@ def _process_figures(pid: int) -> tuple[int, float]:
     return rss, cpu
 
 
+def _forget_gone(shown: set[int]) -> None:
+    """Drop the kept Process objects of processes no longer shown (replaced workers,
+    restarted agents), so they do not pile up in a long-running host."""
+    if len(_processes) > len(shown):
+        for pid in [pid for pid in _processes if pid not in shown]:
+            _processes.pop(pid, None)
+            _samples.pop(pid, None)
+
+
+def _agent_entry(agent: AgentProcessEntry) -> dict[str, Any]:
+    """A worker's agent process (from its last heartbeat) with the host's psutil figures."""
+    rss, cpu = _process_figures(agent["pid"])
+    return {"agentAlias": agent["alias"], "pid": agent["pid"], "rssBytes": rss,
+            "cpuPercent": cpu, "sessions": agent["sessions"], "restarts": agent["restarts"]}
+
+
 def host_status(sessions: Sessions, owners: Owners) -> dict[str, Any]:
     """The ``status`` result; ``clients`` of a session = connections holding it."""
     host = sessions.host
@@ -76,12 +95,14 @@ def host_status(sessions: Sessions, owners: Owners) -> dict[str, Any]:
     pool = host.pool
     now = time.monotonic()
     silent_after = _SILENT_BEATS * pool.heartbeat_secs
-    workers = []
-    for w in pool.info():
+    workers, infos = [], pool.info()
+    for w in infos:
         rss, cpu = _process_figures(w.pid)
         responsive = w.alive and (not w.ready or now - w.last_beat <= silent_after)
         workers.append({"pid": w.pid, "rssBytes": rss, "cpuPercent": cpu,
-                        "sessions": per_worker.get(w.worker_id, 0), "responsive": responsive})
+                        "sessions": per_worker.get(w.worker_id, 0), "responsive": responsive,
+                        "agents": [_agent_entry(a) for a in w.agents]})
+    _forget_gone({w.pid for w in infos} | {a["pid"] for w in infos for a in w.agents})
     settings = host.settings
     return {
         "serverVersion": __version__,

@@ -197,7 +197,15 @@ def render(status: dict[str, Any], now: float | None = None) -> str:
         lines.append(f"{w.get('pid')!s:>10}  {_mib(w.get('rssBytes')):>10}  "
                      f"{float(w.get('cpuPercent') or 0):>6.1f}  {w.get('sessions', 0):>8}  "
                      f"{'ok' if ok else 'UNRESPONSIVE'}")
+        lines += _agent_lines(w.get("agents") or [])
     return "\n".join(lines)
+
+
+def _agent_lines(agents: list[dict[str, Any]]) -> list[str]:
+    """A worker's hosted agent processes, indented under its row."""
+    return [f"{'└ ' + str(a.get('pid')):>10}  {_mib(a.get('rssBytes')):>10}  "
+            f"{float(a.get('cpuPercent') or 0):>6.1f}  {a.get('sessions', 0):>8}  "
+            f"agent {a.get('agentAlias')}, restarts {a.get('restarts', 0)}" for a in agents]
 
 
 def _once(client: StatusClient, as_json: bool, out: TextIO) -> int:

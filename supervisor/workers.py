@@ -34,6 +34,7 @@ from typing import Any, cast
 import zmq
 
 from ipc.worker_wire import (
+    AgentProcessEntry,
     Credit,
     Heartbeat,
     HostMessage,
@@ -72,7 +73,8 @@ _FORWARDED = (SessionOpened, OpenFailed, TurnEvent, PermissionAsk, UserAsk, Perm
 
 @dataclass(frozen=True, slots=True)
 class WorkerStatus:
-    """One worker as the pool sees it; ``last_beat`` is ``time.monotonic()`` seconds."""
+    """One worker as the pool sees it; ``last_beat`` is ``time.monotonic()`` seconds;
+    ``agents`` its agent processes as of its last heartbeat."""
 
     worker_id: str
     pid: int
@@ -80,6 +82,7 @@ class WorkerStatus:
     sessions: int
     last_beat: float
     alive: bool
+    agents: tuple[AgentProcessEntry, ...] = ()
 
 
 @dataclass(slots=True, eq=False)
@@ -92,6 +95,7 @@ class _Worker:
     sessions: int = 0
     last_beat: float = 0.0
     alive: bool = True
+    agents: tuple[AgentProcessEntry, ...] = ()
 
     @property
     def pid(self) -> int:
@@ -269,7 +273,8 @@ class WorkerPool:
     def info(self) -> list[WorkerStatus]:
         """Workers that have a process (started or ready), in start order."""
         return [
-            WorkerStatus(w.worker_id, w.pid, w.ready, w.sessions, w.last_beat, w.alive)
+            WorkerStatus(w.worker_id, w.pid, w.ready, w.sessions, w.last_beat, w.alive,
+                         w.agents)
             for w in self._workers.values()
             if w.proc is not None
         ]
@@ -467,6 +472,7 @@ class WorkerPool:
             self._on_ready(worker, message)
         elif isinstance(message, Heartbeat):
             worker.sessions = message.sessions
+            worker.agents = tuple(message.agents)
         elif isinstance(message, _FORWARDED):
             try:
                 if self._on_event is not None and isinstance(message, TurnEvent):

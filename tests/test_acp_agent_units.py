@@ -30,6 +30,8 @@ def test_command_problems_name_the_reason() -> None:
     assert "env must be" in str(command_problem({"command": ["python3"], "env": {"A": 1}}))
     assert "positive" in str(command_problem({"command": ["python3"],
                                               "agent_start_timeout_secs": 0}))
+    grace = command_problem({"command": ["python3"], "cancel_grace_secs": "5"})
+    assert grace == "cancel_grace_secs must be a positive number"
     assert "unknown agent provider 'gpt'" in str(agent_config_problem({"provider": "gpt"}))
     assert agent_config_problem({"provider": "echo"}) is None
 
@@ -62,6 +64,11 @@ def test_updates_map_to_events() -> None:
                                            {"type": "diff", "path": "/a"}]}, tools)
     assert done == [ToolCallFinished("t1", "Read a", "completed", {"ok": True},
                                      "out\ndiff of /a")]
+    only_raw = events_from_update({"sessionUpdate": "tool_call", "toolCallId": "t3",
+                                   "status": "completed", "rawOutput": {"ok": 1, "a": "b"}},
+                                  tools)
+    assert only_raw[-1] == ToolCallFinished("t3", "tool call", "completed", {"ok": 1, "a": "b"},
+                                            '{"a":"b","ok":1}')
     late = {"sessionUpdate": "tool_call_update", "toolCallId": "t1", "status": "failed"}
     assert events_from_update(late, tools) == []  # already finished
     plan = events_from_update({"sessionUpdate": "plan", "entries": [

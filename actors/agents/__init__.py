@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from actors.agents.acp import AcpAgent, stop_agent_processes
+from actors.agents.acp import AcpAgent, agent_processes, stop_agent_processes
 from actors.agents.base import (
     Agent,
     AgentFailure,
@@ -37,6 +37,7 @@ __all__ = [
     "TurnStop",
     "UnknownProvider",
     "agent_config_problem",
+    "agent_processes",
     "create_agent",
     "stop_agent_processes",
 ]

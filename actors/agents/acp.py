@@ -4,10 +4,17 @@ inside zeroclaw.
 Config (``[agents.<alias>]``): ``command`` (argv array, no shell; ``argv[0]`` an
 absolute path or a name on PATH), ``env`` (a table added to a clean environment),
 ``per_session`` (one process per session instead of one per worker and alias),
-``agent_start_timeout_secs`` (default 30: for ``initialize`` and ``session/new``).
+``agent_start_timeout_secs`` (default 30: for ``initialize`` and ``session/new``),
+``cancel_grace_secs`` (default 5: how long a cancelled turn may take to end in the
+agent before the turn ends ``cancelled`` and the agent process is restarted).
 
 Each zeroclaw session gets its own session in the agent (``session/new`` with the
-session's cwd and the client's ``mcpServers``). A turn forwards the prompt as a
+session's cwd and the client's ``mcpServers``). A session that had an agent session
+before (stored as ``acpAgentSessionId``, or the one of a crashed process) gets it
+back through the agent's own ``session/resume`` or ``session/load`` where the agent
+advertises them (the agent's replay is dropped: the client did not ask for it);
+otherwise a fresh agent session, and the next prompt result says
+``contextRestored: false``. A turn forwards the prompt as a
 text block, relays the agent's ``session/update``s as zeroclaw events (so they
 are recorded and replayed like any turn), relays its permission requests to the
 client under the session's autonomy mode, forwards ``session/cancel``, and
@@ -16,45 +23,40 @@ tools under the session's path policy. ``terminal/*`` is not offered.
 
 Threads: :class:`AcpAgent` runs on its session's actor thread; the agent's
 requests are served on its process's loop thread (:mod:`actors.agents.acp_client`,
-:mod:`actors.agents.acp_process`).
+:mod:`actors.agents.acp_process`); a turn is pumped by :mod:`actors.agents.acp_turn`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import logging
 import os
-import queue
 import re
 import shutil
 import threading
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from actors.agents.acp_client import CANCELLED_OUTCOME, HANDLERS
+from actors.agents.acp_client import HANDLERS
 from actors.agents.acp_process import AgentProcess, LaunchSpec, SessionLink, clean_env
-from actors.agents.acp_updates import ToolNames, events_from_update
+from actors.agents.acp_turn import AcpTurn
 from actors.agents.base import Agent, AgentFailure, SessionSetup, TurnContext, TurnResult
-from ipc.jsonrpc import ConnectionLost, RemoteError
+from ipc.worker_wire import AgentProcessEntry
 
-__all__ = ["CLIENT_CAPABILITIES", "AcpAgent", "command_problem", "stop_agent_processes"]
+__all__ = [
+    "CLIENT_CAPABILITIES",
+    "AcpAgent",
+    "agent_processes",
+    "command_problem",
+    "stop_agent_processes",
+]
 
 log = logging.getLogger("zeroclaw.agent")
 
 DEFAULT_START_TIMEOUT = 30.0
-CANCEL_GRACE_SECS = 10.0  # after session/cancel, how long the agent has to end the turn
-_POLL_SECS = 0.05
-_STOP_REASONS = frozenset({"end_turn", "max_tokens", "max_turn_requests", "refusal", "cancelled"})
+DEFAULT_CANCEL_GRACE = 5.0  # after session/cancel, how long the agent has to end the turn
 #: What zeroclaw offers an agent: file access under the session's path policy; no terminal.
 CLIENT_CAPABILITIES: dict[str, Any] = {
     "fs": {"readTextFile": True, "writeTextFile": True}, "terminal": False,
-}
-_WANTED_OPTIONS = {
-    "allow_once": ("allow_once",),
-    "allow_always": ("allow_always", "allow_once"),
-    "reject_once": ("reject_once", "reject_always"),
 }
 
 
@@ -79,9 +81,11 @@ def command_problem(config: Mapping[str, Any]) -> str | None:
         isinstance(name, str) and _VARIABLE_NAME.fullmatch(name) for name in passed
     ):
         return "pass_env must be an array of environment variable names"
-    timeout = config.get("agent_start_timeout_secs", DEFAULT_START_TIMEOUT)
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
-        return "agent_start_timeout_secs must be a positive number"
+    for key, default in (("agent_start_timeout_secs", DEFAULT_START_TIMEOUT),
+                         ("cancel_grace_secs", DEFAULT_CANCEL_GRACE)):
+        value = config.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            return f"{key} must be a positive number"
     if _executable(command[0], dict(env)) is None:
         return f"executable {command[0]!r} not found (not an absolute path or a name on PATH)"
     return None
@@ -122,6 +126,7 @@ class _Processes:
         self._lock = threading.Lock()
         self._starting: dict[str, threading.Lock] = {}
         self._running: dict[str, AgentProcess] = {}
+        self._restarts: dict[str, int] = {}  # keys started before, and how often again
 
     def acquire(self, key: str, spec: LaunchSpec) -> AgentProcess:
         """The live process for ``key``, started (and initialized) if needed."""
@@ -133,6 +138,9 @@ class _Processes:
                 return process
             if process is not None:
                 process.stop()  # it exited: end its loop thread too
+            with self._lock:
+                restarts = self._restarts.get(key)
+                self._restarts[key] = 0 if restarts is None else restarts + 1
             process = AgentProcess(spec, HANDLERS)
             process.start(CLIENT_CAPABILITIES)
             log.info("agent %s initialized: %s", spec.alias, _summary(process.initialize_result))
@@ -140,12 +148,25 @@ class _Processes:
                 self._running[key] = process
             return process
 
-    def discard(self, key: str, process: AgentProcess) -> None:
-        """Stop ``process`` and forget it (a hung or per-session agent)."""
+    def discard(self, key: str, process: AgentProcess, *, final: bool = False) -> None:
+        """Stop ``process`` and forget it: a hung agent (the next :meth:`acquire` of
+        ``key`` counts a restart), or with ``final`` a per-session agent whose session
+        ended."""
         with self._lock:
             if self._running.get(key) is process:
                 del self._running[key]
+            if final:
+                self._restarts.pop(key, None)
         process.stop()
+
+    def entries(self) -> list[AgentProcessEntry]:
+        """The running agents, for the worker's heartbeat (any thread)."""
+        with self._lock:
+            running = list(self._running.items())
+            restarts = dict(self._restarts)
+        return [AgentProcessEntry(alias=p.alias, pid=p.pid or 0, sessions=len(p.links),
+                                  restarts=restarts.get(key, 0))
+                for key, p in running if p.alive and p.pid is not None]
 
     def stop_all(self) -> None:
         with self._lock:
@@ -164,10 +185,27 @@ def stop_agent_processes() -> None:
     _PROCESSES.stop_all()
 
 
-def _offers_close(result: Mapping[str, Any]) -> bool:
+def agent_processes() -> list[AgentProcessEntry]:
+    """This worker's running agent processes (its IO thread, for the heartbeat)."""
+    return _PROCESSES.entries()
+
+
+def _offers(result: Mapping[str, Any], capability: str) -> bool:
+    """Whether the agent's ``initialize`` result offers ``sessionCapabilities.<name>``."""
     caps = result.get("agentCapabilities")
     sessions = caps.get("sessionCapabilities") if isinstance(caps, Mapping) else None
-    return isinstance(sessions, Mapping) and sessions.get("close") is not None
+    return isinstance(sessions, Mapping) and sessions.get(capability) is not None
+
+
+def _restore_method(result: Mapping[str, Any]) -> str | None:
+    """How the agent reopens one of its sessions: ``session/resume`` (no replay) over
+    ``session/load``, or None when it advertises neither."""
+    if _offers(result, "resume"):
+        return "session/resume"
+    caps = result.get("agentCapabilities")
+    if isinstance(caps, Mapping) and caps.get("loadSession") is True:
+        return "session/load"
+    return None
 
 
 def _summary(result: Mapping[str, Any]) -> str:
@@ -191,6 +229,7 @@ class AcpAgent(Agent):
     def __init__(self, config: dict[str, Any]) -> None:
         super().__init__(config)
         self.alias = str(config.get("alias", "acp"))
+        self.cancel_grace = float(config.get("cancel_grace_secs", DEFAULT_CANCEL_GRACE))
         self._setup: SessionSetup | None = None
         self._process: AgentProcess | None = None
         self._link: SessionLink | None = None
@@ -199,10 +238,13 @@ class AcpAgent(Agent):
         self._agent_sessions = 0
         self._context_lost = False
         self._new_agent_session = False  # its id is not stored yet
+        self._restorable: str | None = None  # the agent session to reopen, if the agent can
 
     def open(self, setup: SessionSetup) -> None:
         """Start the agent (if this worker has none yet) and its session, ahead of a turn."""
         self._setup = setup
+        stored = setup.meta.get("acpAgentSessionId")
+        self._restorable = stored if isinstance(stored, str) and stored else None
         if self.config.get("per_session") is True:
             self._key = f"{self.alias}/{setup.sid}"
         try:
@@ -214,15 +256,19 @@ class AcpAgent(Agent):
     def close(self) -> None:
         """Drop this session's agent session (``session/close`` where the agent offers
         it), and a per-session agent process."""
+        process = self._process
+        if process is not None and self._key != self.alias:
+            _PROCESSES.discard(self._key, process, final=True)  # its session ends with it
+        else:
+            self._drop_link()
+
+    def _drop_link(self) -> None:
         process, link = self._process, self._link
-        if process is None:
+        if process is None or link is None:
             return
-        if self._key != self.alias:
-            _PROCESSES.discard(self._key, process)  # the agent session ends with it
-        elif link is not None:
-            process.links.pop(link.agent_session_id, None)
-            if process.alive and _offers_close(process.initialize_result):
-                process.call("session/close", {"sessionId": link.agent_session_id})
+        process.links.pop(link.agent_session_id, None)
+        if process.alive and _offers(process.initialize_result, "close"):
+            process.call("session/close", {"sessionId": link.agent_session_id})
 
     @property
     def agent_session_id(self) -> str | None:
@@ -243,20 +289,61 @@ class AcpAgent(Agent):
             self._new_agent_session = False
             stored["acpAgentSessionId"] = self.agent_session_id
         assert self._process is not None and self._link is not None
-        stop_reason = _AcpTurn(self._process, self._link, ctx, self._setup_mode).run(prompt)
+        turn = AcpTurn(self._process, self._link, ctx, self._setup_mode, self.cancel_grace)
+        stop_reason = turn.run(prompt)
+        if turn.ignored_cancel:  # it may never answer again: the next turn gets a new one
+            log.warning("agent %s did not end a cancelled turn within %gs; restarting it",
+                        self.alias, self.cancel_grace)
+            _PROCESSES.discard(self._key, self._process)
         return TurnResult(stop_reason=stop_reason, meta=meta, session_meta=stored)
 
     def _setup_mode(self) -> str:
         return self._setup.mode() if self._setup is not None else "supervised"
 
     def _connect(self) -> None:
-        """A fresh agent session (starting the process if needed); AgentFailure if not."""
+        """This session's agent session (starting the process if needed): the earlier
+        one reopened where the agent can, else a fresh one; AgentFailure if neither."""
         setup = self._setup
         if setup is None:
             raise AgentFailure(f"agent {self.alias}: the session is not open")
-        self.close()
+        if self._link is not None:
+            self._restorable = self._link.agent_session_id
+        self._drop_link()
         self._process = self._link = None
         process = _PROCESSES.acquire(self._key, _launch_spec(self.config))
+        agent_sid = self._reopen(process, setup)
+        if agent_sid is None:
+            agent_sid = self._new_session(process, setup)
+            self._new_agent_session = True
+            if setup.has_history or self._agent_sessions:
+                self._context_lost = True
+                log.warning("session %s: agent %s has a fresh session %s; the context of the "
+                            "earlier turns was not restored", setup.sid, self.alias, agent_sid)
+        link = SessionLink(agent_sid, setup.paths, setup.mode)
+        process.links[agent_sid] = link
+        self._process, self._link = process, link
+        self._agent_sessions += 1
+
+    def _reopen(self, process: AgentProcess, setup: SessionSetup) -> str | None:
+        """The earlier agent session through the agent's resume or load, or None. Its
+        replay has no open turn to go to, so it is dropped (:mod:`acp_client`)."""
+        method = _restore_method(process.initialize_result)
+        agent_sid, self._restorable = self._restorable, None
+        if agent_sid is None or method is None:
+            return None
+        try:
+            process.call_and_wait(method, {
+                "sessionId": agent_sid, "cwd": str(setup.paths.cwd),
+                "mcpServers": list(setup.mcp_servers),
+            })
+        except AgentFailure as exc:
+            log.warning("session %s: %s; starting a fresh agent session", setup.sid, exc)
+            return None
+        log.info("session %s: agent %s session %s reopened (%s)", setup.sid, self.alias,
+                 agent_sid, method)
+        return agent_sid
+
+    def _new_session(self, process: AgentProcess, setup: SessionSetup) -> str:
         try:
             result = process.call_and_wait("session/new", {
                 "cwd": str(setup.paths.cwd), "mcpServers": list(setup.mcp_servers),
@@ -268,126 +355,6 @@ class AcpAgent(Agent):
         agent_sid = result.get("sessionId") if isinstance(result, Mapping) else None
         if not isinstance(agent_sid, str) or not agent_sid:
             raise AgentFailure(f"agent {self.alias} answered session/new without a sessionId")
-        link = SessionLink(agent_sid, setup.paths, setup.mode)
-        process.links[agent_sid] = link
         log.info("session %s: agent %s session %s (modes: %r)", setup.sid, self.alias,
                  agent_sid, result.get("modes"))
-        self._process, self._link = process, link
-        self._new_agent_session = True
-        if setup.has_history or self._agent_sessions:
-            self._context_lost = True
-            log.warning("session %s: agent %s has a fresh session %s; the context of the "
-                        "earlier turns was not restored", setup.sid, self.alias, agent_sid)
-        self._agent_sessions += 1
-
-
-class _AcpTurn:
-    """One prompt forwarded to the agent, pumped on the session's actor thread."""
-
-    def __init__(self, process: AgentProcess, link: SessionLink, ctx: TurnContext,
-                 mode: Callable[[], str]) -> None:
-        self.process = process
-        self.link = link
-        self.ctx = ctx
-        self.mode = mode
-        self.tools = ToolNames()
-
-    def run(self, prompt: str) -> str | None:
-        link = self.link
-        self._answer_leftovers()  # from before this turn
-        if self.ctx.cancelled.is_set():
-            return None  # cancelled before it reached the agent
-        link.turn_open.set()
-        try:
-            future = self.process.call("session/prompt", {
-                "sessionId": link.agent_session_id,
-                "prompt": [{"type": "text", "text": prompt}],
-            })
-            future.add_done_callback(lambda _f: link.inbox.put(("done", None)))
-            self._pump(future)
-        finally:
-            link.turn_open.clear()
-            self._answer_leftovers()
-        return self._stop_reason(future)
-
-    def _pump(self, future: concurrent.futures.Future[Any]) -> None:
-        """Relay the agent's messages until its answer, its exit, or the cancel grace."""
-        cancel_sent: float | None = None
-        while self.process.alive or not self.link.inbox.empty():
-            if self.ctx.cancelled.is_set() and cancel_sent is None:
-                self.process.notify("session/cancel", {"sessionId": self.link.agent_session_id})
-                cancel_sent = time.monotonic()
-            if cancel_sent is not None and time.monotonic() - cancel_sent > CANCEL_GRACE_SECS:
-                log.warning("agent %s did not end a cancelled turn within %gs; left it",
-                            self.process.alias, CANCEL_GRACE_SECS)
-                future.cancel()
-                return
-            try:
-                kind, payload = self.link.inbox.get(timeout=_POLL_SECS)
-            except queue.Empty:
-                continue
-            if kind in ("done", "exited"):
-                return
-            self._handle(kind, payload)
-
-    def _handle(self, kind: str, payload: Any) -> None:
-        if kind == "update":
-            for event in events_from_update(payload, self.tools):
-                self.ctx.emit(event)
-        elif kind == "permission":
-            params, reply = payload
-            reply(self._permission(params))
-
-    def _permission(self, params: Any) -> dict[str, Any]:
-        """The agent's permission request, decided by the session's mode or the client."""
-        options = [o for o in params.get("options") or [] if isinstance(o, Mapping)]
-        mode = self.mode()
-        if mode == "full":
-            wanted: tuple[str, ...] = ("allow_once", "allow_always")
-        elif mode == "read_only":
-            wanted = ("reject_once", "reject_always")
-        else:
-            call = params.get("toolCall")
-            call = call if isinstance(call, Mapping) else {}
-            title = str(call.get("title") or "tool call")
-            choice = self.ctx.ask_permission(str(call.get("toolCallId") or ""), title, title,
-                                             str(call.get("kind") or "other"),
-                                             call.get("rawInput"))
-            wanted = _WANTED_OPTIONS.get((choice or "").replace("-", "_"), ())
-        for kind in wanted:
-            for option in options:
-                if option.get("kind") == kind and isinstance(option.get("optionId"), str):
-                    return {"outcome": {"outcome": "selected", "optionId": option["optionId"]}}
-        return CANCELLED_OUTCOME
-
-    def _answer_leftovers(self) -> None:
-        """Permission requests still queued when the turn ended are answered cancelled."""
-        for kind, payload in _drain(self.link.inbox):
-            if kind == "permission":
-                payload[1](CANCELLED_OUTCOME)
-
-    def _stop_reason(self, future: concurrent.futures.Future[Any]) -> str | None:
-        if not future.done() and not self.process.alive:
-            future.cancel()
-            raise AgentFailure(self.process.failure_text("during the turn"))
-        if future.cancelled() or not future.done():
-            return None  # the cancel grace ran out: a cancelled turn
-        try:
-            result = future.result(0)
-        except RemoteError as exc:
-            if self.ctx.cancelled.is_set():
-                return None
-            raise AgentFailure(f"agent {self.process.alias} failed the prompt: {exc}") from None
-        except (ConnectionLost, concurrent.futures.CancelledError, asyncio.CancelledError):
-            raise AgentFailure(self.process.failure_text("during the turn")) from None
-        reason = result.get("stopReason") if isinstance(result, Mapping) else None
-        return reason if reason in _STOP_REASONS else None
-
-
-def _drain(inbox: queue.SimpleQueue[tuple[str, Any]]) -> list[tuple[str, Any]]:
-    items = []
-    while True:
-        try:
-            items.append(inbox.get_nowait())
-        except queue.Empty:
-            return items
+        return agent_sid

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import orjson
+
 from ipc.events import (
     Event,
     MessageChunk,
@@ -116,8 +118,17 @@ def _tool_call_update(update: Mapping[str, Any], tools: ToolNames) -> list[Event
     if status in _FINAL:
         tools.finished.add(call_id)
     name = _str(update.get("title")) or tools.names.get(call_id, "tool call")
-    text = _tool_content_text(update.get("content"))
-    return [ToolCallFinished(call_id, name, str(status), update.get("rawOutput"), text)]
+    raw_output = update.get("rawOutput")
+    text = _tool_content_text(update.get("content")) or _raw_output_text(raw_output)
+    return [ToolCallFinished(call_id, name, str(status), raw_output, text)]
+
+
+def _raw_output_text(raw_output: Any) -> str:
+    """A result given only as ``rawOutput``, as text (what the turn record keeps and a
+    replay shows): a string as it is, anything else as JSON."""
+    if raw_output is None or isinstance(raw_output, str):
+        return raw_output or ""
+    return orjson.dumps(raw_output, option=orjson.OPT_SORT_KEYS).decode()
 
 
 def _plan(update: Mapping[str, Any]) -> list[Event]:

@@ -56,7 +56,8 @@ class SessionSetup:
     """What an agent may know about its session when it opens (see :meth:`Agent.open`).
 
     ``mode`` reads the session's current autonomy level (thread-safe);
-    ``mcp_servers`` is the client's list from ``session/new``, as sent.
+    ``mcp_servers`` is the client's list from ``session/new``, as sent; ``meta`` the
+    stored session's meta (what earlier turns' :attr:`TurnResult.session_meta` kept).
     """
 
     sid: str
@@ -64,6 +65,7 @@ class SessionSetup:
     mode: Callable[[], str]
     mcp_servers: tuple[Any, ...] = ()
     has_history: bool = False
+    meta: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -362,3 +362,95 @@ provider = "echo"
         assert fine["sessionId"]
     stderr = host.stderr_path.read_text()
     assert "agent broken cannot be used" in stderr and "agent odd cannot be used" in stderr
+
+
+# --- reopening the agent's own session; an agent that ignores cancel ---------------------
+
+
+async def _agent_status(host: SdkHost, pid: int, timeout: float = 10.0) -> dict[str, Any]:
+    """The ``status`` entry of the agent process ``pid`` (workers report them each beat)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status = await host.raw("status", {})
+        entries = [a for w in status["workers"] for a in w["agents"] if a["pid"] == pid]
+        if entries:
+            return dict(entries[0])
+        assert time.monotonic() < deadline, f"agent {pid} not in status: {status['workers']}"
+        await asyncio.sleep(0.1)
+
+
+@pytest.mark.parametrize("method", ["load", "resume"])
+async def test_agent_session_is_reopened_by_the_agents_own_load_or_resume(
+    sdk_hosts: SdkHostFactory, config_dir: Path, workspace: Path, tmp_path: Path, method: str
+) -> None:
+    state = tmp_path / "agent-state.json"
+    acp_config(config_dir, fixture_command(),
+               extra=f'env = {{FIXTURE_MODE = "{method}", FIXTURE_STATE = "{state}"}}')
+    async with sdk_hosts() as host:
+        await host.initialize()
+        sid = await host.new_session(workspace)
+        for text in ("first words", "second words"):
+            await prompt_text(host, sid, text)
+    stored, _ = stored_session(config_dir, sid)
+    assert stored is not None
+    agent_sid = stored.meta["acpAgentSessionId"]
+    async with sdk_hosts() as second:
+        await second.initialize()
+        await second.conn.resume_session(cwd=str(workspace), session_id=sid)
+        text, outcome = await prompt_text(second, sid, "recall")
+        assert text == "first words | second words" and outcome.stop_reason == "end_turn"
+        assert "_meta" not in second.last_result("session/prompt", sid)
+        kinds = {u.session_update for u in second.client.of(sid)}
+        assert "user_message_chunk" not in kinds  # the agent's replay was not passed on
+        pid = int((await prompt_text(second, sid, "pid"))[0])
+        os.kill(pid, signal.SIGKILL)  # a crashed agent's session is reopened the same way
+        assert not await asyncio.to_thread(reap_leaks, [psutil.Process(pid)], 10.0)
+        text, _ = await prompt_text(second, sid, "recall")
+        assert text == "first words | second words | recall | pid"
+        assert "_meta" not in second.last_result("session/prompt", sid)
+    assert second.stderr_path.read_text().count(f"request session/{method}") == 2
+    stored, _ = stored_session(config_dir, sid)
+    assert stored is not None and stored.meta["acpAgentSessionId"] == agent_sid
+
+
+async def test_an_agent_that_cannot_reopen_its_session_gets_a_fresh_one(
+    sdk_hosts: SdkHostFactory, config_dir: Path, workspace: Path, tmp_path: Path
+) -> None:
+    state = tmp_path / "agent-state.json"
+    acp_config(config_dir, fixture_command(),
+               extra=f'env = {{FIXTURE_MODE = "load", FIXTURE_STATE = "{state}"}}')
+    async with sdk_hosts() as host:
+        await host.initialize()
+        sid = await host.new_session(workspace)
+        await prompt_text(host, sid, "remembered by nobody")
+    state.unlink()  # the agent lost its sessions
+    async with sdk_hosts() as second:
+        await second.initialize()
+        await second.conn.resume_session(cwd=str(workspace), session_id=sid)
+        text, _ = await prompt_text(second, sid, "recall")
+        assert text == ""
+        assert second.last_result("session/prompt", sid)["_meta"]["zeroclaw"] == {
+            "contextRestored": False}
+
+
+async def test_agent_ignoring_cancel_ends_the_turn_after_the_grace_and_is_restarted(
+    sdk_hosts: SdkHostFactory, config_dir: Path, workspace: Path
+) -> None:
+    acp_config(config_dir, fixture_command(), extra="cancel_grace_secs = 0.5\n[workers]\nmax = 1")
+    async with sdk_hosts() as host:
+        await host.initialize()
+        sid = await host.new_session(workspace)
+        running = asyncio.create_task(host.prompt(sid, "stubborn"))
+        await host.client.wait_text(sid, "pid=")
+        stubborn = psutil.Process(int(host.client.text(sid).split("pid=")[1].split()[0]))
+        assert (await _agent_status(host, stubborn.pid))["restarts"] == 0
+        await host.conn.cancel(session_id=sid)
+        outcome = await asyncio.wait_for(running, 20)
+        assert outcome.stop_reason == "cancelled"
+        assert outcome.content.endswith(CANCEL_MARKER)
+        assert not await asyncio.to_thread(reap_leaks, [stubborn], 10.0), "it was not stopped"
+        text, outcome = await prompt_text(host, sid, "pid")
+        assert outcome.stop_reason == "end_turn" and int(text) != stubborn.pid
+        entry = await _agent_status(host, int(text))
+        assert entry["restarts"] == 1 and entry["agentAlias"] == "hosted"
+        assert entry["sessions"] == 1 and entry["rssBytes"] > 0
