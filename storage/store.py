@@ -392,14 +392,16 @@ class StoreReader:
         return [item for _, item in merged]
 
     def list_sessions(
-        self, cwd: str | None = None, cursor: str | None = None, limit: int = MAX_PAGE_SIZE
+        self, cwd: str | None = None, cursor: str | None = None, limit: int = MAX_PAGE_SIZE,
+        *, tenant: str | None = None,
     ) -> tuple[list[SessionInfo], str | None]:
         """A page of stored sessions, newest activity first (ties: larger id first).
 
         Returns the page and the cursor of the next one (``None`` on the last
         page). ``limit`` is capped at :data:`MAX_PAGE_SIZE`. Raises
         ``ValueError`` for a relative ``cwd``, or a cursor that is malformed or
-        was made under another ``cwd`` filter.
+        was made under another ``cwd`` filter. ``tenant``: only the sessions whose
+        ``meta.tenant`` is that name (a gateway tenant's).
         """
         if cwd is not None and not os.path.isabs(cwd):
             raise ValueError(f"cwd must be an absolute path, got {cwd!r}")
@@ -407,6 +409,8 @@ class StoreReader:
         query = SessionRow.select()
         if cwd is not None:
             query = query.where(SessionRow.cwd == cwd)
+        if tenant is not None:
+            query = query.where(peewee.fn.json_extract(SessionRow.meta, "$.tenant") == tenant)
         if cursor is not None:
             last_activity, last_id = decode_cursor(cursor, cwd)
             query = query.where(

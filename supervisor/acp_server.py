@@ -6,6 +6,8 @@ connections hold sessions through the host's one ownership table
 (:mod:`supervisor.ownership`): prompting, cancelling, closing, stopping, deleting
 or setting the mode of a session other connections hold answers -32003, while
 ``session/load``/``resume`` joins its holders (editors share sessions that way).
+A gateway connection also carries its tenant's scope (``state["scope"]``,
+:mod:`supervisor.tenants`): it sees and touches only its tenant's sessions.
 ``initialize`` is answered inline
 from a handshake prepared at start, without touching the actors, so the first
 answer does not wait for the store, the actors or the worker pool; those start
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
     from ipc.worker_wire import PermissionAsk
     from supervisor.config import Settings
     from supervisor.sessions import Sessions
+    from supervisor.tenants import TenantScope
 
 __all__ = ["AcpServer", "probe_store"]
 
@@ -235,9 +238,18 @@ class AcpServer:
 
     # --- handlers -------------------------------------------------------------------
 
-    def _held(self, params: Any, endpoint: Endpoint) -> str:
-        """The request's session id, when no other connection holds it (else -32003)."""
+    async def _visible(self, params: Any, endpoint: Endpoint) -> str:
+        """The request's session id; on a tenant's connection (the gateway) -32000 for a
+        session that is not the tenant's, checked before anything else can answer."""
         sid = acp.session_id(params)
+        scope: TenantScope | None = endpoint.state.get("scope")
+        if scope is not None:
+            scope.check(await self.sessions(), sid)
+        return sid
+
+    async def _held(self, params: Any, endpoint: Endpoint) -> str:
+        """The request's session id, when no other connection holds it (else -32003)."""
+        sid = await self._visible(params, endpoint)
         self.host.owners.check(sid, endpoint.state["peer"])
         return sid
 
@@ -256,7 +268,12 @@ class AcpServer:
         request = acp.new_session_request(params)
         sessions = await self.sessions()
         peer = endpoint.state["peer"]
-        route = await sessions.new(peer, request)
+        scope: TenantScope | None = endpoint.state.get("scope")
+        if scope is not None:
+            request = scope.new_session_request(sessions, request)
+        route = await sessions.new(peer, request, tenant=scope.name if scope else None)
+        if scope is not None:
+            scope.created(route.sid)
         self.host.owners.join(route.sid, peer)  # a no-op if the client left meanwhile
         _announce_commands(peer, route.sid)
         return {
@@ -268,6 +285,7 @@ class AcpServer:
     async def prompt(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
         request = acp.prompt_request(params)
         peer = endpoint.state["peer"]
+        await self._visible(params, endpoint)
         with self.host.owners.adopting(request.session_id, peer):
             outcome = await (await self.sessions()).prompt(peer, request)
         result: dict[str, Any] = {"sessionId": outcome.sid, "stopReason": outcome.stop_reason,
@@ -277,27 +295,30 @@ class AcpServer:
         return result
 
     async def cancel(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
-        sid = self._held(params, endpoint)
+        sid = await self._held(params, endpoint)
         sessions = await self.sessions()
         sessions.cancel(sid)
         return {}
 
     async def close(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
-        sid = self._held(params, endpoint)
+        sid = await self._held(params, endpoint)
         await self.host.owners.ending(sid, (await self.sessions()).close(sid))
         return {}
 
     async def stop(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
-        sid = self._held(params, endpoint)
+        sid = await self._held(params, endpoint)
         await self.host.owners.ending(sid, (await self.sessions()).close(sid, wait_for_turn=True))
         return {"sessionId": sid, "stopped": True}
 
     async def _restore(self, params: Any, endpoint: Endpoint, replay: bool) -> dict[str, Any]:
-        sid = acp.session_id(params)
+        sid = await self._visible(params, endpoint)
         if isinstance(params, Mapping):
             acp.optional_str(params, "cwd")
         sessions = await self.sessions()
         peer = endpoint.state["peer"]
+        scope: TenantScope | None = endpoint.state.get("scope")
+        if scope is not None:
+            scope.check_capacity(sessions, sid)
         route = await sessions.restore(peer, sid, replay=replay)
         self.host.owners.join(sid, peer)  # a no-op if the client left meanwhile
         _announce_commands(peer, sid)
@@ -316,19 +337,23 @@ class AcpServer:
         cwd = acp.optional_str(params, "cwd")
         cursor = acp.optional_str(params, "cursor")
         sessions = await self.sessions()
-        rows, next_cursor = sessions.list(cwd, cursor)
+        scope: TenantScope | None = endpoint.state.get("scope")
+        rows, next_cursor = sessions.list(cwd, cursor, tenant=scope.name if scope else None)
         result: dict[str, Any] = {"sessions": [acp.session_entry(row) for row in rows]}
         if next_cursor:
             result["nextCursor"] = next_cursor
         return result
 
     async def delete(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
-        sid = self._held(params, endpoint)
+        sid = await self._held(params, endpoint)
         await self.host.owners.ending(sid, (await self.sessions()).delete(sid))
+        scope: TenantScope | None = endpoint.state.get("scope")
+        if scope is not None:
+            scope.tenancy.forget(sid)
         return {}
 
     async def set_mode(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
-        sid = self._held(params, endpoint)
+        sid = await self._held(params, endpoint)
         mode = acp.optional_str(params, "modeId", "mode_id")
         if mode is None:
             raise InvalidParams("missing modeId")
@@ -336,7 +361,7 @@ class AcpServer:
         return {}
 
     async def client_event(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
-        sid = acp.session_id(params)
+        sid = await self._visible(params, endpoint)
         kind = acp.optional_str(params, "type")
         update = params.get("update")
         if kind is None and isinstance(update, Mapping):
@@ -347,7 +372,10 @@ class AcpServer:
     async def status(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
         from supervisor.status import host_status
 
-        return host_status(await self.sessions(), self.host.owners)
+        sessions = await self.sessions()
+        status = host_status(sessions, self.host.owners)
+        scope: TenantScope | None = endpoint.state.get("scope")
+        return status if scope is None else scope.status_view(status, sessions)
 
 
 def _with_agent_fallback(

@@ -42,6 +42,11 @@ def _parser() -> argparse.ArgumentParser:
                         help="exit 1 s after the last client disconnects")
     daemon.add_argument("--config-dir", help="configuration directory (default ~/.zeroclaw)")
     daemon.add_argument("--log-level", choices=LOG_LEVELS, help="stderr log level (default info)")
+    daemon.add_argument("--gateway", metavar="HOST:PORT",
+                        help="also serve ACP over WebSocket and ops over HTTP (gateway.listen)")
+    tenant = commands.add_parser("tenant", help="add, list or remove gateway tenants")
+    tenant.add_argument("--config-dir", help="configuration directory (default ~/.zeroclaw)")
+    tenant.add_argument("args", nargs=argparse.REMAINDER)
     status = commands.add_parser(
         "status", help="the daemon's sessions, workers and limits",
         description="exit codes: 0 running, 1 degraded, 2 usage, 3 not running, 4 no answer",
@@ -71,6 +76,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run(list(args.args), resolve_config_dir(args.config_dir))
     if args.command == "daemon":
         return _run_daemon(args)
+    if args.command == "tenant":
+        from supervisor.config import resolve_config_dir
+        from supervisor.tenant_cmd import run as run_tenant
+
+        return run_tenant(list(args.args), resolve_config_dir(args.config_dir))
     if args.command == "status":
         return _run_status(args)
     _parser().print_help(sys.stderr)
@@ -121,7 +131,7 @@ def _run_daemon(args: argparse.Namespace) -> int:
 
     _configure_logging(args.log_level or os.environ.get("ZEROCLAW_LOG") or "info")
     try:
-        settings = load_settings(args.config_dir)
+        settings = load_settings(args.config_dir, {"gateway.listen": args.gateway})
     except ConfigError as exc:
         logging.getLogger("zeroclaw").error("configuration error: %s", exc)
         return 2

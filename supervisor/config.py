@@ -18,9 +18,12 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from actors.sandbox import SANDBOX_CHOICES
+
+if TYPE_CHECKING:
+    from supervisor.gateway_config import GatewayConfig, TenantConfig
 
 __all__ = [
     "AUTONOMY_LEVELS",
@@ -88,6 +91,8 @@ class Settings:
     long is disconnected."""
     sandbox: str = "auto"  # [autonomy] sandbox: auto | bwrap | landlock | none
     allow_unsandboxed_shell: bool = False
+    gateway: GatewayConfig | None = None  # [gateway]: see supervisor.gateway_config
+    tenants: Mapping[str, TenantConfig] = field(default_factory=dict)  # [tenants.NAME]
 
     @property
     def default_model(self) -> str:
@@ -245,6 +250,8 @@ def settings_from_document(
         not isinstance(default_agent, str) or default_agent not in agents
     ):
         raise ConfigError(f"acp.default_agent names no configured agent: {default_agent!r}")
+    from supervisor.gateway_config import gateway_from_document, tenants_from_document
+
     return Settings(
         config_dir=config_dir,
         data_dir=data_dir,
@@ -264,6 +271,8 @@ def settings_from_document(
         partial_frame_timeout_secs=_seconds(acp, "partial_frame_timeout_secs", 60.0),
         sandbox=sandbox,
         allow_unsandboxed_shell=unsandboxed,
+        gateway=gateway_from_document(_section(doc, "gateway")),
+        tenants=tenants_from_document(doc.get("tenants")),
     )
 
 

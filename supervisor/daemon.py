@@ -19,8 +19,10 @@ import itertools
 import logging
 import os
 import signal
+import ssl
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ipc.jsonrpc import Endpoint
 from ipc.listener import ConnectionHandler, Listener, OpenFileGuard, raise_open_file_limit
@@ -37,6 +39,9 @@ from supervisor.daemon_socket import (
 )
 from supervisor.host_handle import HostHandle
 from supervisor.rpc_server import RpcServer
+
+if TYPE_CHECKING:
+    from supervisor.gateway import Gateway
 
 __all__ = [
     "EPHEMERAL_GRACE_SECS",
@@ -129,9 +134,26 @@ class Daemon:
         self._connections: dict[asyncio.Task[None], tuple[asyncio.StreamWriter, list[Endpoint]]]
         self._connections = {}
         self._listeners: list[Listener] = []
+        self.gateway = self._gateway() if settings.gateway and settings.gateway.listen else None
+
+    def _gateway(self) -> Gateway:
+        from supervisor.gateway import Gateway
+
+        def count(change: int) -> None:
+            (self.lifetime.connected if change > 0 else self.lifetime.disconnected)()
+
+        return Gateway(self.settings, self.acp, write_high_water=self.write_high_water,
+                       on_connection=count)
 
     async def serve(self, claim: SocketClaim, acp_claim: SocketClaim) -> int:
         loop = asyncio.get_running_loop()
+        if self.gateway is not None:
+            try:
+                log.info("gateway listening on %s", await self.gateway.start())
+            except (OSError, ssl.SSLError) as exc:
+                log.error("zeroclaw daemon: the gateway cannot listen on %s: %s",
+                          self.settings.gateway and self.settings.gateway.listen, exc)
+                return 1
         for signum in STOP_SIGNALS:
             loop.add_signal_handler(signum, self._on_signal, signum)
         limit = self.settings.frame_limit + 1
@@ -172,6 +194,8 @@ class Daemon:
         then let :meth:`serve` shut down."""
         for listener in self._listeners:
             listener.close()
+        if self.gateway is not None:
+            self.gateway.stop_accepting()
         self.stop.set()
 
     def _handler(self, kind: str, make: EndpointMaker) -> ConnectionHandler:
@@ -224,6 +248,7 @@ class Daemon:
             sessions.host.turns.cancel_all()
             await sessions.host.turns.wait_all(timeout=10)
         endpoints = [e for _, eps in self._connections.values() for e in eps]
+        endpoints += self.gateway.endpoints() if self.gateway is not None else []
         if endpoints:  # let in-flight requests (the cancelled prompts) answer
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(_DRAIN_SECS):
@@ -232,6 +257,8 @@ class Daemon:
             writer.close()
         if self._connections:
             await asyncio.wait(list(self._connections), timeout=_CLOSE_SECS)
+        if self.gateway is not None:
+            await self.gateway.close()
         if sessions is not None:
             await sessions.host.stop()
 
@@ -243,6 +270,10 @@ def acp_socket_path(settings: Settings) -> Path:
 
 
 async def _run(settings: Settings, ephemeral: bool) -> int:
+    problem = _gateway_problem(settings)
+    if problem is not None:
+        log.error("zeroclaw daemon: %s", problem)
+        return 2
     raise_open_file_limit()
     try:
         claim = claim_socket(settings.socket_path, private_dir=settings.data_dir)
@@ -260,6 +291,15 @@ async def _run(settings: Settings, ephemeral: bool) -> int:
     finally:
         acp_claim.release()
         claim.release()
+
+
+def _gateway_problem(settings: Settings) -> str | None:
+    """Why the configured gateway must not start (plain HTTP off loopback), if it must not."""
+    if settings.gateway is None or not settings.gateway.listen:
+        return None
+    from supervisor.gateway_config import exposure_problem
+
+    return exposure_problem(settings.gateway)
 
 
 def run_daemon(settings: Settings, *, ephemeral: bool = False) -> int:

@@ -47,6 +47,7 @@ from supervisor.orphans import become_subreaper, end_orphans
 from supervisor.pacing import TurnStream
 from supervisor.routes import Peer, Route
 from supervisor.supervisor import Eviction, Limits, SupervisorActor, workers_wanted
+from supervisor.turn_stats import TurnStats
 from supervisor.turns import TurnBook
 from supervisor.usage import UsageTotals
 from supervisor.worker_env import agent_variables
@@ -80,6 +81,7 @@ class Host:
         self._closings = Closings()
         self.turns = TurnBook(self)
         self.usage = UsageTotals()
+        self.turn_stats = TurnStats()  # for /metrics
 
     # --- lifecycle ----------------------------------------------------------------
 

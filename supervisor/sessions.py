@@ -32,6 +32,7 @@ from supervisor.config import AUTONOMY_LEVELS, AgentConfig
 from supervisor.host import Host, canonical_dir, stored_tool_rules
 from supervisor.routes import Peer, Route, RunningTurn
 from supervisor.slash_commands import agent_history, parse, run_host_command
+from supervisor.tenants import TENANT_META_KEY
 
 __all__ = ["Sessions", "TurnOutcome"]
 
@@ -122,18 +123,21 @@ class Sessions:
             return os.path.realpath(workspace)
         return resolved
 
-    async def new(self, peer: Peer, request: NewSessionRequest) -> Route:
+    async def new(self, peer: Peer, request: NewSessionRequest, *,
+                  tenant: str | None = None) -> Route:
         """Create a session; its id is ``request.session_id`` when the client chose one
-        (only the daemon dialect passes it), else a fresh UUID."""
+        (only the daemon dialect passes it), else a fresh UUID. ``tenant``: the gateway
+        tenant it belongs to, kept in its stored ``meta`` (None: the host's owner)."""
         agent = self.resolve_agent(request.agent_alias)
         cwd = self.resolve_cwd(request.cwd, agent)
+        meta = {TENANT_META_KEY: tenant} if tenant else {}
         sid = request.session_id
         if sid is None:
-            return await self._create(peer, str(uuid.uuid4()), agent, cwd, request)
+            return await self._create(peer, str(uuid.uuid4()), agent, cwd, request, meta)
         self.check_unused(sid)
         self._creating.add(sid)
         try:
-            return await self._create(peer, sid, agent, cwd, request)
+            return await self._create(peer, sid, agent, cwd, request, meta)
         finally:
             self._creating.discard(sid)
 
@@ -145,7 +149,7 @@ class Sessions:
                                 "use session/load or session/prompt to continue it")
 
     async def _create(self, peer: Peer, sid: str, agent: AgentConfig, cwd: str,
-                      request: NewSessionRequest) -> Route:
+                      request: NewSessionRequest, meta: dict[str, Any]) -> Route:
         if request.mcp_servers:
             log.info("session %s: %d MCP server(s) stored, not used yet", sid,
                      len(request.mcp_servers))
@@ -153,7 +157,7 @@ class Sessions:
         info = StoredSession(
             id=sid, agent_alias=agent.alias, workspace_dir=cwd, cwd=cwd,
             mode=self.settings.autonomy_level, created_at=now, last_activity=now,
-            mcp_servers=list(request.mcp_servers),
+            mcp_servers=list(request.mcp_servers), meta=meta,
         )
         route = await self._open(peer, info, history=False)
         try:
@@ -269,7 +273,9 @@ class Sessions:
         return TurnOutcome(turn.sid, record.stop_reason, record.content, meta)
 
     async def _store_meta(self, sid: str, changes: dict[str, Any]) -> None:
-        """Merge what the agent asked to keep into the session's stored ``meta``."""
+        """Merge what the agent asked to keep into the session's stored ``meta``
+        (never its tenant: an agent cannot move a session to another tenant)."""
+        changes.pop(TENANT_META_KEY, None)
         try:
             await self.host.persist("update_meta", sid, changes)
         except Exception as exc:
@@ -417,13 +423,15 @@ class Sessions:
 
     # --- list, delete, mode, events ------------------------------------------------------
 
-    def list(self, cwd: str | None, cursor: str | None) -> tuple[list[StoredSession], str | None]:
+    def list(self, cwd: str | None, cursor: str | None, *,
+             tenant: str | None = None) -> tuple[list[StoredSession], str | None]:
+        """A page of stored sessions; ``tenant``: only that gateway tenant's."""
         if cwd is not None and not os.path.isabs(cwd):
             raise InvalidParams("cwd must be an absolute path")
         if cwd is not None:
             cwd = os.path.realpath(cwd)
         try:
-            return self.host.reader.list_sessions(cwd, cursor, 100)
+            return self.host.reader.list_sessions(cwd, cursor, 100, tenant=tenant)
         except ValueError as exc:
             raise InvalidParams(f"cursor: {exc}") from None
 

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from supervisor.routes import Route
     from supervisor.sessions import Sessions
 
-__all__ = ["host_status"]
+__all__ = ["host_status", "process_figures"]
 
 _processes: dict[int, psutil.Process] = {}
 
@@ -52,7 +52,7 @@ def _session_entries(routes: Mapping[str, Route],
     return entries, Counter(route.worker_id for route in routes.values())
 
 
-def _process_figures(pid: int) -> tuple[int, float]:
+def process_figures(pid: int) -> tuple[int, float]:
     """RSS and CPU% of ``pid``, sampled at most once a second (cheap to poll)."""
     now = time.monotonic()
     sample = _samples.get(pid)
@@ -83,7 +83,7 @@ def _forget_gone(shown: set[int]) -> None:
 
 def _agent_entry(agent: AgentProcessEntry) -> dict[str, Any]:
     """A worker's agent process (from its last heartbeat) with the host's psutil figures."""
-    rss, cpu = _process_figures(agent["pid"])
+    rss, cpu = process_figures(agent["pid"])
     return {"agentAlias": agent["alias"], "pid": agent["pid"], "rssBytes": rss,
             "cpuPercent": cpu, "sessions": agent["sessions"], "restarts": agent["restarts"]}
 
@@ -97,7 +97,7 @@ def host_status(sessions: Sessions, owners: Owners) -> dict[str, Any]:
     silent_after = _SILENT_BEATS * pool.heartbeat_secs
     workers, infos = [], pool.info()
     for w in infos:
-        rss, cpu = _process_figures(w.pid)
+        rss, cpu = process_figures(w.pid)
         responsive = w.alive and (not w.ready or now - w.last_beat <= silent_after)
         workers.append({"pid": w.pid, "rssBytes": rss, "cpuPercent": cpu,
                         "sessions": per_worker.get(w.worker_id, 0), "responsive": responsive,

@@ -139,6 +139,7 @@ class TurnBook:
             self.settle(turn, error=InternalError(str(exc)))
             return
         self.host.usage.add_turn(record.tokens)
+        self.host.turn_stats.record(record.stop_reason, record.finished_at - record.started_at)
         self.settle(turn, value=(record, turns))
 
     def _forget_unstored(self, turn: RunningTurn) -> None:

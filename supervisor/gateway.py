@@ -1,0 +1,365 @@
+"""The daemon's gateway: ACP over WebSocket for remote editors, and ops over HTTP.
+
+Runs on the daemon's asyncio loop (the main thread), served by the ``websockets``
+library (imported only when the gateway is on). Routes, all ``GET``:
+
+- ``/acp``: the ACP v1 dialect of ``acp.sock``, one JSON-RPC message per text frame,
+  through the same :meth:`supervisor.acp_server.AcpServer.make_endpoint` (handshake,
+  envelope rules, ownership, out-of-band cancel, permission relay); the connection
+  carries its tenant's :class:`~supervisor.tenants.TenantScope` and ``?agent=`` as its
+  default agent. The token is checked before the upgrade (401 without a valid one).
+- ``/health``: 200 or 503 with ``{"status", "reasons"}``; no token needed.
+- ``/status``: the ``status`` JSON as the token's tenant may see it (an admin: all).
+- ``/metrics``: Prometheus text format (:mod:`supervisor.metrics`); admin token only.
+
+A token goes in ``Authorization: Bearer <token>``, as a ``Sec-WebSocket-Protocol``
+entry ``zeroclaw.token.<token>`` (browsers cannot set headers; the server never echoes
+it and selects ``acp`` when offered), or as ``?token=``. An address that sent
+``auth_failures`` wrong tokens within ``auth_window_secs`` gets 429 until the window
+passes. The token never reaches a log, an answer or ``status``.
+
+Backpressure: frames to a client queue in :class:`_Outbox`; the library holds at most
+``write_limit`` bytes in the socket buffer, and a client whose queue passes the
+daemon's write high-water mark (``ZEROCLAW_WRITE_HIGH_WATER``: it is not reading) is
+disconnected at once, as on the Unix sockets, so a stuck client cannot grow the host's
+memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import logging
+import ssl
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, urlsplit
+
+import orjson
+
+from supervisor.gateway_config import GatewayConfig
+from supervisor.tenants import Tenancy, TenantScope, tenant_of_token
+
+if TYPE_CHECKING:
+    from websockets.asyncio.server import Server, ServerConnection
+    from websockets.http11 import Request, Response
+
+    from ipc.jsonrpc import Endpoint
+    from supervisor.acp_server import AcpServer
+    from supervisor.config import Settings
+    from supervisor.gateway_config import TenantConfig
+
+__all__ = ["TOKEN_SUBPROTOCOL_PREFIX", "AuthLimiter", "Gateway", "GatewayStats"]
+
+log = logging.getLogger("zeroclaw.gateway")
+
+TOKEN_SUBPROTOCOL_PREFIX = "zeroclaw.token."
+ACP_SUBPROTOCOL = "acp"
+_WRITE_LIMIT = 256 * 1024
+
+
+@dataclass(slots=True)
+class GatewayStats:
+    """Figures for ``/metrics`` (loop thread): open ``/acp`` connections, and refused
+    requests by reason (``missing``, ``invalid``, ``rate_limited``)."""
+
+    connections: int = 0
+    auth_failures: collections.Counter[str] = field(default_factory=collections.Counter)
+
+
+class AuthLimiter:
+    """Failed logins per address in a sliding window; blocked at ``limit`` failures."""
+
+    def __init__(self, limit: int, window: float, clock: Callable[[], float] = time.monotonic):
+        self._limit = limit
+        self._window = window
+        self._clock = clock
+        self._failures: dict[str, collections.deque[float]] = {}
+
+    def _recent(self, address: str) -> collections.deque[float] | None:
+        failures = self._failures.get(address)
+        if failures is None:
+            return None
+        horizon = self._clock() - self._window
+        while failures and failures[0] <= horizon:
+            failures.popleft()
+        if not failures:
+            del self._failures[address]
+            return None
+        return failures
+
+    def blocked(self, address: str) -> float:
+        """Seconds until ``address`` may try again (0: it may now)."""
+        failures = self._recent(address)
+        if failures is None or len(failures) < self._limit:
+            return 0.0
+        return max(0.0, failures[0] + self._window - self._clock())
+
+    def failed(self, address: str) -> None:
+        self._recent(address)
+        self._failures.setdefault(address, collections.deque()).append(self._clock())
+
+
+def _tokens_offered(request: Request) -> tuple[list[str], str | None]:
+    """Every token the request carries (header, subprotocol, query), and ``?agent=``."""
+    tokens = []
+    authorization = request.headers.get("Authorization", "")
+    scheme, _, credentials = authorization.partition(" ")
+    if scheme.lower() == "bearer" and credentials.strip():
+        tokens.append(credentials.strip())
+    for header in request.headers.get_all("Sec-WebSocket-Protocol"):
+        for entry in header.split(","):
+            entry = entry.strip()
+            if entry.startswith(TOKEN_SUBPROTOCOL_PREFIX) and len(entry) > len(
+                    TOKEN_SUBPROTOCOL_PREFIX):
+                tokens.append(entry[len(TOKEN_SUBPROTOCOL_PREFIX):])
+    query = parse_qs(urlsplit(request.path).query)
+    tokens += [t for t in query.get("token", []) if t]
+    agents = [a.strip() for a in query.get("agent", []) if a.strip()]
+    return tokens, agents[0] if agents else None
+
+
+def _select_subprotocol(connection: ServerConnection, offered: Any) -> Any:
+    """``acp`` when the client offers it; never a token entry (it would be echoed)."""
+    return ACP_SUBPROTOCOL if ACP_SUBPROTOCOL in offered else None
+
+
+class Gateway:
+    """The HTTP/WebSocket listener of one daemon and its connections."""
+
+    def __init__(self, settings: Settings, acp: AcpServer, *, write_high_water: int,
+                 on_connection: Callable[[int], None]) -> None:
+        """``on_connection(+1 / -1)``: the daemon's client count (ephemeral lifetime);
+        ``write_high_water``: unsent bytes after which a client counts as not reading."""
+        assert settings.gateway is not None
+        self.config: GatewayConfig = settings.gateway
+        self.settings = settings
+        self.acp = acp
+        self.tenancy = Tenancy()
+        self.stats = GatewayStats()
+        self.limiter = AuthLimiter(self.config.auth_failures, self.config.auth_window_secs)
+        self.url = ""
+        self._on_connection = on_connection
+        self._high_water = write_high_water
+        self._server: Server | None = None
+        self._scopes: weakref.WeakKeyDictionary[Any, TenantScope] = weakref.WeakKeyDictionary()
+        self._endpoints: set[Endpoint] = set()
+        self._numbers = itertools.count(1)
+        from supervisor.metrics import MetricsPage
+
+        self.metrics = MetricsPage(acp.host, self.stats)
+
+    # --- lifecycle (loop thread) ----------------------------------------------------
+
+    async def start(self) -> str:
+        """Listen; the base URL (``http://host:port``, the real port when 0 was asked)."""
+        from websockets.asyncio.server import serve
+
+        logging.getLogger("websockets").setLevel(logging.WARNING)  # it would log headers
+        config = self.config
+        context = None
+        if config.tls_cert is not None and config.tls_key is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(config.tls_cert, config.tls_key)
+        self._server = await serve(
+            self._serve_acp, config.host, config.port, process_request=self._route,
+            select_subprotocol=_select_subprotocol, max_size=self.settings.frame_limit,
+            write_limit=_WRITE_LIMIT, ssl=context, server_header=None,
+            logger=logging.getLogger("zeroclaw.gateway.ws"),
+        )
+        host, port = self._server.sockets[0].getsockname()[:2]
+        shown = f"[{host}]" if ":" in host else host
+        self.url = f"{'https' if context else 'http'}://{shown}:{port}"
+        if not self.settings.tenants:
+            log.warning("gateway: no tenants are configured, so no token is valid; "
+                        "add one with `zeroclaw tenant add NAME`")
+        return self.url
+
+    def stop_accepting(self) -> None:
+        if self._server is not None:
+            self._server.close(close_connections=False)
+
+    def endpoints(self) -> list[Endpoint]:
+        return list(self._endpoints)
+
+    async def close(self) -> None:
+        """Close every connection (1001 going away) and the listener."""
+        if self._server is not None:
+            self._server.close(close_connections=True)
+            await self._server.wait_closed()
+
+    # --- HTTP, before any upgrade -----------------------------------------------------
+
+    async def _route(self, connection: ServerConnection, request: Request) -> Response | None:
+        path = urlsplit(request.path).path
+        if path == "/health":
+            return await self._health(connection)
+        if path not in ("/acp", "/status", "/metrics"):
+            return connection.respond(404, "not found\n")
+        refusal, tenant = self._authenticate(connection, request)
+        if refusal is not None:
+            return refusal
+        assert tenant is not None
+        if path == "/status":
+            return await self._status(connection, tenant)
+        if path == "/metrics":
+            if not tenant.admin:
+                return _json(connection, 403, {"error": "an admin tenant's token is needed"})
+            response = connection.respond(200, self.metrics.render())
+            _set_type(response, self.metrics.content_type)
+            return response
+        _, agent = _tokens_offered(request)
+        self._scopes[connection] = TenantScope(tenant, self.tenancy, agent)
+        return None  # go on with the WebSocket handshake
+
+    def _authenticate(self, connection: ServerConnection,
+                      request: Request) -> tuple[Response | None, TenantConfig | None]:
+        address = _address(connection)
+        wait = self.limiter.blocked(address)
+        if wait > 0:
+            self.stats.auth_failures["rate_limited"] += 1
+            response = _json(connection, 429, {"error": "too many failed attempts"})
+            response.headers["Retry-After"] = str(max(1, round(wait)))
+            return response, None
+        tokens, _ = _tokens_offered(request)
+        if not tokens:
+            self.stats.auth_failures["missing"] += 1
+            log.info("gateway: request from %s without a token refused", address)
+            return _unauthorized(connection, "a token is required"), None
+        tenant = None
+        for token in tokens:
+            tenant = tenant_of_token(token, self.settings.tenants)
+            if tenant is not None:
+                break
+        if tenant is None:
+            self.limiter.failed(address)
+            self.stats.auth_failures["invalid"] += 1
+            log.warning("gateway: invalid token from %s", address)
+            return _unauthorized(connection, "invalid token"), None
+        return None, tenant
+
+    async def _health(self, connection: ServerConnection) -> Response:
+        from supervisor.metrics import health
+
+        ok, body = await health(self.acp.host)
+        return _json(connection, 200 if ok else 503, body)
+
+    async def _status(self, connection: ServerConnection, tenant: TenantConfig) -> Response:
+        from supervisor.status import host_status
+
+        try:
+            sessions = await asyncio.wait_for(self.acp.host.sessions(), 10)
+        except Exception:
+            return _json(connection, 503, {"error": "the host is not running"})
+        status = host_status(sessions, self.acp.host.owners)
+        return _json(connection, 200,
+                     TenantScope(tenant, self.tenancy).status_view(status, sessions))
+
+    # --- /acp ---------------------------------------------------------------------
+
+    async def _serve_acp(self, connection: ServerConnection) -> None:
+        """One ACP connection, from its upgrade until either side closes it."""
+        scope = self._scopes.pop(connection, None)
+        if scope is None:  # cannot happen: /acp is only upgraded after its check
+            await connection.close(1011)
+            return
+        number = next(self._numbers)
+        log.info("gateway connection #%d from %s: tenant %s", number, _address(connection),
+                 scope.name)
+        outbox = _Outbox(connection, self._high_water)
+        endpoint = self.acp.make_endpoint(outbox.put, f"gw#{number}({scope.name})")
+        endpoint.state["scope"] = scope
+        outbox.endpoint = endpoint
+        self._endpoints.add(endpoint)
+        self.stats.connections += 1
+        self._on_connection(1)
+        writer = asyncio.ensure_future(outbox.run())
+        try:
+            await self._read(connection, endpoint)
+        finally:
+            endpoint.close()  # its prompts' turns are cancelled (and kept) by the host
+            writer.cancel()
+            self._endpoints.discard(endpoint)
+            self.stats.connections -= 1
+            self._on_connection(-1)
+            log.info("gateway connection #%d closed", number)
+
+    @staticmethod
+    async def _read(connection: ServerConnection, endpoint: Endpoint) -> None:
+        from websockets.exceptions import ConnectionClosed
+
+        try:
+            while not endpoint.closed:
+                frame = await connection.recv(decode=False)
+                endpoint.receive(frame)
+        except ConnectionClosed:
+            pass
+
+
+class _Outbox:
+    """Frames waiting for one WebSocket client, written in order by :meth:`run`."""
+
+    def __init__(self, connection: ServerConnection, high_water: int) -> None:
+        self.endpoint: Endpoint | None = None
+        self._connection = connection
+        self._high_water = high_water
+        self._frames: collections.deque[bytes] = collections.deque()
+        self._queued = 0
+        self._ready = asyncio.Event()
+        self._gave_up = False
+
+    def put(self, frame: bytes) -> None:
+        """The endpoint's ``send`` (never blocks): queue, or give up on a stuck client."""
+        if self._gave_up:
+            return
+        self._frames.append(frame.rstrip(b"\n"))
+        self._queued += len(frame)
+        self._ready.set()
+        if self._queued > self._high_water:
+            self._gave_up = True
+            log.warning("closing gateway connection: client is not reading "
+                        "(%d bytes queued)", self._queued)
+            self._frames.clear()
+            if self.endpoint is not None:
+                self.endpoint.close()
+            self._connection.transport.abort()  # its buffers go at once
+
+    async def run(self) -> None:
+        from websockets.exceptions import ConnectionClosed
+
+        try:
+            while not self._gave_up:
+                await self._ready.wait()
+                self._ready.clear()
+                while self._frames:
+                    frame = self._frames.popleft()
+                    self._queued -= len(frame) + 1
+                    await self._connection.send(frame, text=True)
+        except ConnectionClosed:
+            pass
+
+
+def _address(connection: ServerConnection) -> str:
+    remote = connection.remote_address
+    return str(remote[0]) if isinstance(remote, tuple) and remote else "unknown"
+
+
+def _json(connection: ServerConnection, status: int, body: Any) -> Response:
+    response = connection.respond(status, orjson.dumps(body).decode() + "\n")
+    _set_type(response, "application/json")
+    return response
+
+
+def _unauthorized(connection: ServerConnection, reason: str) -> Response:
+    response = _json(connection, 401, {"error": reason})
+    response.headers["WWW-Authenticate"] = 'Bearer realm="zeroclaw"'
+    return response
+
+
+def _set_type(response: Response, content_type: str) -> None:
+    del response.headers["Content-Type"]
+    response.headers["Content-Type"] = content_type
