@@ -159,7 +159,6 @@ class Gateway:
         """Listen; the base URL (``http://host:port``, the real port when 0 was asked)."""
         from websockets.asyncio.server import serve
 
-        logging.getLogger("websockets").setLevel(logging.WARNING)  # it would log headers
         config = self.config
         context = None
         if config.tls_cert is not None and config.tls_key is not None:
@@ -169,7 +168,7 @@ class Gateway:
             self._serve_acp, config.host, config.port, process_request=self._route,
             select_subprotocol=_select_subprotocol, max_size=self.settings.frame_limit,
             write_limit=_WRITE_LIMIT, ssl=context, server_header=None,
-            logger=logging.getLogger("zeroclaw.gateway.ws"),
+            logger=_library_logger(),
         )
         host, port = self._server.sockets[0].getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host
@@ -341,6 +340,31 @@ class _Outbox:
                     await self._connection.send(frame, text=True)
         except ConnectionClosed:
             pass
+
+
+class _Redacted(logging.Filter):
+    """The library's own log lines without anything taken from a request: its debug
+    lines show headers (a token), and an exception's text may quote a header value."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.INFO:
+            return False
+        error = record.exc_info[1] if record.exc_info else None
+        if error is not None:
+            record.msg = f"{record.msg} ({type(error).__name__})"
+            record.exc_info = record.exc_text = None
+        if isinstance(record.args, tuple):
+            record.args = tuple(a if isinstance(a, int) else "-" for a in record.args)
+        else:
+            record.args = None
+        return True
+
+
+def _library_logger() -> logging.Logger:
+    logger = logging.getLogger("zeroclaw.gateway.ws")
+    if not any(isinstance(f, _Redacted) for f in logger.filters):
+        logger.addFilter(_Redacted())
+    return logger
 
 
 def _address(connection: ServerConnection) -> str:
