@@ -72,7 +72,12 @@ class GatewayStats:
 
 
 class AuthLimiter:
-    """Failed logins per address in a sliding window; blocked at ``limit`` failures."""
+    """Failed logins per address in a sliding window; blocked at ``limit`` failures.
+
+    Memory stays bounded by the addresses that failed within one window: past
+    ``_SWEEP_AT`` addresses, every expired one is dropped."""
+
+    _SWEEP_AT = 10_000
 
     def __init__(self, limit: int, window: float, clock: Callable[[], float] = time.monotonic):
         self._limit = limit
@@ -100,6 +105,9 @@ class AuthLimiter:
         return max(0.0, failures[0] + self._window - self._clock())
 
     def failed(self, address: str) -> None:
+        if len(self._failures) >= self._SWEEP_AT:
+            for known in list(self._failures):
+                self._recent(known)
         self._recent(address)
         self._failures.setdefault(address, collections.deque()).append(self._clock())
 
@@ -148,6 +156,7 @@ class Gateway:
         self._server: Server | None = None
         self._scopes: weakref.WeakKeyDictionary[Any, TenantScope] = weakref.WeakKeyDictionary()
         self._endpoints: set[Endpoint] = set()
+        self._outboxes: set[_Outbox] = set()
         self._numbers = itertools.count(1)
         from supervisor.metrics import MetricsPage
 
@@ -179,14 +188,20 @@ class Gateway:
         return self.url
 
     def stop_accepting(self) -> None:
+        """No new connection from now on; the open ones go on until :meth:`close`."""
         if self._server is not None:
-            self._server.close(close_connections=False)
+            self._server.server.close()  # the listening socket only (``close`` runs once)
 
     def endpoints(self) -> list[Endpoint]:
         return list(self._endpoints)
 
-    async def close(self) -> None:
-        """Close every connection (1001 going away) and the listener."""
+    async def close(self, flush_timeout: float = 5.0) -> None:
+        """Let every client take the frames queued for it (bounded), then close every
+        connection (1001 going away) and the listener."""
+        flushing = [outbox.flushed() for outbox in self._outboxes]
+        if flushing:
+            await asyncio.wait([asyncio.ensure_future(f) for f in flushing],
+                               timeout=flush_timeout)
         if self._server is not None:
             self._server.close(close_connections=True)
             await self._server.wait_closed()
@@ -274,6 +289,7 @@ class Gateway:
         endpoint.state["scope"] = scope
         outbox.endpoint = endpoint
         self._endpoints.add(endpoint)
+        self._outboxes.add(outbox)
         self.stats.connections += 1
         self._on_connection(1)
         writer = asyncio.ensure_future(outbox.run())
@@ -283,6 +299,7 @@ class Gateway:
             endpoint.close()  # its prompts' turns are cancelled (and kept) by the host
             writer.cancel()
             self._endpoints.discard(endpoint)
+            self._outboxes.discard(outbox)
             self.stats.connections -= 1
             self._on_connection(-1)
             log.info("gateway connection #%d closed", number)
@@ -309,6 +326,8 @@ class _Outbox:
         self._frames: collections.deque[bytes] = collections.deque()
         self._queued = 0
         self._ready = asyncio.Event()
+        self._empty = asyncio.Event()
+        self._empty.set()
         self._gave_up = False
 
     def put(self, frame: bytes) -> None:
@@ -318,6 +337,7 @@ class _Outbox:
         self._frames.append(frame.rstrip(b"\n"))
         self._queued += len(frame)
         self._ready.set()
+        self._empty.clear()
         if self._queued > self._high_water:
             self._gave_up = True
             log.warning("closing gateway connection: client is not reading "
@@ -338,8 +358,15 @@ class _Outbox:
                     frame = self._frames.popleft()
                     self._queued -= len(frame) + 1
                     await self._connection.send(frame, text=True)
+                self._empty.set()
         except ConnectionClosed:
             pass
+        finally:
+            self._empty.set()  # nothing more will be sent: nobody waits for it
+
+    async def flushed(self) -> None:
+        """Until every queued frame went to the socket (or the writer stopped)."""
+        await self._empty.wait()
 
 
 class _Redacted(logging.Filter):

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import time
 import uuid
@@ -276,13 +277,13 @@ def test_metrics_after_a_known_workload(gateway: GatewayDaemon) -> None:
 
 
 def healthy_once_started(gateway: GatewayDaemon, timeout: float = 20.0) -> str:
-    """The first 200 of ``/health``: 503 "the host is starting" until the host is up."""
+    """The first 200 of ``/health`` (503 while the host and its workers start)."""
     deadline = time.monotonic() + timeout
     while True:
         status, body, _ = gateway.get("/health")
         if status == 200:
             return body
-        assert "starting" in body and time.monotonic() < deadline, body
+        assert status == 503 and time.monotonic() < deadline, body
         time.sleep(0.05)
 
 
@@ -335,3 +336,66 @@ def test_a_tenant_token_from_tenant_add_opens_the_gateway(daemons: Any) -> None:
     gateway = GatewayDaemon(daemons(config_dir, "--gateway", "127.0.0.1:0"))
     with WsClient(f"{gateway.ws}/acp", token=added.stdout.strip()) as dev:
         assert dev.request("session/list", {}) == {"sessions": []}
+
+
+# --- the connection itself ------------------------------------------------------------
+
+
+def test_envelope_rules_and_the_handshake_gate_hold_on_the_websocket(
+        gateway: GatewayDaemon) -> None:
+    with gateway.client(initialize=False) as raw:
+        raw.ws.send("{not json")
+        assert raw.read_frame()["error"]["code"] == -32700
+        assert error_of(raw, "session/new", {})[0] == -32010  # initialize first
+        raw.request("initialize", {"protocolVersion": 1})
+        raw.ws.send(json.dumps({"jsonrpc": "2.0", "id": 7, "method": "session/new",
+                                "params": None}))
+        assert raw.read_frame()["error"]["code"] == -32600
+        assert error_of(raw, "no/such", {})[0] == -32601
+        assert raw.request("session/list", {}) == {"sessions": []}  # still usable
+
+
+def test_a_client_gone_while_a_permission_is_pending_denies_the_tool(
+        gateway: GatewayDaemon) -> None:
+    editor = gateway.client()
+    sid = editor.request("session/new", {})["sessionId"]
+    editor.send("session/prompt", {"sessionId": sid,
+                                   "prompt": '!tool file_write {"path": "x.txt", "content": "y"}'})
+    editor.wait_request("session/request_permission")
+    editor.close()
+    with gateway.client() as again:
+        again.request("session/load", {"sessionId": sid})
+        tools = updates_of(again, "tool_call_update")
+    assert tools and tools[-1]["status"] == "failed"
+    assert not (gateway.daemon.config_dir / "agents" / "default" / "workspace" / "x.txt").exists()
+
+
+def test_sigterm_answers_running_prompts_on_the_gateway_then_exits_0(
+        gateway: GatewayDaemon) -> None:
+    editor = gateway.client()
+    sid = editor.request("session/new", {})["sessionId"]
+    slow = editor.send("session/prompt", {"sessionId": sid, "prompt": "!sleep 30"})
+    editor.request("status")  # the prompt is in before the signal
+    gateway.daemon.proc.send_signal(signal.SIGTERM)
+    assert editor.wait_response(slow)["result"]["stopReason"] == "cancelled"
+    assert gateway.daemon.wait(20) == 0
+
+
+def test_a_client_that_does_not_read_is_dropped_and_others_go_on(
+        daemons: Any, scratch_dir: Path) -> None:
+    gateway_config(scratch_dir)
+    daemon = daemons(scratch_dir, "--gateway", "127.0.0.1:0",
+                     env_extra={"ZEROCLAW_WRITE_HIGH_WATER": str(1024 * 1024)})
+    gateway = GatewayDaemon(daemon)
+    stuck = gateway.client(max_queue=1)  # its reader thread stops after one frame
+    sid = stuck.request("session/new", {})["sessionId"]
+    stuck.send("session/prompt", {"sessionId": sid, "prompt": "word " * 200_000})
+    deadline = time.monotonic() + 30
+    while "client is not reading" not in daemon.stderr():
+        assert time.monotonic() < deadline, daemon.stderr()
+        time.sleep(0.05)
+    with gateway.client("bob") as other:
+        other_sid = other.request("session/new", {})["sessionId"]
+        result = other.request("session/prompt", {"sessionId": other_sid, "prompt": "still here"})
+        assert result["content"] == "still here"
+    stuck.ws.close_socket()
