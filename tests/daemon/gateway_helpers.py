@@ -57,14 +57,14 @@ class GatewayDaemon:
         self.daemon = daemon
         deadline = time.monotonic() + timeout
         while True:
-            match = re.search(r"gateway listening on (http://\S+)", daemon.stderr())
+            match = re.search(r"gateway listening on (https?://\S+)", daemon.stderr())
             if match:
                 break
             assert daemon.proc.poll() is None, f"daemon exited:\n{daemon.stderr()}"
             assert time.monotonic() < deadline, f"no gateway:\n{daemon.stderr()}"
             time.sleep(0.02)
         self.http = match.group(1)
-        self.ws = "ws://" + self.http.removeprefix("http://")
+        self.ws = "ws" + self.http.removeprefix("http")
 
     def client(self, tenant: str = "alice", *, query: str = "", **kwargs: Any) -> WsClient:
         return WsClient(f"{self.ws}/acp{query}", token=TOKENS[tenant], **kwargs)

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import json
+import shutil
 import signal
+import ssl
 import subprocess
 import time
 import uuid
@@ -399,3 +401,32 @@ def test_a_client_that_does_not_read_is_dropped_and_others_go_on(
         result = other.request("session/prompt", {"sessionId": other_sid, "prompt": "still here"})
         assert result["content"] == "still here"
     stuck.ws.close_socket()
+
+
+def test_a_message_over_the_frame_limit_closes_that_connection_only(
+        daemons: Any, scratch_dir: Path) -> None:
+    gateway_config(scratch_dir, "[acp]\nframe_limit = 4096\n")
+    gateway = GatewayDaemon(daemons(scratch_dir, "--gateway", "127.0.0.1:0"))
+    with gateway.client() as big, gateway.client("bob") as other:
+        big.ws.send(json.dumps({"jsonrpc": "2.0", "id": 9, "method": "session/list",
+                                "params": {"cwd": "/" + "x" * 8192}}))
+        with pytest.raises(ConnectionError):
+            big.read_frame()
+        assert big.ws.close_code == 1009  # message too big
+        assert other.request("session/list", {}) == {"sessions": []}
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is needed for a test cert")
+def test_tls_lets_the_gateway_listen_off_loopback(daemons: Any, scratch_dir: Path) -> None:
+    cert, key = scratch_dir / "cert.pem", scratch_dir / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True, timeout=60)
+    gateway_config(scratch_dir, f'[gateway]\ntls_cert = "{cert}"\ntls_key = "{key}"\n')
+    gateway = GatewayDaemon(daemons(scratch_dir, "--gateway", "0.0.0.0:0"))
+    assert gateway.http.startswith("https://")
+    port = gateway.http.rsplit(":", 1)[1]
+    context = ssl.create_default_context(cafile=str(cert))
+    with WsClient(f"wss://127.0.0.1:{port}/acp", token=TOKENS["alice"], ssl=context) as secure:
+        assert secure.request("session/list", {}) == {"sessions": []}
