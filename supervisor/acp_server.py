@@ -269,11 +269,10 @@ class AcpServer:
         sessions = await self.sessions()
         peer = endpoint.state["peer"]
         scope: TenantScope | None = endpoint.state.get("scope")
-        if scope is not None:
-            request = scope.new_session_request(sessions, request)
-        route = await sessions.new(peer, request, tenant=scope.name if scope else None)
-        if scope is not None:
-            scope.created(route.sid)
+        if scope is None:
+            route = await sessions.new(peer, request)
+        else:
+            route = await scope.new_session(sessions, peer, request)
         self.host.owners.join(route.sid, peer)  # a no-op if the client left meanwhile
         _announce_commands(peer, route.sid)
         return {
@@ -347,9 +346,6 @@ class AcpServer:
     async def delete(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
         sid = await self._held(params, endpoint)
         await self.host.owners.ending(sid, (await self.sessions()).delete(sid))
-        scope: TenantScope | None = endpoint.state.get("scope")
-        if scope is not None:
-            scope.tenancy.forget(sid)
         return {}
 
     async def set_mode(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:

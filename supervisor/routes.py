@@ -65,6 +65,7 @@ class Route:
     turns: InitVar[int] = 0
     tokens: InitVar[int] = 0
     fallback_from: str | None = None  # its stored agent, disabled or removed since
+    tenant: str | None = None  # the gateway tenant it belongs to (None: the host's owner)
     status: dict[str, Any] = field(init=False)
 
     def __post_init__(self, turns: int, tokens: int) -> None:

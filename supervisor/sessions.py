@@ -215,7 +215,8 @@ class Sessions:
             tool_rules=stored_tool_rules(info.meta),
         ))
         route = Route(info.id, worker_id, peer, agent.alias, info.workspace_dir,
-                      info.cwd, info.mode, info.turn_count, info.token_count, fallback_from)
+                      info.cwd, info.mode, info.turn_count, info.token_count, fallback_from,
+                      info.meta.get(TENANT_META_KEY))
         host.routes[info.id] = route
         host.scale_workers()
         return route

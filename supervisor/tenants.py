@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -26,6 +27,7 @@ from ipc.errors import InvalidParams, SessionLimitReached, SessionNotFound
 if TYPE_CHECKING:
     from ipc.acp import NewSessionRequest
     from supervisor.gateway_config import TenantConfig
+    from supervisor.routes import Peer, Route
     from supervisor.sessions import Sessions
 
 __all__ = ["TENANT_META_KEY", "Tenancy", "TenantScope", "hash_token", "tenant_of_token"]
@@ -49,39 +51,33 @@ def tenant_of_token(token: str, tenants: Mapping[str, TenantConfig]) -> TenantCo
 
 
 class Tenancy:
-    """Session id → tenant name, for the sessions a gateway connection asked about.
+    """Which tenant a session belongs to, for every gateway connection of one host.
 
-    A session's tenant never changes, so an entry is good until the session is
-    deleted. A miss reads the stored row once (a cheap indexed read on the loop, as
-    ``session/prompt`` of an evicted session does anyway).
+    A live session's tenant is on its route (read from its stored row when it was
+    opened); any other session's is read from the store (one indexed read on the
+    loop, as ``session/prompt`` of an evicted session does anyway). Nothing is
+    cached, so nothing can go stale when a session is deleted or an id reused.
+    ``creating`` counts each tenant's ``session/new`` under way, for the caps.
     """
 
-    _OWNER = ""  # cached tenant of an owner's (local) session
-
     def __init__(self) -> None:
-        self._tenant_of: dict[str, str] = {}
+        self.creating: Counter[str] = Counter()
 
-    def created(self, sid: str, tenant: str) -> None:
-        self._tenant_of[sid] = tenant
-
-    def forget(self, sid: str) -> None:
-        self._tenant_of.pop(sid, None)
-
-    def tenant_of(self, sessions: Sessions, sid: str) -> str | None:
-        """The session's tenant name ("" for an owner's session), None if it is unknown."""
-        cached = self._tenant_of.get(sid)
-        if cached is not None:
-            return cached
+    @staticmethod
+    def tenant_of(sessions: Sessions, sid: str) -> str | None:
+        """The session's tenant name ("" for the owner's), None if there is no such session."""
+        route = sessions.host.routes.get(sid)
+        if route is not None:
+            return route.tenant or ""
         info = sessions.host.reader.get_session(sid)
         if info is None:
             return None
-        tenant = str(info.meta.get(TENANT_META_KEY) or self._OWNER)
-        self._tenant_of[sid] = tenant
-        return tenant
+        return str(info.meta.get(TENANT_META_KEY) or "")
 
     def live_count(self, sessions: Sessions, tenant: str) -> int:
-        """How many live sessions belong to ``tenant``."""
-        return sum(1 for sid in sessions.host.routes if self._tenant_of.get(sid) == tenant)
+        """Live sessions of ``tenant``, counting those being created."""
+        live = sum(1 for route in sessions.host.routes.values() if route.tenant == tenant)
+        return live + self.creating[tenant]
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,13 +107,27 @@ class TenantScope:
         if self.tenancy.live_count(sessions, self.tenant.name) >= cap:
             raise SessionLimitReached(f"Maximum session limit reached ({cap})")
 
-    def new_session_request(self, sessions: Sessions,
-                            request: NewSessionRequest) -> NewSessionRequest:
-        """The request with this connection's defaults (``?agent=``, the workspace root
-        for an omitted cwd) applied and checked against the tenant's limits."""
+    async def new_session(self, sessions: Sessions, peer: Peer,
+                          request: NewSessionRequest) -> Route:
+        """``session/new`` for this tenant: its cap checked (-32001), this connection's
+        ``?agent=`` and the tenant's workspace root applied, the session stored as the
+        tenant's."""
         self.check_capacity(sessions)
         if request.agent_alias is None and self.default_agent:
             request = replace(request, agent_alias=self.default_agent)
+        request = self._within_root(request)
+        creating = self.tenancy.creating
+        creating[self.name] += 1
+        try:
+            return await sessions.new(peer, request, tenant=self.name)
+        finally:
+            creating[self.name] -= 1
+            if not creating[self.name]:
+                del creating[self.name]
+
+    def _within_root(self, request: NewSessionRequest) -> NewSessionRequest:
+        """The request's cwd under the tenant's workspace root (-32602 outside it; the
+        root itself when omitted)."""
         root = self.tenant.workspace_root
         if root is None:
             return request
@@ -130,9 +140,6 @@ class TenantScope:
         if resolved is None or os.path.commonpath([resolved, root_text]) != root_text:
             raise InvalidParams("cwd must be inside the tenant's workspace root")
         return replace(request, cwd=resolved)
-
-    def created(self, sid: str) -> None:
-        self.tenancy.created(sid, self.tenant.name)
 
     def status_view(self, status: Mapping[str, Any], sessions: Sessions) -> dict[str, Any]:
         """``status`` as this tenant may see it: an admin sees everything; others only

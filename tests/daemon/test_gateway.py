@@ -430,3 +430,21 @@ def test_tls_lets_the_gateway_listen_off_loopback(daemons: Any, scratch_dir: Pat
     context = ssl.create_default_context(cafile=str(cert))
     with WsClient(f"wss://127.0.0.1:{port}/acp", token=TOKENS["alice"], ssl=context) as secure:
         assert secure.request("session/list", {}) == {"sessions": []}
+
+
+def test_an_id_reused_by_the_owner_after_a_delete_is_not_the_old_tenants(
+        gateway: GatewayDaemon) -> None:
+    """Ownership comes from the session as it is now, never from what was once seen:
+    the owner deletes a tenant's session locally and makes one under the same id."""
+    with gateway.client("alice") as alice:
+        sid = alice.request("session/new", {})["sessionId"]
+        alice.request("session/prompt", {"sessionId": sid, "prompt": "mine"})
+    with RpcClient(gateway.daemon.socket_path.parent / "acp.sock") as owner:
+        owner.request("session/delete", {"sessionId": sid})
+    with gateway.daemon.client() as rpc:
+        rpc.request("session/new", {"sessionId": sid})
+        rpc.request("session/prompt", {"sessionId": sid, "prompt": "the owner's now"})
+    with gateway.client("alice") as alice:
+        for method, extra in CROSS_TENANT:
+            assert error_of(alice, method, {"sessionId": sid, **extra})[0] == -32000, method
+        assert alice.request("session/list", {}) == {"sessions": []}
