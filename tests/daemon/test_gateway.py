@@ -240,6 +240,10 @@ def test_a_tenants_session_cap_and_workspace_root(daemons: Any, scratch_dir: Pat
         alice.request("session/close", {"sessionId": made["sessionId"]})
         inside = alice.request("session/new", {"cwd": str(root / "project")})
         assert inside["workspaceDir"] == str((root / "project").resolve())
+        resumed = {"sessionId": made["sessionId"]}
+        assert error_of(alice, "session/resume", resumed)[0] == -32001  # at her cap again
+        alice.request("session/close", {"sessionId": inside["sessionId"]})
+        alice.request("session/resume", resumed)
 
 
 # --- ops over HTTP --------------------------------------------------------------------
