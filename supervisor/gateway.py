@@ -112,23 +112,22 @@ class AuthLimiter:
         self._failures.setdefault(address, collections.deque()).append(self._clock())
 
 
-def _tokens_offered(request: Request) -> tuple[list[str], str | None]:
-    """Every token the request carries (header, subprotocol, query), and ``?agent=``."""
-    tokens = []
-    authorization = request.headers.get("Authorization", "")
-    scheme, _, credentials = authorization.partition(" ")
+def _credentials(request: Request) -> tuple[str | None, str | None]:
+    """The request's token (the ``Authorization`` header, else a ``zeroclaw.token.``
+    subprotocol entry, else ``?token=``: one guess per request) and its ``?agent=``."""
+    query = parse_qs(urlsplit(request.path).query)
+    agents = [a.strip() for a in query.get("agent", []) if a.strip()]
+    agent = agents[0] if agents else None
+    scheme, _, credentials = request.headers.get("Authorization", "").partition(" ")
     if scheme.lower() == "bearer" and credentials.strip():
-        tokens.append(credentials.strip())
+        return credentials.strip(), agent
     for header in request.headers.get_all("Sec-WebSocket-Protocol"):
         for entry in header.split(","):
-            entry = entry.strip()
-            if entry.startswith(TOKEN_SUBPROTOCOL_PREFIX) and len(entry) > len(
-                    TOKEN_SUBPROTOCOL_PREFIX):
-                tokens.append(entry[len(TOKEN_SUBPROTOCOL_PREFIX):])
-    query = parse_qs(urlsplit(request.path).query)
-    tokens += [t for t in query.get("token", []) if t]
-    agents = [a.strip() for a in query.get("agent", []) if a.strip()]
-    return tokens, agents[0] if agents else None
+            token = entry.strip().removeprefix(TOKEN_SUBPROTOCOL_PREFIX)
+            if token and token != entry.strip():
+                return token, agent
+    tokens = [t for t in query.get("token", []) if t]
+    return (tokens[0] if tokens else None), agent
 
 
 def _select_subprotocol(connection: ServerConnection, offered: Any) -> Any:
@@ -214,7 +213,8 @@ class Gateway:
             return await self._health(connection)
         if path not in ("/acp", "/status", "/metrics"):
             return connection.respond(404, "not found\n")
-        refusal, tenant = self._authenticate(connection, request)
+        token, agent = _credentials(request)
+        refusal, tenant = self._authenticate(connection, token)
         if refusal is not None:
             return refusal
         assert tenant is not None
@@ -226,12 +226,12 @@ class Gateway:
             response = connection.respond(200, self.metrics.render())
             _set_type(response, self.metrics.content_type)
             return response
-        _, agent = _tokens_offered(request)
         self._scopes[connection] = TenantScope(tenant, self.tenancy, agent)
         return None  # go on with the WebSocket handshake
 
     def _authenticate(self, connection: ServerConnection,
-                      request: Request) -> tuple[Response | None, TenantConfig | None]:
+                      token: str | None) -> tuple[Response | None, TenantConfig | None]:
+        """The token's tenant, or the refusal to send (429, 401)."""
         address = _address(connection)
         wait = self.limiter.blocked(address)
         if wait > 0:
@@ -239,16 +239,11 @@ class Gateway:
             response = _json(connection, 429, {"error": "too many failed attempts"})
             response.headers["Retry-After"] = str(max(1, round(wait)))
             return response, None
-        tokens, _ = _tokens_offered(request)
-        if not tokens:
+        if token is None:
             self.stats.auth_failures["missing"] += 1
             log.info("gateway: request from %s without a token refused", address)
             return _unauthorized(connection, "a token is required"), None
-        tenant = None
-        for token in tokens:
-            tenant = tenant_of_token(token, self.settings.tenants)
-            if tenant is not None:
-                break
+        tenant = tenant_of_token(token, self.settings.tenants)
         if tenant is None:
             self.limiter.failed(address)
             self.stats.auth_failures["invalid"] += 1
