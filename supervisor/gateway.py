@@ -247,7 +247,12 @@ class Gateway:
         if tenant is None:
             self.limiter.failed(address)
             self.stats.auth_failures["invalid"] += 1
-            log.warning("gateway: invalid token from %s", address)
+            blocked = self.limiter.blocked(address)
+            if blocked:  # once per block, not once per guess
+                log.warning("gateway: %d wrong tokens from %s: refused for %.0f s",
+                            self.config.auth_failures, address, blocked)
+            else:
+                log.info("gateway: invalid token from %s", address)
             return _unauthorized(connection, "invalid token"), None
         return None, tenant
 

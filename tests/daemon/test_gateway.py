@@ -455,3 +455,16 @@ def test_an_id_reused_by_the_owner_after_a_delete_is_not_the_old_tenants(
         for method, extra in CROSS_TENANT:
             assert error_of(alice, method, {"sessionId": sid, **extra})[0] == -32000, method
         assert alice.request("session/list", {}) == {"sessions": []}
+
+
+def test_an_ephemeral_daemon_counts_gateway_clients(daemons: Any, scratch_dir: Path) -> None:
+    gateway_config(scratch_dir)
+    daemon = daemons(scratch_dir, "--ephemeral", "--gateway", "127.0.0.1:0")
+    gateway = GatewayDaemon(daemon)
+    assert gateway.get("/health")[0] in (200, 503)  # plain HTTP is not a client
+    assert daemon.proc.poll() is None
+    with gateway.client() as editor:
+        editor.request("session/new", {})
+        time.sleep(1.5)  # longer than the grace period: a connected client keeps it up
+        assert daemon.proc.poll() is None
+    assert daemon.wait(20) == 0  # gone a second after the last client left

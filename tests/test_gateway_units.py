@@ -1,0 +1,94 @@
+"""Units of the gateway without sockets: its configuration, the login limiter, tokens."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from supervisor.config import ConfigError
+from supervisor.gateway import AuthLimiter
+from supervisor.gateway_config import (
+    exposure_problem,
+    gateway_from_document,
+    parse_listen,
+    tenants_from_document,
+)
+from supervisor.tenants import tenant_of_token
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("127.0.0.1:8080", ("127.0.0.1", 8080)), ("[::1]:0", ("::1", 0)),
+    ("localhost:9", ("localhost", 9)), (" 0.0.0.0:443 ", ("0.0.0.0", 443)),
+])
+def test_listen_addresses(text: str, expected: tuple[str, int]) -> None:
+    assert parse_listen(text) == expected
+
+
+@pytest.mark.parametrize("text", ["8080", "host", "1.2.3.4:99999", "::1:80", "a b:1", ""])
+def test_bad_listen_addresses(text: str) -> None:
+    with pytest.raises(ConfigError, match=r"gateway\.listen"):
+        parse_listen(text)
+
+
+@pytest.mark.parametrize(("section", "refused"), [
+    ({"listen": "127.0.0.1:1"}, False), ({"listen": "[::1]:1"}, False),
+    ({"listen": "localhost:1"}, False), ({"listen": "0.0.0.0:1"}, True),
+    ({"listen": "example.com:1"}, True),
+    ({"listen": "0.0.0.0:1", "allow_plaintext": True}, False),
+    ({"listen": "0.0.0.0:1", "tls_cert": "/c.pem", "tls_key": "/k.pem"}, False),
+])
+def test_plain_http_only_on_loopback(section: dict[str, object], refused: bool) -> None:
+    assert (exposure_problem(gateway_from_document(section)) is not None) == refused
+
+
+@pytest.mark.parametrize(("section", "words"), [
+    ({"tls_cert": "/c.pem"}, "go together"), ({"allow_plaintext": "yes"}, "true or false"),
+    ({"auth_failures": 0}, "auth_failures"), ({"auth_window_secs": -1}, "auth_window_secs"),
+    ({"listen": 8080}, "HOST:PORT"),
+])
+def test_bad_gateway_sections(section: dict[str, object], words: str) -> None:
+    with pytest.raises(ConfigError, match=words):
+        gateway_from_document(section)
+
+
+def test_tenants_keep_hashes_and_check_their_keys() -> None:
+    digest = hashlib.sha256(b"secret").hexdigest()
+    tenants = tenants_from_document({"a": {"token_sha256": digest.upper(), "admin": True,
+                                           "max_sessions": 2, "workspace_root": "/srv/a"}})
+    assert tenants["a"].token_sha256 == digest and tenants["a"].admin
+    assert tenants["a"].workspace_root == Path("/srv/a")
+    assert tenant_of_token("secret", tenants) is tenants["a"]
+    assert tenant_of_token("Secret", tenants) is None
+    for bad, words in [({"token_sha256": "abc"}, "64 hex"),
+                       ({"token_sha256": digest, "max_sessions": 0}, "max_sessions"),
+                       ({"token_sha256": digest, "workspace_root": "rel"}, "absolute")]:
+        with pytest.raises(ConfigError, match=words):
+            tenants_from_document({"a": bad})
+    with pytest.raises(ConfigError, match="tenant name"):
+        tenants_from_document({"a b": {"token_sha256": digest}})
+
+
+def test_the_limiter_blocks_within_its_window_and_forgets_after_it() -> None:
+    now = [100.0]
+    limiter = AuthLimiter(limit=2, window=10, clock=lambda: now[0])
+    limiter.failed("a")
+    assert limiter.blocked("a") == 0
+    now[0] += 1
+    limiter.failed("a")
+    assert limiter.blocked("a") == pytest.approx(9.0)
+    assert limiter.blocked("b") == 0  # per address
+    now[0] += 9.5  # the first failure left the window
+    assert limiter.blocked("a") == 0
+
+
+def test_the_limiter_sweeps_old_addresses_when_many_fail(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [0.0]
+    limiter = AuthLimiter(limit=3, window=1, clock=lambda: now[0])
+    monkeypatch.setattr(AuthLimiter, "_SWEEP_AT", 100)
+    for n in range(100):
+        limiter.failed(f"10.0.0.{n}")
+    now[0] = 5
+    limiter.failed("10.0.1.1")
+    assert list(limiter._failures) == ["10.0.1.1"]
