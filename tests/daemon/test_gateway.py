@@ -400,7 +400,7 @@ def test_a_client_that_does_not_read_is_dropped_and_others_go_on(
     sid = stuck.request("session/new", {})["sessionId"]
     stuck.send("session/prompt", {"sessionId": sid, "prompt": "word " * 200_000})
     deadline = time.monotonic() + 30
-    while "client is not reading" not in daemon.stderr():
+    while "client is not reading" not in daemon.stderr_path.read_text():  # the whole log
         assert time.monotonic() < deadline, daemon.stderr()
         time.sleep(0.05)
     with gateway.client("bob") as other:
