@@ -18,11 +18,13 @@ it and selects ``acp`` when offered), or as ``?token=``. An address that sent
 ``auth_failures`` wrong tokens within ``auth_window_secs`` gets 429 until the window
 passes. The token never reaches a log, an answer or ``status``.
 
-Backpressure: frames to a client queue in :class:`_Outbox`; the library holds at most
-``write_limit`` bytes in the socket buffer, and a client whose queue passes the
-daemon's write high-water mark (``ZEROCLAW_WRITE_HIGH_WATER``: it is not reading) is
-disconnected at once, as on the Unix sockets, so a stuck client cannot grow the host's
-memory.
+Backpressure, as on the Unix sockets: frames to a client queue in :class:`_Outbox`,
+which is also the connection's write flow, so a running turn whose client is behind
+holds its updates and slows its own agent (:mod:`supervisor.pacing`); the library holds
+at most ``write_limit`` bytes in the socket buffer. A client that takes nothing for
+``acp.client_stall_timeout_secs`` while behind, or whose queue passes the write
+high-water mark (``ZEROCLAW_WRITE_HIGH_WATER``), is disconnected, so a stuck client
+cannot grow the host's memory.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import orjson
 
+from ipc.transports import PACE_MARK
 from supervisor.gateway_config import GatewayConfig
 from supervisor.tenants import Tenancy, TenantScope, tenant_of_token
 
@@ -59,7 +62,7 @@ log = logging.getLogger("zeroclaw.gateway")
 
 TOKEN_SUBPROTOCOL_PREFIX = "zeroclaw.token."
 ACP_SUBPROTOCOL = "acp"
-_WRITE_LIMIT = 256 * 1024
+_WRITE_LIMIT = (PACE_MARK, PACE_MARK // 4)  # the socket buffer's high and low marks
 
 
 @dataclass(slots=True)
@@ -284,9 +287,11 @@ class Gateway:
         number = next(self._numbers)
         log.info("gateway connection #%d from %s: tenant %s", number, _address(connection),
                  scope.name)
-        outbox = _Outbox(connection, self._high_water)
+        outbox = _Outbox(connection, self._high_water,
+                         self.settings.client_stall_timeout_secs)
         endpoint = self.acp.make_endpoint(outbox.put, f"gw#{number}({scope.name})")
         endpoint.state["scope"] = scope
+        endpoint.state["flow"] = outbox  # paced turns wait for a slow client
         outbox.endpoint = endpoint
         self._endpoints.add(endpoint)
         self._outboxes.add(outbox)
@@ -298,6 +303,7 @@ class Gateway:
         finally:
             endpoint.close()  # its prompts' turns are cancelled (and kept) by the host
             writer.cancel()
+            outbox.close()
             self._endpoints.discard(endpoint)
             self._outboxes.discard(outbox)
             self.stats.connections -= 1
@@ -317,18 +323,44 @@ class Gateway:
 
 
 class _Outbox:
-    """Frames waiting for one WebSocket client, written in order by :meth:`run`."""
+    """Frames waiting for one WebSocket client, written in order by :meth:`run`, and the
+    connection's write flow for paced senders (:mod:`supervisor.pacing`, the duck type
+    of :class:`ipc.transports.WriteFlow`).
 
-    def __init__(self, connection: ServerConnection, high_water: int) -> None:
+    ``behind`` while more than :data:`~ipc.transports.PACE_MARK` bytes wait (queued here
+    or in the socket buffer): a running turn then holds its updates and slows its agent
+    instead of filling this queue. While behind, a client that takes no frame for
+    ``stall_timeout`` seconds is disconnected; and whatever happens, one whose queue
+    passes ``high_water`` bytes is (loop thread).
+    """
+
+    def __init__(self, connection: ServerConnection, high_water: int,
+                 stall_timeout: float) -> None:
         self.endpoint: Endpoint | None = None
         self._connection = connection
         self._high_water = high_water
+        self._stall_timeout = stall_timeout
         self._frames: collections.deque[bytes] = collections.deque()
         self._queued = 0
         self._ready = asyncio.Event()
         self._empty = asyncio.Event()
         self._empty.set()
+        self._drained: list[Callable[[], None]] = []
+        self._last_sent = time.monotonic()
+        self._stall_timer: asyncio.TimerHandle | None = None
         self._gave_up = False
+
+    @property
+    def behind(self) -> bool:
+        return self._waiting() > PACE_MARK
+
+    def _waiting(self) -> int:
+        return self._queued + self._connection.transport.get_write_buffer_size()
+
+    def when_drained(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (once) when the client caught up; never if it goes first."""
+        self._drained.append(callback)
+        self._ready.set()
 
     def put(self, frame: bytes) -> None:
         """The endpoint's ``send`` (never blocks): queue, or give up on a stuck client."""
@@ -339,13 +371,32 @@ class _Outbox:
         self._ready.set()
         self._empty.clear()
         if self._queued > self._high_water:
-            self._gave_up = True
-            log.warning("closing gateway connection: client is not reading "
-                        "(%d bytes queued)", self._queued)
-            self._frames.clear()
-            if self.endpoint is not None:
-                self.endpoint.close()
-            self._connection.transport.abort()  # its buffers go at once
+            self._give_up(f"client is not reading ({self._queued} bytes queued)")
+        elif self._stall_timer is None and self.behind:
+            self._last_sent = time.monotonic()
+            self._watch_stall()
+
+    def _watch_stall(self) -> None:
+        period = min(1.0, self._stall_timeout / 4)
+        self._stall_timer = asyncio.get_running_loop().call_later(period, self._check_stall)
+
+    def _check_stall(self) -> None:
+        self._stall_timer = None
+        if self._gave_up or not self.behind:
+            return
+        if time.monotonic() - self._last_sent >= self._stall_timeout:
+            self._give_up(f"client stalled: took no frame for {self._stall_timeout:g} s")
+            return
+        self._watch_stall()
+
+    def _give_up(self, reason: str) -> None:
+        self._gave_up = True
+        log.warning("closing gateway connection: %s", reason)
+        self._frames.clear()
+        self._drained.clear()
+        if self.endpoint is not None:
+            self.endpoint.close()
+        self._connection.transport.abort()  # its buffers go at once
 
     async def run(self) -> None:
         from websockets.exceptions import ConnectionClosed
@@ -357,12 +408,30 @@ class _Outbox:
                 while self._frames:
                     frame = self._frames.popleft()
                     self._queued -= len(frame) + 1
-                    await self._connection.send(frame, text=True)
+                    await self._connection.send(frame, text=True)  # waits past write_limit
+                    self._last_sent = time.monotonic()
+                    self._call_back_if_below(PACE_MARK // 4)
                 self._empty.set()
+                # a send returns with at most PACE_MARK in the socket buffer (write_limit)
+                self._call_back_if_below(PACE_MARK)
         except ConnectionClosed:
             pass
         finally:
-            self._empty.set()  # nothing more will be sent: nobody waits for it
+            self.close()
+
+    def _call_back_if_below(self, mark: int) -> None:
+        if self._drained and self._waiting() <= mark:
+            callbacks, self._drained = self._drained, []
+            for callback in callbacks:
+                callback()
+
+    def close(self) -> None:
+        """Nothing more will be sent: nobody waits for a drain or a flush."""
+        self._drained.clear()
+        self._empty.set()
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
 
     async def flushed(self) -> None:
         """Until every queued frame went to the socket (or the writer stopped)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -26,6 +27,7 @@ from .helpers import FRAME_TIMEOUT, DaemonProc, RpcClient
 __all__ = [
     "TOKENS",
     "GatewayDaemon",
+    "ManualClient",
     "WebSocketTransport",
     "WsClient",
     "gateway_config",
@@ -140,6 +142,59 @@ class WsClient(RpcClient):
             frame = self.read_frame(max(0.01, deadline - time.monotonic()))
             if frame.get("method") == method and "id" in frame:
                 return frame
+
+
+class ManualClient:
+    """A WebSocket client that reads only when asked (:meth:`read_until`), so it can stop
+    reading altogether: the library's sans-I/O protocol over a plain socket (every other
+    client here reads in a background thread)."""
+
+    def __init__(self, url: str, token: str) -> None:
+        from websockets.client import ClientProtocol
+        from websockets.uri import parse_uri
+
+        uri = parse_uri(url)
+        self.protocol = ClientProtocol(uri)
+        self.sock = socket.create_connection((uri.host, uri.port), timeout=FRAME_TIMEOUT)
+        request = self.protocol.connect()
+        request.headers["Authorization"] = f"Bearer {token}"
+        self.protocol.send_request(request)
+        self._flush()
+        while self.protocol.handshake_exc is None and not self.protocol.events_received():
+            self.protocol.receive_data(self.sock.recv(4096))  # the 101 answer, then no more
+        assert self.protocol.handshake_exc is None, self.protocol.handshake_exc
+
+    def send(self, message: dict[str, Any]) -> None:
+        self.protocol.send_text(json.dumps(message).encode())
+        self._flush()
+
+    def _flush(self) -> None:
+        for data in self.protocol.data_to_send():
+            self.sock.sendall(data)
+
+    def read_until(self, request_id: int, timeout: float = 60.0) -> tuple[Any, list[Any]]:
+        """Read until the answer to ``request_id``: it, and every message before it."""
+        from websockets.frames import Frame
+
+        deadline = time.monotonic() + timeout
+        self.sock.settimeout(timeout)
+        seen: list[Any] = []
+        while time.monotonic() < deadline:
+            for event in self.protocol.events_received():
+                if isinstance(event, Frame) and event.data:
+                    message = json.loads(event.data)
+                    if message.get("id") == request_id and "method" not in message:
+                        return message, seen
+                    seen.append(message)
+            self._flush()  # pongs
+            data = self.sock.recv(1 << 20)
+            if not data:
+                raise ConnectionError("the gateway closed the connection")
+            self.protocol.receive_data(data)
+        raise TimeoutError(f"no answer to {request_id}")
+
+    def close(self) -> None:
+        self.sock.close()
 
 
 class WebSocketTransport:

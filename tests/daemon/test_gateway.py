@@ -25,6 +25,7 @@ from tests.e2e.sdkhost import RecordingClient
 from .gateway_helpers import (
     TOKENS,
     GatewayDaemon,
+    ManualClient,
     WebSocketTransport,
     WsClient,
     gateway_config,
@@ -392,22 +393,52 @@ def test_sigterm_answers_running_prompts_on_the_gateway_then_exits_0(
 
 def test_a_client_that_does_not_read_is_dropped_and_others_go_on(
         daemons: Any, scratch_dir: Path) -> None:
-    gateway_config(scratch_dir)
-    daemon = daemons(scratch_dir, "--gateway", "127.0.0.1:0",
-                     env_extra={"ZEROCLAW_WRITE_HIGH_WATER": str(1024 * 1024)})
+    gateway_config(scratch_dir, "[acp]\nclient_stall_timeout_secs = 1\n")
+    daemon = daemons(scratch_dir, "--gateway", "127.0.0.1:0")
     gateway = GatewayDaemon(daemon)
-    stuck = gateway.client(max_queue=1)  # its reader thread stops after one frame
-    sid = stuck.request("session/new", {})["sessionId"]
-    stuck.send("session/prompt", {"sessionId": sid, "prompt": "word " * 200_000})
+    with gateway.client() as editor:  # made here: the stuck client cannot read its id
+        sid = editor.request("session/new", {})["sessionId"]
+    stuck = ManualClient(f"{gateway.ws}/acp", TOKENS["alice"])
+    stuck.send({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                "params": {"protocolVersion": 1}})
+    stuck.send({"jsonrpc": "2.0", "id": 2, "method": "session/prompt",
+                "params": {"sessionId": sid, "prompt": "word " * 200_000}})
     deadline = time.monotonic() + 30
-    while "client is not reading" not in daemon.stderr_path.read_text():  # the whole log
+    while "client stalled" not in daemon.stderr_path.read_text():  # the whole log
         assert time.monotonic() < deadline, daemon.stderr()
         time.sleep(0.05)
     with gateway.client("bob") as other:
         other_sid = other.request("session/new", {})["sessionId"]
         result = other.request("session/prompt", {"sessionId": other_sid, "prompt": "still here"})
         assert result["content"] == "still here"
-    stuck.ws.close_socket()
+    stuck.close()
+
+
+def test_a_slow_client_gets_its_whole_turn_paced_not_dropped(
+        daemons: Any, scratch_dir: Path) -> None:
+    """Its turn waits for it (the updates held back, merged) instead of filling the
+    connection's queue up to the high-water mark that would drop it."""
+    gateway_config(scratch_dir)
+    daemon = daemons(scratch_dir, "--gateway", "127.0.0.1:0",
+                     env_extra={"ZEROCLAW_WRITE_HIGH_WATER": str(1024 * 1024)})
+    gateway = GatewayDaemon(daemon)
+    with gateway.client() as editor:
+        sid = editor.request("session/new", {})["sessionId"]
+    slow = ManualClient(f"{gateway.ws}/acp", TOKENS["alice"])
+    prompt = "word " * 200_000
+    slow.send({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+               "params": {"protocolVersion": 1}})
+    slow.send({"jsonrpc": "2.0", "id": 2, "method": "session/prompt",
+               "params": {"sessionId": sid, "prompt": prompt}})
+    time.sleep(2)  # reads nothing for a while: far more than 1 MiB is produced meanwhile
+    answer, before = slow.read_until(2)
+    slow.close()
+    assert answer["result"]["stopReason"] == "end_turn"
+    text = "".join(m["params"]["update"]["content"]["text"] for m in before
+                   if m.get("params", {}).get("update", {}).get("sessionUpdate")
+                   == "agent_message_chunk")
+    assert text.split() == prompt.split()
+    assert "closing gateway connection" not in daemon.stderr_path.read_text()
 
 
 def test_a_message_over_the_frame_limit_closes_that_connection_only(
