@@ -1,10 +1,11 @@
 """The ``[gateway]`` and ``[tenants.NAME]`` sections of ``config.toml``.
 
 Parsed once on the main thread with the rest of the settings (:mod:`supervisor.config`);
-the records are immutable afterwards and safe to read from any thread. Whether a
-listen address may be used without TLS is judged when the daemon starts the
-gateway (:func:`exposure_problem`), not here: a gateway setting must never stop
-``zeroclaw acp``, which has no gateway.
+the records are immutable afterwards and safe to read from any thread. Only the
+shape of each value is checked here (a malformed one is a configuration error,
+like any other key's). Whether a listen address may be used without TLS is judged
+when the daemon starts the gateway (:func:`exposure_problem`): a daemon-only
+choice must not stop ``zeroclaw acp``, which has no gateway.
 
 ```toml
 [gateway]
