@@ -80,15 +80,15 @@ def test_acp_session_flows_over_the_websocket(gateway: GatewayDaemon) -> None:
         cancelled = editor.wait_response(slow)["result"]
         assert cancelled["stopReason"] == "cancelled"
 
-        tool = editor.send("session/prompt", {"sessionId": sid,
-                                              "prompt": '!tool shell {"command": "echo perm-ok"}'})
+        write = '!tool file_write {"path": "perm.txt", "content": "perm-ok"}'
+        tool = editor.send("session/prompt", {"sessionId": sid, "prompt": write})
         ask = editor.wait_request("session/request_permission")
         assert ask["id"].startswith("zc-out-")
         assert ask["params"]["sessionId"] == sid
         editor.reply(ask["id"], {"outcome": {"outcome": "selected", "optionId": "allow-once"}})
         assert editor.wait_response(tool)["result"]["stopReason"] == "end_turn"
         done = [u for u in updates_of(editor, "tool_call_update") if u["status"] == "completed"]
-        assert done and "perm-ok" in json.dumps(done[-1])
+        assert done and (Path(cwd) / "perm.txt").read_text() == "perm-ok"
 
         listed = editor.request("session/list", {})["sessions"]
         assert [entry["sessionId"] for entry in listed] == [sid]
