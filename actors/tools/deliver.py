@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from actors.tools.base import Tool, ToolEnv, ToolError, ToolResult, path_location, require_str
-from actors.tools.files import read_regular_file, write_atomically
+from actors.tools.files import opened_for_tool, read_regular_file, write_atomically
 from actors.tools.paths import PathDenied, PathPolicy
 from ipc.acp import MAX_BLOB_BYTES, Blob
 from ipc.events import ResourceContent, ToolLocation
@@ -78,19 +78,9 @@ class DeliverFileTool(Tool):
 
 
 def _read(paths: PathPolicy, given: str) -> tuple[Path, bytes]:
-    path = Path(given)
-    try:
-        with paths.open_parent(given) as parent:
-            path = parent.path
-            data = read_regular_file(parent, given, MAX_BLOB_BYTES + 1)
-    except PathDenied as exc:
-        raise ToolError(str(exc)) from None
-    except FileNotFoundError:
-        raise ToolError(f"no such file: {path}") from None
-    except IsADirectoryError:
-        raise ToolError(f"is a directory, not a file: {path}") from None
-    except OSError as exc:
-        raise ToolError(f"cannot read {path}: {exc.strerror or exc}") from None
+    with opened_for_tool(paths, given, "read") as parent:
+        path = parent.path
+        data = read_regular_file(parent, given, MAX_BLOB_BYTES + 1)
     if len(data) > MAX_BLOB_BYTES:
         raise ToolError(f"{path} is larger than 10 MiB; it cannot be delivered")
     return path, data

@@ -16,6 +16,7 @@ import errno
 import os
 import secrets
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -37,11 +38,39 @@ from actors.tools.paths import (
 )
 from ipc.events import DiffContent, ToolContent, ToolLocation
 
-__all__ = ["FileEditTool", "FileReadTool", "FileWriteTool", "read_regular_file", "write_atomically"]
+__all__ = [
+    "FileEditTool",
+    "FileReadTool",
+    "FileWriteTool",
+    "opened_for_tool",
+    "read_regular_file",
+    "write_atomically",
+]
 
 _READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
 _MAX_PREVIEW_BYTES = 2 * 1024 * 1024
 _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+@contextlib.contextmanager
+def opened_for_tool(paths: PathPolicy, given: str, verb: str, *, create: bool = False,
+                    missing: str = "") -> Iterator[OpenedParent]:
+    """:meth:`PathPolicy.open_parent`, with every failure (of the opening or of the body)
+    turned into a :class:`ToolError` that names the path; ``verb`` says what was being
+    done (``cannot <verb> <path>``), ``missing`` is added to "no such file"."""
+    path = Path(given)
+    try:
+        with paths.open_parent(given, create=create) as parent:
+            path = parent.path
+            yield parent
+    except PathDenied as exc:
+        raise ToolError(str(exc)) from None
+    except FileNotFoundError:
+        raise ToolError(f"no such file: {path}{missing}") from None
+    except IsADirectoryError:
+        raise ToolError(f"is a directory, not a file: {path}") from None
+    except OSError as exc:
+        raise ToolError(f"cannot {verb} {path}: {exc.strerror or exc}") from None
 
 
 def _path_title(verb: str, args: dict[str, Any]) -> str:
@@ -74,19 +103,9 @@ class FileReadTool(Tool):
         given = require_str(args, "path")
         offset = optional_int(args, "offset", minimum=1, default=None)
         limit = optional_int(args, "limit", minimum=1, default=None)
-        path = Path(given)
-        try:
-            with env.paths.open_parent(given) as parent:
-                path = parent.path
-                data = read_regular_file(parent, given, self.max_bytes + 1)
-        except PathDenied as exc:
-            raise ToolError(str(exc)) from None
-        except FileNotFoundError:
-            raise ToolError(f"no such file: {path}") from None
-        except IsADirectoryError:
-            raise ToolError(f"is a directory, not a file: {path}") from None
-        except OSError as exc:
-            raise ToolError(f"cannot read {path}: {exc.strerror or exc}") from None
+        with opened_for_tool(env.paths, given, "read") as parent:
+            path = parent.path
+            data = read_regular_file(parent, given, self.max_bytes + 1)
         truncated = len(data) > self.max_bytes
         text = data[: self.max_bytes].decode("utf-8", errors="replace")
         if offset is not None or limit is not None:
@@ -146,17 +165,9 @@ class FileWriteTool(Tool):
     def run(self, args: dict[str, Any], env: ToolEnv) -> ToolResult:
         given = require_str(args, "path")
         data = require_str(args, "content", allow_empty=True).encode("utf-8")
-        path = Path(given)
-        try:
-            with env.paths.open_parent(given, create=True) as parent:
-                path = parent.path
-                write_atomically(parent, data)
-        except PathDenied as exc:
-            raise ToolError(str(exc)) from None
-        except IsADirectoryError:
-            raise ToolError(f"is a directory, not a file: {path}") from None
-        except OSError as exc:
-            raise ToolError(f"cannot write {path}: {exc.strerror or exc}") from None
+        with opened_for_tool(env.paths, given, "write", create=True) as parent:
+            path = parent.path
+            write_atomically(parent, data)
         raw = {"path": str(path), "bytes": len(data)}
         return ToolResult(text=f"wrote {len(data)} bytes to {path}", raw_output=raw)
 
@@ -191,21 +202,12 @@ class FileEditTool(Tool):
 
     def run(self, args: dict[str, Any], env: ToolEnv) -> ToolResult:
         given, old, new, replace_all = _edit_arguments(args)
-        path = Path(given)
-        try:
-            with env.paths.open_parent(given) as parent:
-                path = parent.path
-                before = self._read_text(parent, given)
-                after, count = _replace(path, before, old, new, replace_all)
-                write_atomically(parent, after.encode("utf-8"))
-        except PathDenied as exc:
-            raise ToolError(str(exc)) from None
-        except FileNotFoundError:
-            raise ToolError(f"no such file: {path} (file_write creates files)") from None
-        except IsADirectoryError:
-            raise ToolError(f"is a directory, not a file: {path}") from None
-        except OSError as exc:
-            raise ToolError(f"cannot edit {path}: {exc.strerror or exc}") from None
+        with opened_for_tool(env.paths, given, "edit",
+                             missing=" (file_write creates files)") as parent:
+            path = parent.path
+            before = self._read_text(parent, given)
+            after, count = _replace(path, before, old, new, replace_all)
+            write_atomically(parent, after.encode("utf-8"))
         line = before[: before.index(old)].count("\n") + 1
         raw = {"path": str(path), "replacements": count, "line": line}
         return ToolResult(
