@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
+import functools
 import logging
 import os
 import stat
@@ -312,12 +312,15 @@ def _let_go(frames: FrameReader, reader: asyncio.StreamReader) -> None:
         earlier = error.__context__
         error.__traceback__ = error.__context__ = error.__cause__ = None
         error = earlier
-    if frames.peak_buffered >= _TRIM_AFTER and _MALLOC_TRIM is not None:
-        _MALLOC_TRIM(0)
+    if frames.peak_buffered >= _TRIM_AFTER and (trim := _malloc_trim()) is not None:
+        trim(0)
 
 
+@functools.cache
 def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's ``malloc_trim`` (None elsewhere)."""
+    """glibc's ``malloc_trim`` (None elsewhere); ctypes is loaded on first use only."""
+    import ctypes
+
     try:
         trim: Callable[[int], int] = ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):
@@ -325,7 +328,6 @@ def _malloc_trim() -> Callable[[int], int] | None:
     return trim
 
 
-_MALLOC_TRIM: Final = _malloc_trim()
 
 
 def _read_failed(reading: asyncio.Future[None]) -> bool:

@@ -20,14 +20,12 @@ import asyncio
 import contextlib
 import logging
 import os
-import secrets
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from actors.sandbox import detect as detect_sandbox
 from ipc import acp_handshake
 from ipc.errors import InvalidParams, SessionNotFound
-from ipc.events import content_from_wire
 from ipc.jsonrpc import ConnectionLost, Endpoint, RemoteError
 from supervisor.host_handle import HostHandle
 
@@ -116,6 +114,8 @@ class AcpPeer:
 
     async def ask_permission(self, sid: str, ask: PermissionAsk, timeout: float) -> str | None:
         try:
+            from ipc.events import content_from_wire  # off the way to initialize
+
             preview = tuple(content_from_wire(item) for item in ask.content)
         except (KeyError, TypeError):
             preview = ()
@@ -145,6 +145,8 @@ class AcpPeer:
             log.info("session %s: a question without choices cannot be asked over ACP", sid)
             return None
         field, choices = form
+        import secrets  # off the way to initialize
+
         params = acp.question_params(sid, f"ask-{secrets.token_hex(8)}", message, choices)
         try:
             result = await self.endpoint.request(

@@ -26,7 +26,6 @@ workspace_root = "/srv/alice" # session cwds must be under it (optional)
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -92,6 +91,8 @@ def parse_listen(text: str) -> tuple[str, int]:
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
+    import ipaddress  # only with a gateway configured: off the way to initialize
+
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
