@@ -151,7 +151,8 @@ class Sessions:
     async def _create(self, peer: Peer, sid: str, agent: AgentConfig, cwd: str,
                       request: NewSessionRequest, meta: dict[str, Any]) -> Route:
         if request.mcp_servers:
-            log.info("session %s: %d MCP server(s) stored, not used yet", sid,
+            log.info("session %s: %d MCP server(s) stored (a hosted ACP agent gets them; "
+                     "zeroclaw's own agents do not use MCP yet)", sid,
                      len(request.mcp_servers))
         now = time.time()
         info = StoredSession(
