@@ -86,13 +86,16 @@ class TurnStream:
             self._watching = True
             flow.when_drained(self._drained)
 
-    def flush(self) -> None:
+    def flush(self, *, grant: bool = True) -> None:
         """Send everything held back now (the turn ends, or a request must follow
-        its updates), and grant its credit."""
+        its updates), and grant its credit; at the turn's end nothing is granted
+        (the worker's window ended with its turn: a credit would be one more
+        message per turn, for nothing)."""
         waiting, self._waiting = self._waiting, []
         for item in waiting:
             self._send(item.event() if isinstance(item, _Merged) else item)
-        self._settle_credit()
+        if grant:
+            self._settle_credit()
 
     def close(self) -> None:
         """The turn is over: drop what is held (call :meth:`flush` first to keep it)."""

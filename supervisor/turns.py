@@ -175,7 +175,7 @@ class TurnBook:
         if turn.finished.is_set():
             return
         if turn.stream is not None:  # its last updates go before its answer
-            turn.stream.flush()
+            turn.stream.flush(grant=False)
             turn.stream.close()
         if turn.failure is not None and value is not None:
             value, error = None, InternalError(turn.failure)

@@ -86,6 +86,15 @@ def test_the_end_of_a_turn_flushes_what_waits() -> None:
     assert peer.sent == [MessageChunk("x")]
 
 
+def test_the_end_of_a_turn_sends_what_waits_but_grants_nothing() -> None:
+    """The worker's window ended with its turn: a credit would be a wasted message."""
+    peer = FakePeer()
+    turn, granted, _ = stream(peer)
+    turn.deliver(MessageChunk("x"), 10)
+    turn.flush(grant=False)
+    assert peer.sent == [MessageChunk("x")] and granted == []
+
+
 def test_an_update_that_cannot_be_encoded_for_the_client_is_reported() -> None:
     peer = FakePeer()
     turn, _, failures = stream(peer)
