@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from .procs import write_config
 from .sdkhost import SdkHost, expect_error
 
 KEY_ENV = "ZC_TEST_ANTHROPIC_KEY"
-KEY = "sk-ant-api03-test-7d1e5c-SECRETKEY"
+KEY = f"zc-test-anthropic-key-{secrets.token_hex(12)}"  # made per run
 
 
 def start(sdk_hosts: SdkHostFactory, config_dir: Path, server: ModelServer,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from .procs import write_config
 from .sdkhost import SdkHost, expect_error
 
 KEY_ENV = "ZC_TEST_MODEL_KEY"
-KEY = "sk-test-4f9c2b7e1d0a6c3e8b5f-SECRETKEY"
+KEY = f"zc-test-model-key-{secrets.token_hex(12)}"  # made per run: no key-shaped literal
 
 
 def openai_config(server: ModelServer, agent_ws: Path, extra: str = "",
