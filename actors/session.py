@@ -34,6 +34,7 @@ from ipc.worker_wire import (
     TurnEnded,
     TurnFailed,
     WorkerMessage,
+    stored_tool_rules,
 )
 
 __all__ = [
@@ -215,7 +216,6 @@ class SessionConfig:
     permission_timeout: float
     history: tuple[TurnItem, ...]
     mcp_servers: tuple[Any, ...] = ()
-    tool_rules: tuple[tuple[str, str], ...] = ()
     meta: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -233,7 +233,6 @@ class SessionConfig:
             permission_timeout=float(message.permission_timeout),
             history=history,
             mcp_servers=tuple(message.mcp_servers),
-            tool_rules=tuple(message.tool_rules.items()),
             meta=dict(message.meta),
         )
 
@@ -279,7 +278,7 @@ class SessionActor(SimpleInboxActor):
         self.history: list[TurnItem] = list(config.history)
         self.history_tokens = history_tokens(self.history)
         #: Remembered permission answers: tool name to allow_always / reject_always.
-        self.tool_rules: dict[str, str] = dict(config.tool_rules)
+        self.tool_rules: dict[str, str] = stored_tool_rules(dict(config.meta))
 
     def on_start(self) -> None:
         config = self.config

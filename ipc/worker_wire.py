@@ -18,6 +18,7 @@ import orjson
 
 __all__ = [
     "STREAM_WINDOW_BYTES",
+    "TOOL_RULES_META",
     "AgentProcessEntry",
     "CancelTurn",
     "CloseSession",
@@ -46,6 +47,7 @@ __all__ = [
     "WorkerReady",
     "decode",
     "encode",
+    "stored_tool_rules",
 ]
 
 
@@ -84,7 +86,6 @@ class OpenSession:
     ``history`` is the stored conversation as :func:`ipc.events.item_to_wire` dicts,
     so a model-backed agent can continue it. ``permission_timeout`` is in seconds.
     ``mcp_servers`` is the client's list from ``session/new`` (an ACP agent gets it).
-    ``tool_rules`` are the stored always-answers (see :class:`PermissionRules`).
     ``meta`` is the stored session's meta (an ACP agent finds its session id there).
     """
 
@@ -98,7 +99,6 @@ class OpenSession:
     permission_timeout: float
     history: list[dict[str, Any]] = field(default_factory=list)
     mcp_servers: list[Any] = field(default_factory=list)
-    tool_rules: dict[str, str] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
 
 
@@ -251,6 +251,20 @@ class UserAsk:
     request_id: str
     message: str
     schema: dict[str, Any]
+
+
+#: Where a stored session's ``meta`` keeps its remembered permission answers.
+TOOL_RULES_META = "toolPermissions"
+_TOOL_RULES = ("allow_always", "reject_always")
+
+
+def stored_tool_rules(meta: dict[str, Any]) -> dict[str, str]:
+    """The remembered permission answers in a stored session's ``meta`` (others dropped)."""
+    rules = meta.get(TOOL_RULES_META)
+    if not isinstance(rules, dict):
+        return {}
+    return {name: rule for name, rule in rules.items()
+            if isinstance(name, str) and rule in _TOOL_RULES}
 
 
 @dataclass(frozen=True, slots=True)

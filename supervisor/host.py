@@ -25,6 +25,7 @@ from actors.sandbox import detect as detect_sandbox
 from ipc.errors import InternalError, SessionNotFound
 from ipc.events import SessionInfo, TurnRecord, event_from_wire, iso_utc
 from ipc.worker_wire import (
+    TOOL_RULES_META,
     CloseSession,
     HostMessage,
     OpenFailed,
@@ -53,7 +54,7 @@ from supervisor.usage import UsageTotals
 from supervisor.worker_env import agent_variables
 from supervisor.workers import WorkerPool
 
-__all__ = ["TOOL_RULES_META", "Host", "stored_tool_rules"]
+__all__ = ["Host"]
 
 log = logging.getLogger("zeroclaw.host")
 
@@ -61,8 +62,6 @@ WORKER_READY_TIMEOUT = 30.0
 ORPHAN_SWEEP_SECS = 2.0
 CLOSE_CONFIRM_SECS = 10.0  # a worker that takes longer to drop a session is not waited for
 #: The key of a session's stored ``meta`` that keeps its always-answers to permission requests.
-TOOL_RULES_META = "toolPermissions"
-_TOOL_RULES = ("allow_always", "reject_always")
 
 
 class Host:
@@ -365,15 +364,6 @@ def _log_unusable_agents(settings: Settings) -> None:
 def _log_write_failure(future: asyncio.Future[Any]) -> None:
     if not future.cancelled() and future.exception() is not None:
         log.warning("%s", future.exception())  # the error says "store write failed: ..."
-
-
-def stored_tool_rules(meta: dict[str, Any]) -> dict[str, str]:
-    """The remembered permission answers in a stored session's ``meta`` (others dropped)."""
-    rules = meta.get(TOOL_RULES_META)
-    if not isinstance(rules, dict):
-        return {}
-    return {name: rule for name, rule in rules.items()
-            if isinstance(name, str) and rule in _TOOL_RULES}
 
 
 def canonical_dir(path: str, base: str | None = None) -> str | None:

@@ -29,7 +29,7 @@ from ipc.events import CurrentMode, TurnRecord, item_to_wire
 from ipc.worker_wire import OpenSession, SetMode, StartTurn
 from storage.models import SessionInfo as StoredSession
 from supervisor.config import AUTONOMY_LEVELS, AgentConfig
-from supervisor.host import Host, canonical_dir, stored_tool_rules
+from supervisor.host import Host, canonical_dir
 from supervisor.routes import Peer, Route, RunningTurn
 from supervisor.slash_commands import agent_history, parse, run_host_command
 from supervisor.tenants import TENANT_META_KEY
@@ -213,7 +213,6 @@ class Sessions:
             permission_timeout=self.settings.session_timeout_secs,
             history=[item_to_wire(i) for i in agent_history(items)],
             mcp_servers=list(info.mcp_servers), meta=dict(info.meta),
-            tool_rules=stored_tool_rules(info.meta),
         ))
         route = Route(info.id, worker_id, peer, agent.alias, info.workspace_dir,
                       info.cwd, info.mode, info.turn_count, info.token_count, fallback_from,
