@@ -107,33 +107,20 @@ class WsClient(RpcClient):
     def close(self) -> None:
         self.ws.close()
 
-    def send(self, method: str, params: Any = None, *, notify: bool = False) -> int | None:
-        frame: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
-        if params is not None:
-            frame["params"] = params
-        request_id = None
-        if not notify:
-            request_id = self._next_id
-            self._next_id += 1
-            frame["id"] = request_id
-        self.ws.send(json.dumps(frame))
-        return request_id
+    def _write(self, text: str) -> None:
+        self.ws.send(text)
 
     def reply(self, request_id: Any, result: Any) -> None:
-        self.ws.send(json.dumps({"jsonrpc": "2.0", "id": request_id, "result": result}))
+        self._write(json.dumps({"jsonrpc": "2.0", "id": request_id, "result": result}))
 
-    def read_frame(self, timeout: float = FRAME_TIMEOUT) -> dict[str, Any]:
+    def _read_message(self, timeout: float) -> bytes | str:
         try:
-            text = self.ws.recv(timeout=timeout)
+            text: bytes | str = self.ws.recv(timeout=timeout)
         except TimeoutError:
             raise TimeoutError("no frame from the gateway") from None
         except ConnectionClosed:
             raise ConnectionError("the gateway closed the connection") from None
-        frame: dict[str, Any] = json.loads(text)
-        self.frames.append(frame)
-        if "method" in frame and "id" not in frame:
-            self.notifications.append(frame)
-        return frame
+        return text
 
     def wait_request(self, method: str, timeout: float = FRAME_TIMEOUT) -> dict[str, Any]:
         """The next request the gateway sends us (e.g. ``session/request_permission``)."""

@@ -83,10 +83,22 @@ class RpcClient:
             request_id = self._next_id
             self._next_id += 1
             frame["id"] = request_id
-        self.sock.sendall(json.dumps(frame).encode() + b"\n")
+        self._write(json.dumps(frame))
         return request_id
 
+    def _write(self, text: str) -> None:
+        """Send one message (one line here; a transport of its own overrides this)."""
+        self.sock.sendall(text.encode() + b"\n")
+
     def read_frame(self, timeout: float = FRAME_TIMEOUT) -> dict[str, Any]:
+        frame: dict[str, Any] = json.loads(self._read_message(timeout))
+        self.frames.append(frame)
+        if "method" in frame and "id" not in frame:
+            self.notifications.append(frame)
+        return frame
+
+    def _read_message(self, timeout: float) -> bytes | str:
+        """The next message's text (a line here; a transport of its own overrides this)."""
         deadline = time.monotonic() + timeout
         while b"\n" not in self._buffer:
             remaining = deadline - time.monotonic()
@@ -98,11 +110,7 @@ class RpcClient:
                 raise ConnectionError("the daemon closed the connection")
             self._buffer += chunk
         line, self._buffer = self._buffer.split(b"\n", 1)
-        frame: dict[str, Any] = json.loads(line)
-        self.frames.append(frame)
-        if "method" in frame and "id" not in frame:
-            self.notifications.append(frame)
-        return frame
+        return line
 
     def wait_response(self, request_id: int, timeout: float = FRAME_TIMEOUT) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
