@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ipc.events import Event, TurnRecord
 from ipc.worker_wire import PermissionAsk
+from storage.prepared_writes import title_of
 
 if TYPE_CHECKING:
     from ipc.transports import WriteFlow
@@ -50,7 +51,8 @@ class Route:
 
     ``status`` is its entry in the ``status`` answer, kept up to date as its turns
     start and end (``turns``: the completed or cancelled turns in the store;
-    ``usage.totalTokens``: the store's token count of the session), so
+    ``usage.totalTokens``: the store's token count of the session; ``title``: the
+    store's title, the first line of its first kept prompt, None until then), so
     answering ``status`` copies no session state; only ``clients`` is filled in
     then, from the ownership table.
     """
@@ -66,12 +68,13 @@ class Route:
     tokens: InitVar[int] = 0
     fallback_from: str | None = None  # its stored agent, disabled or removed since
     tenant: str | None = None  # the gateway tenant it belongs to (None: the host's owner)
+    title: InitVar[str | None] = None
     status: dict[str, Any] = field(init=False)
 
-    def __post_init__(self, turns: int, tokens: int) -> None:
+    def __post_init__(self, turns: int, tokens: int, title: str | None) -> None:
         self.status = {"sessionId": self.sid, "agentAlias": self.agent_alias, "state": "idle",
                        "clients": 0, "lastActivity": time.time(), "turns": turns,
-                       "usage": {"totalTokens": tokens}}
+                       "usage": {"totalTokens": tokens}, "cwd": self.cwd, "title": title}
 
     @property
     def agent_fallback(self) -> dict[str, str] | None:
@@ -87,14 +90,18 @@ class Route:
         self.status["state"] = "busy"
         self.touch()
 
-    def turn_ended(self, turns: int | None, tokens: int = 0) -> None:
+    def turn_ended(self, turns: int | None, tokens: int = 0,
+                   record: TurnRecord | None = None) -> None:
         """Idle again; ``turns``: the store's count after it, None if it was not kept;
-        ``tokens``: what the kept turn added to the session's token count."""
+        ``tokens``: what the kept turn added to the session's token count; ``record``:
+        the kept turn, which titles an untitled session as the store does."""
         status = self.status
         status["state"] = "idle"
         if turns is not None:
             status["turns"] = turns
             status["usage"]["totalTokens"] += tokens
+        if record is not None and status["title"] is None:
+            status["title"] = title_of(record)
         self.touch()
 
 

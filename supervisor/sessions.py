@@ -216,7 +216,7 @@ class Sessions:
         ))
         route = Route(info.id, worker_id, peer, agent.alias, info.workspace_dir,
                       info.cwd, info.mode, info.turn_count, info.token_count, fallback_from,
-                      info.meta.get(TENANT_META_KEY))
+                      info.meta.get(TENANT_META_KEY), info.title)
         host.routes[info.id] = route
         host.scale_workers()
         return route

@@ -8,8 +8,11 @@ its turn running. Worker figures come from the pool plus psutil,
 sampled at most once a second per worker (Process objects are kept, since the
 first ``cpu_percent()`` of a new one is always 0.0). Each worker lists its hosted
 agent processes as its last heartbeat named them (restarts are the worker's count),
-with psutil figures sampled the same way. ``usage`` is the host's
-running totals (:mod:`supervisor.usage`); each session entry has its own.
+with psutil figures sampled the same way, as are the host process's own
+(``rssBytes``, ``cpuPercent``). ``usage`` is the host's running totals
+(:mod:`supervisor.usage`); each session entry has its own. ``turnsCommitted``
+counts the turns committed since the host started (a rate is its difference
+between two answers).
 """
 
 from __future__ import annotations
@@ -102,13 +105,18 @@ def host_status(sessions: Sessions, owners: Owners) -> dict[str, Any]:
         workers.append({"pid": w.pid, "rssBytes": rss, "cpuPercent": cpu,
                         "sessions": per_worker.get(w.worker_id, 0), "responsive": responsive,
                         "agents": [_agent_entry(a) for a in w.agents]})
-    _forget_gone({w.pid for w in infos} | {a["pid"] for w in infos for a in w.agents})
+    pid = os.getpid()
+    _forget_gone({pid} | {w.pid for w in infos} | {a["pid"] for w in infos for a in w.agents})
+    rss, cpu = process_figures(pid)
     settings = host.settings
     return {
         "serverVersion": __version__,
         "protocolVersion": 1,
-        "pid": os.getpid(),
+        "pid": pid,
+        "rssBytes": rss,
+        "cpuPercent": cpu,
         "uptimeSecs": round(time.time() - host.started_at, 3),
+        "turnsCommitted": host.turn_stats.committed,
         "activeSessions": len(entries),
         "sessions": entries,
         "workers": workers,

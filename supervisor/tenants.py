@@ -143,12 +143,18 @@ class TenantScope:
 
     def status_view(self, status: Mapping[str, Any], sessions: Sessions) -> dict[str, Any]:
         """``status`` as this tenant may see it: an admin sees everything; others only
-        their own sessions, and none of the host's process or store details."""
+        their own sessions and turns, and none of the host's process or store details
+        (only the keys of :data:`_SHARED_STATUS`, so a key added to ``status`` later is
+        not shown to tenants by default)."""
         if self.tenant.admin:
             return dict(status)
         own = [entry for entry in status["sessions"]
                if self.tenancy.tenant_of(sessions, entry["sessionId"]) == self.tenant.name]
-        hidden = {"pid", "workers", "usage", "store", "sessions", "activeSessions"}
-        view = {key: value for key, value in status.items() if key not in hidden}
-        view.update(sessions=own, activeSessions=len(own), tenant=self.tenant.name)
+        view = {key: status[key] for key in _SHARED_STATUS if key in status}
+        view.update(sessions=own, activeSessions=len(own), tenant=self.tenant.name,
+                    turnsCommitted=sessions.host.turn_stats.by_tenant.get(self.tenant.name, 0))
         return view
+
+
+_SHARED_STATUS = ("serverVersion", "protocolVersion", "uptimeSecs", "limits", "sandbox")
+"""The keys of ``status`` every tenant sees (the rest are the host's or an admin's)."""

@@ -139,7 +139,8 @@ class TurnBook:
             self.settle(turn, error=InternalError(str(exc)))
             return
         self.host.usage.add_turn(record.tokens)
-        self.host.turn_stats.record(record.stop_reason, record.finished_at - record.started_at)
+        self.host.turn_stats.record(record.stop_reason, record.finished_at - record.started_at,
+                                    turn.route.tenant if turn.route is not None else None)
         self.settle(turn, value=(record, turns))
 
     def _forget_unstored(self, turn: RunningTurn) -> None:
@@ -187,7 +188,7 @@ class TurnBook:
             if value is None:
                 turn.route.turn_ended(*(kept or (None,)))
             else:
-                turn.route.turn_ended(value[1], value[0].tokens)
+                turn.route.turn_ended(value[1], value[0].tokens, value[0])
         for task in list(turn.permission_tasks):
             task.cancel()
         if not turn.result.done():
