@@ -11,6 +11,8 @@ library (imported only when the gateway is on). Routes, all ``GET``:
 - ``/health``: 200 or 503 with ``{"status", "reasons"}``; no token needed.
 - ``/status``: the ``status`` JSON as the token's tenant may see it (an admin: all).
 - ``/metrics``: Prometheus text format (:mod:`supervisor.metrics`); admin token only.
+- ``/``: the status page (:mod:`supervisor.status_page`): static files, no token; its
+  script reads ``/status`` with the token.
 
 A token goes in ``Authorization: Bearer <token>``, as a ``Sec-WebSocket-Protocol``
 entry ``zeroclaw.token.<token>`` (browsers cannot set headers; the server never echoes
@@ -45,6 +47,7 @@ import orjson
 
 from ipc.transports import PACE_MARK
 from supervisor.gateway_config import GatewayConfig
+from supervisor.status_page import PAGE_PATHS, page_response
 from supervisor.tenants import Tenancy, TenantScope, tenant_of_token
 
 if TYPE_CHECKING:
@@ -214,6 +217,8 @@ class Gateway:
         path = urlsplit(request.path).path
         if path == "/health":
             return await self._health(connection)
+        if path in PAGE_PATHS:  # static files that hold no data: no token
+            return page_response(connection, path)
         if path not in ("/acp", "/status", "/metrics"):
             return connection.respond(404, "not found\n")
         token, agent = _credentials(request)
