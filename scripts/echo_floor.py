@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The speed floor for benchmarks: an NDJSON JSON-RPC server that does no work.
 
-Usage: ``echo_floor.py`` (stdio) or ``echo_floor.py --unix PATH`` (Unix socket).
+Usage: ``echo_floor.py`` (stdio), ``echo_floor.py --unix PATH`` (Unix socket) or
+``echo_floor.py --tcp PORT`` (TCP on 127.0.0.1).
 
 Every request line is answered at once from the asyncio loop thread, with the
 same shapes the ACP host returns, so a benchmark client can drive both alike:
@@ -30,7 +31,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["answer_line", "main", "serve_stdio", "serve_unix"]
+__all__ = ["answer_line", "main", "serve_stdio", "serve_tcp", "serve_unix"]
 
 FRAME_LIMIT = 32 * 1024 * 1024
 _session_numbers = itertools.count(1)
@@ -131,34 +132,47 @@ async def serve_stdio() -> None:
         await writer.drain()
 
 
-async def serve_unix(path: Path) -> None:
-    """Serve a Unix socket at ``path`` (mode 0600) until SIGINT/SIGTERM."""
+async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(ConnectionError):
+        await _echo(reader, writer.write, writer.drain)
+    writer.close()
 
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(ConnectionError):
-            await _echo(reader, writer.write, writer.drain)
-        writer.close()
 
-    path.unlink(missing_ok=True)
-    server = await asyncio.start_unix_server(handle, path=str(path), limit=FRAME_LIMIT)
-    os.chmod(path, 0o600)
+async def _serve_until_stopped(server: asyncio.Server) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signal_number in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signal_number, stop.set)
+    async with server:
+        await stop.wait()
+
+
+async def serve_unix(path: Path) -> None:
+    """Serve a Unix socket at ``path`` (mode 0600) until SIGINT/SIGTERM."""
+    path.unlink(missing_ok=True)
+    server = await asyncio.start_unix_server(_handle, path=str(path), limit=FRAME_LIMIT)
+    os.chmod(path, 0o600)
     try:
-        async with server:
-            await stop.wait()
+        await _serve_until_stopped(server)
     finally:
         path.unlink(missing_ok=True)
+
+
+async def serve_tcp(port: int) -> None:
+    """Serve TCP on 127.0.0.1:``port`` until SIGINT/SIGTERM."""
+    await _serve_until_stopped(
+        await asyncio.start_server(_handle, "127.0.0.1", port, limit=FRAME_LIMIT))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--unix", type=Path, metavar="PATH", help="listen on a Unix socket")
+    parser.add_argument("--tcp", type=int, metavar="PORT", help="listen on 127.0.0.1:PORT")
     args = parser.parse_args(argv)
     if args.unix is not None:
         asyncio.run(serve_unix(args.unix))
+    elif args.tcp is not None:
+        asyncio.run(serve_tcp(args.tcp))
     else:
         asyncio.run(serve_stdio())
     return 0
