@@ -82,10 +82,15 @@ def _chart(browser: Browser, name: str) -> dict[str, Any]:
     return chart
 
 
-def test_the_page_in_headless_chromium(gateway: GatewayDaemon, tmp_path: Path) -> None:
+@pytest.fixture
+def chromium() -> str:
+    return chromium_or_skip()
+
+
+def test_the_page_in_headless_chromium(chromium: str, gateway: GatewayDaemon,
+                                       tmp_path: Path) -> None:
     """A tenant's page shows its own sessions (the hostile title as text), its chart
     grows with more turns; an admin's shows every session, the workers and RSS."""
-    chromium = chromium_or_skip()
     cwd = str(gateway.daemon.config_dir)
     with gateway.client("alice") as alice, gateway.client("bob") as bob:
         hostile = alice.request("session/new", {"cwd": cwd})["sessionId"]
