@@ -184,12 +184,14 @@ def open_descriptors(pid: int) -> list[str]:
 
 
 class Editor:
-    """``zeroclaw acp --attach`` as an editor spawns it, spoken to over its stdio."""
+    """``zeroclaw acp --attach`` as an editor spawns it, spoken to over its stdio
+    (``attach``: the words after ``--attach``, e.g. a gateway URL and its options)."""
 
-    def __init__(self, config_dir: Path, env: dict[str, str], pass_fds: tuple[int, ...] = ()):
+    def __init__(self, config_dir: Path, env: dict[str, str], pass_fds: tuple[int, ...] = (),
+                 attach: tuple[str, ...] = ()):
         self.stderr = tempfile.TemporaryFile()  # noqa: SIM115 - outlives __init__; see quit
         self.proc = subprocess.Popen(
-            zeroclaw_argv("acp", "--attach", "--config-dir", str(config_dir)),
+            zeroclaw_argv("acp", "--attach", *attach, "--config-dir", str(config_dir)),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, env=env,
             pass_fds=pass_fds)
         self.next_id = 0
