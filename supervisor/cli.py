@@ -85,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from supervisor.config import resolve_config_dir
         from supervisor.tenant_cmd import run as run_tenant
 
-        return run_tenant(list(args.args), resolve_config_dir(args.config_dir))
+        return run_tenant(list(args.args), resolve_config_dir(args.config_dir), args.config_dir)
     if args.command == "status":
         return _run_status(args)
     _parser().print_help(sys.stderr)

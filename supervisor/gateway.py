@@ -18,6 +18,12 @@ it and selects ``acp`` when offered), or as ``?token=``. An address that sent
 ``auth_failures`` wrong tokens within ``auth_window_secs`` gets 429 until the window
 passes. The token never reaches a log, an answer or ``status``.
 
+Tenants can change while the daemon runs (:meth:`Gateway.reload_tenants`, asked for
+by ``zeroclaw tenant add|remove`` through ``daemon.sock``): new tokens work at once,
+and every ``/acp`` connection whose tenant was removed or whose token hash changed
+is closed with 1008 "token revoked" (its running turns are cancelled and stored, as
+for a client that went away); the other connections take their tenant's new limits.
+
 Backpressure, as on the Unix sockets: frames to a client queue in :class:`_Outbox`,
 which is also the connection's write flow, so a running turn whose client is behind
 holds its updates and slows its own agent (:mod:`supervisor.pacing`); the library holds
@@ -31,12 +37,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import itertools
 import logging
 import ssl
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
@@ -62,6 +69,7 @@ log = logging.getLogger("zeroclaw.gateway")
 
 TOKEN_SUBPROTOCOL_PREFIX = "zeroclaw.token."
 ACP_SUBPROTOCOL = "acp"
+REVOKED_CLOSE = (1008, "token revoked")  # policy violation: the tenant or its token went
 _WRITE_LIMIT = (PACE_MARK, PACE_MARK // 4)  # the socket buffer's high and low marks
 
 
@@ -150,6 +158,7 @@ class Gateway:
         self.settings = settings
         self.acp = acp
         self.tenancy = Tenancy()
+        self.tenants: Mapping[str, TenantConfig] = settings.tenants
         self.stats = GatewayStats()
         self.limiter = AuthLimiter(self.config.auth_failures, self.config.auth_window_secs)
         self.url = ""
@@ -157,7 +166,8 @@ class Gateway:
         self._high_water = write_high_water
         self._server: Server | None = None
         self._scopes: weakref.WeakKeyDictionary[Any, TenantScope] = weakref.WeakKeyDictionary()
-        self._endpoints: set[Endpoint] = set()
+        self._endpoints: dict[Endpoint, ServerConnection] = {}
+        self._closing: set[asyncio.Task[None]] = set()
         self._outboxes: set[_Outbox] = set()
         self._numbers = itertools.count(1)
         from supervisor.metrics import MetricsPage
@@ -184,7 +194,7 @@ class Gateway:
         host, port = self._server.sockets[0].getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host
         self.url = f"{'https' if context else 'http'}://{shown}:{port}"
-        if not self.settings.tenants:
+        if not self.tenants:
             log.warning("gateway: no tenants are configured, so no token is valid; "
                         "add one with `zeroclaw tenant add NAME`")
         return self.url
@@ -196,6 +206,33 @@ class Gateway:
 
     def endpoints(self) -> list[Endpoint]:
         return list(self._endpoints)
+
+    def reload_tenants(self, tenants: Mapping[str, TenantConfig]) -> int:
+        """Use ``tenants`` from now on; close the ``/acp`` connections whose tenant is
+        gone or has another token (how many were closed). Loop thread."""
+        self.tenants = tenants
+        revoked = 0
+        for endpoint, connection in list(self._endpoints.items()):
+            scope: TenantScope = endpoint.state["scope"]
+            if not self._revoked(scope):
+                if self.tenants[scope.name] != scope.tenant:  # new limits apply at once
+                    endpoint.state["scope"] = dataclasses.replace(
+                        scope, tenant=self.tenants[scope.name])
+                continue
+            log.info("gateway: %s: the tenant's token was revoked: closing", endpoint.name)
+            endpoint.close()  # its prompts' turns are cancelled (and kept), as on a hang-up
+            closing = asyncio.ensure_future(connection.close(*REVOKED_CLOSE))
+            self._closing.add(closing)
+            closing.add_done_callback(self._closing.discard)
+            revoked += 1
+        if not tenants:
+            log.warning("gateway: no tenants are configured any more, so no token is valid")
+        return revoked
+
+    def _revoked(self, scope: TenantScope) -> bool:
+        """The scope's tenant was removed, or its token replaced, since it was checked."""
+        now = self.tenants.get(scope.name)
+        return now is None or now.token_sha256 != scope.tenant.token_sha256
 
     async def close(self, flush_timeout: float = 5.0) -> None:
         """Let every client take the frames queued for it (bounded), then close every
@@ -246,7 +283,7 @@ class Gateway:
             self.stats.auth_failures["missing"] += 1
             log.info("gateway: request from %s without a token refused", address)
             return _unauthorized(connection, "a token is required"), None
-        tenant = tenant_of_token(token, self.settings.tenants)
+        tenant = tenant_of_token(token, self.tenants)
         if tenant is None:
             self.limiter.failed(address)
             self.stats.auth_failures["invalid"] += 1
@@ -284,6 +321,9 @@ class Gateway:
         if scope is None:  # cannot happen: /acp is only upgraded after its check
             await connection.close(1011)
             return
+        if self._revoked(scope):  # tenants were reloaded during the handshake
+            await connection.close(*REVOKED_CLOSE)
+            return
         number = next(self._numbers)
         log.info("gateway connection #%d from %s: tenant %s", number, _address(connection),
                  scope.name)
@@ -293,7 +333,7 @@ class Gateway:
         endpoint.state["scope"] = scope
         endpoint.state["flow"] = outbox  # paced turns wait for a slow client
         outbox.endpoint = endpoint
-        self._endpoints.add(endpoint)
+        self._endpoints[endpoint] = connection
         self._outboxes.add(outbox)
         self.stats.connections += 1
         self._on_connection(1)
@@ -304,7 +344,7 @@ class Gateway:
             endpoint.close()  # its prompts' turns are cancelled (and kept) by the host
             writer.cancel()
             outbox.close()
-            self._endpoints.discard(endpoint)
+            self._endpoints.pop(endpoint, None)
             self._outboxes.discard(outbox)
             self.stats.connections -= 1
             self._on_connection(-1)
