@@ -155,17 +155,18 @@ class Daemon:
 
     async def serve(self, claim: SocketClaim, acp_claim: SocketClaim) -> int:
         loop = asyncio.get_running_loop()
+        guard = OpenFileGuard()  # shared by every accept loop, the gateway's too
         if self.gateway is not None:
             try:
-                log.info("gateway listening on %s", await self.gateway.start())
+                log.info("gateway listening on %s", await self.gateway.start(guard))
             except (OSError, ssl.SSLError) as exc:
+                guard.close()
                 log.error("zeroclaw daemon: the gateway cannot listen on %s: %s",
                           self.settings.gateway and self.settings.gateway.listen, exc)
                 return 1
         for signum in STOP_SIGNALS:
             loop.add_signal_handler(signum, self._on_signal, signum)
         limit = self.settings.frame_limit + 1
-        guard = OpenFileGuard()
         self._listeners = [
             Listener(claim.sock, self._handler("rpc", self.rpc.make_endpoint), limit=limit,
                      guard=guard),

@@ -24,6 +24,21 @@ and every ``/acp`` connection whose tenant was removed or whose token hash chang
 is closed with 1008 "token revoked" (its running turns are cancelled and stored, as
 for a client that went away); the other connections take their tenant's new limits.
 
+The frame limit differs from ``acp.sock``'s rule on one point: a message over
+``acp.frame_limit`` closes its connection with 1009 ("frame exceeds limit of N
+bytes") instead of being answered -32600 with the connection going on. The library
+checks the length in each frame's header before it reads the payload (so memory
+stays bounded), and then fails the connection inside its parser: it has no way to
+skip one frame's payload and carry on, and once its Close frame is out no answer
+may follow (RFC 6455 §5.5.1). Without ``max_size`` it would read any frame whole
+into memory; a per-fragment limit fails the same way. Other connections go on.
+
+Connections are accepted by the daemon's own accept loop under its open-file guard
+(:class:`ipc.listener.AdoptingListener`, shared with the Unix sockets): out of file
+descriptors, accepting pauses with one warning instead of asyncio's storm of
+tracebacks, and the process keeps a reserve for its workers and store. Each accepted
+socket is then handed to the library's server.
+
 Backpressure, as on the Unix sockets: frames to a client queue in :class:`_Outbox`,
 which is also the connection's write flow, so a running turn whose client is behind
 holds its updates and slows its own agent (:mod:`supervisor.pacing`); the library holds
@@ -40,6 +55,7 @@ import collections
 import dataclasses
 import itertools
 import logging
+import socket
 import ssl
 import time
 import weakref
@@ -50,6 +66,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import orjson
 
+from ipc.listener import AdoptingListener
 from ipc.transports import PACE_MARK
 from supervisor.gateway_config import GatewayConfig
 from supervisor.tenants import Tenancy, TenantScope, tenant_of_token
@@ -59,6 +76,7 @@ if TYPE_CHECKING:
     from websockets.http11 import Request, Response
 
     from ipc.jsonrpc import Endpoint
+    from ipc.listener import OpenFileGuard
     from supervisor.acp_server import AcpServer
     from supervisor.config import Settings
     from supervisor.gateway_config import TenantConfig
@@ -71,6 +89,7 @@ TOKEN_SUBPROTOCOL_PREFIX = "zeroclaw.token."
 ACP_SUBPROTOCOL = "acp"
 REVOKED_CLOSE = (1008, "token revoked")  # policy violation: the tenant or its token went
 _WRITE_LIMIT = (PACE_MARK, PACE_MARK // 4)  # the socket buffer's high and low marks
+_OPEN_TIMEOUT = 10.0  # the TLS handshake, then the WebSocket one (the library's default)
 
 
 @dataclass(slots=True)
@@ -165,6 +184,9 @@ class Gateway:
         self._on_connection = on_connection
         self._high_water = write_high_water
         self._server: Server | None = None
+        self._listener: AdoptingListener | None = None
+        self._tls: ssl.SSLContext | None = None
+        self._watching: set[asyncio.Future[None]] = set()
         self._scopes: weakref.WeakKeyDictionary[Any, TenantScope] = weakref.WeakKeyDictionary()
         self._endpoints: dict[Endpoint, ServerConnection] = {}
         self._closing: set[asyncio.Task[None]] = set()
@@ -176,31 +198,58 @@ class Gateway:
 
     # --- lifecycle (loop thread) ----------------------------------------------------
 
-    async def start(self) -> str:
-        """Listen; the base URL (``http://host:port``, the real port when 0 was asked)."""
+    async def start(self, guard: OpenFileGuard) -> str:
+        """Listen, accepting under ``guard``; the base URL (``http://host:port``, the
+        real port when 0 was asked)."""
         from websockets.asyncio.server import serve
 
         config = self.config
-        context = None
         if config.tls_cert is not None and config.tls_key is not None:
-            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            context.load_cert_chain(config.tls_cert, config.tls_key)
-        self._server = await serve(
-            self._serve_acp, config.host, config.port, process_request=self._route,
-            select_subprotocol=_select_subprotocol, max_size=self.settings.frame_limit,
-            write_limit=_WRITE_LIMIT, ssl=context, server_header=None,
-            logger=_library_logger(),
-        )
-        host, port = self._server.sockets[0].getsockname()[:2]
+            self._tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            self._tls.load_cert_chain(config.tls_cert, config.tls_key)
+        listening = _listening_socket(config.host, config.port)
+        try:
+            self._server = await serve(
+                self._serve_acp, sock=listening, process_request=self._route,
+                select_subprotocol=_select_subprotocol, max_size=self.settings.frame_limit,
+                write_limit=_WRITE_LIMIT, open_timeout=_OPEN_TIMEOUT, server_header=None,
+                logger=_library_logger(),
+            )
+        except BaseException:
+            listening.close()
+            raise
+        # The library's asyncio server owns the socket (it answers 503 unless serving,
+        # and closes it), but our guarded accept loop does the accepting in its place.
+        asyncio.get_running_loop().remove_reader(listening.fileno())
+        self._listener = AdoptingListener(listening, self._adopt, guard=guard)
+        self._listener.start()
+        host, port = listening.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host
-        self.url = f"{'https' if context else 'http'}://{shown}:{port}"
+        self.url = f"{'https' if self._tls else 'http'}://{shown}:{port}"
         if not self.tenants:
             log.warning("gateway: no tenants are configured, so no token is valid; "
                         "add one with `zeroclaw tenant add NAME`")
         return self.url
 
+    async def _adopt(self, conn: socket.socket, on_closed: Callable[[], None]) -> None:
+        """An accepted connection, handed to the library's server (TLS handshake
+        first, when configured); ``on_closed`` once it has closed. Loop thread."""
+        assert self._server is not None
+        # The library's connection factory, kept by the asyncio server it made for us
+        # (it has no public one: its servers accept by themselves).
+        factory = self._server.server._protocol_factory  # type: ignore[attr-defined]
+        _, connection = await asyncio.get_running_loop().connect_accepted_socket(
+            factory, conn, ssl=self._tls,
+            ssl_handshake_timeout=_OPEN_TIMEOUT if self._tls else None)
+        closed = asyncio.ensure_future(connection.wait_closed())
+        self._watching.add(closed)
+        closed.add_done_callback(self._watching.discard)
+        closed.add_done_callback(lambda _: on_closed())
+
     def stop_accepting(self) -> None:
         """No new connection from now on; the open ones go on until :meth:`close`."""
+        if self._listener is not None:
+            self._listener.stop()  # the library's server closes the socket, just below
         if self._server is not None:
             self._server.server.close()  # the listening socket only (``close`` runs once)
 
@@ -501,6 +550,13 @@ def _library_logger() -> logging.Logger:
     if not any(isinstance(f, _Redacted) for f in logger.filters):
         logger.addFilter(_Redacted())
     return logger
+
+
+def _listening_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (the first address ``host`` resolves to)."""
+    family, _, _, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    return socket.create_server(address[:2], family=family, backlog=100)
 
 
 def _address(connection: ServerConnection) -> str:
