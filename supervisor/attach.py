@@ -463,7 +463,11 @@ def _bridge(link: Link, dialer: Dialing, frame_limit: int,
         if link.confirmed or (link.input_ended and not link.unanswered()):
             break
         log.info("the host closed the connection before answering: dialling again")
-        channel = dialer.dial()
+        try:
+            channel = dialer.dial()
+        except AttachRefused as refusal:
+            log.error("zeroclaw acp --attach: %s", refusal)
+            channel = None
         if channel is None:
             break
         link.replace(channel)

@@ -268,7 +268,7 @@ class WebSocketChannel:
                 frame = self._connection.recv(decode=False)
             except ConnectionClosed:
                 return b""
-            if b'"method"' in frame and not self._asked_editor(frame):
+            if b'"method"' in frame and b'"id"' in frame and not self._asked_editor(frame):
                 continue
             return frame + b"\n"
 

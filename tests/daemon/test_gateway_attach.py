@@ -20,7 +20,7 @@ from websockets.sync.server import ServerConnection, serve
 from tests.e2e.procs import host_env, reap_leaks
 
 from .gateway_helpers import TOKENS, GatewayDaemon, gateway_config
-from .helpers import short_dir
+from .helpers import short_dir, zeroclaw_argv
 from .test_acp_socket import Editor
 
 
@@ -99,6 +99,20 @@ def test_the_token_comes_from_a_file_and_a_refused_one_is_a_clear_error(
     assert "do not put the token in the URL" in in_url.stderr_text()
     assert wrong not in in_url.stderr_text()
     in_url.quit()
+
+
+def test_a_revoked_token_ends_the_bridge_with_the_gateways_reason(
+        gateway: GatewayDaemon, editor_dir: Path) -> None:
+    editor = remote_editor(gateway, editor_dir)
+    editor.request("initialize", {"protocolVersion": 1})
+    daemon = gateway.daemon
+    removed = subprocess.run(
+        zeroclaw_argv("tenant", "--config-dir", str(daemon.config_dir), "remove", "alice"),
+        capture_output=True, text=True, timeout=30, env=daemon.env)
+    assert removed.returncode == 0, removed.stderr
+    assert editor.proc.wait(20) == 1
+    assert "(WebSocket close 1008: token revoked)" in editor.stderr_text()
+    editor.quit()
 
 
 def test_a_permission_question_after_the_editor_closed_its_input_is_refused(
