@@ -156,7 +156,7 @@ class GatewayDialer:
         try:
             return connect(self.url, additional_headers={"Authorization": f"Bearer {self._token}"},
                            subprotocols=[Subprotocol("acp")], ssl=self._tls, open_timeout=DIAL_SECS,
-                           max_size=None, logger=logging.getLogger("zeroclaw.attach.ws"))
+                           max_size=None, logger=_library_logger())
         except InvalidStatus as error:
             raise AttachRefused(_refusal(self.where, error.response.status_code,
                                          bytes(error.response.body))) from None
@@ -166,6 +166,13 @@ class GatewayDialer:
                                 "self-signed one") from None
         except (InvalidURI, InvalidHandshake) as error:
             raise AttachRefused(f"no WebSocket at {self.where}: {type(error).__name__}") from None
+
+
+def _library_logger() -> logging.Logger:
+    """The library's logger, never at debug level: its debug lines show our headers."""
+    logger = logging.getLogger("zeroclaw.attach.ws")
+    logger.setLevel(max(logging.INFO, logging.getLogger().getEffectiveLevel()))
+    return logger
 
 
 def _refusal(where: str, status: int, body: bytes) -> str:

@@ -73,9 +73,11 @@ def test_the_token_comes_from_a_file_and_a_refused_one_is_a_clear_error(
     token_file = editor_dir / "token"
     token_file.write_text(TOKENS["bob"] + "\n")
     token_file.chmod(0o600)
-    by_file = remote_editor(gateway, editor_dir, "--token-file", str(token_file), env=host_env())
+    by_file = remote_editor(gateway, editor_dir, "--token-file", str(token_file),
+                            "--log-level", "debug", env=host_env())
     by_file.request("initialize", {"protocolVersion": 1})
     assert by_file.request("session/list", {}) == {"sessions": []}
+    assert TOKENS["bob"] not in by_file.stderr_text()  # not even at debug level
     assert by_file.quit() == 0
 
     wrong = "wrong-token-0123456789"
