@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -87,3 +88,22 @@ def test_reload_is_refused_for_a_broken_config_and_keeps_the_tenants(
     assert refused.value.code == -32602 and "token_sha256" in refused.value.message
     with gateway.client("bob") as bob:
         assert bob.request("session/list", {}) == {"sessions": []}
+
+
+def test_a_replaced_token_closes_the_connections_made_with_the_old_one(
+        gateway: GatewayDaemon) -> None:
+    config = gateway.daemon.config_dir / "config.toml"
+    new_token = "alice-new-token-0123456789"
+    old_hash, new_hash = (hashlib.sha256(t.encode()).hexdigest()
+                          for t in (TOKENS["alice"], new_token))
+    with gateway.client("alice") as alice, gateway.client("bob") as bob:
+        config.write_text(config.read_text().replace(old_hash, new_hash))
+        with gateway.daemon.client() as rpc:
+            assert rpc.request("tenants/reload", {}) == {"tenants": 3, "revokedConnections": 1}
+        with pytest.raises(ConnectionError):
+            alice.read_frame()
+        assert alice.ws.close_code == 1008
+        assert bob.request("session/list", {}) == {"sessions": []}
+    assert refused_status(f"{gateway.ws}/acp", TOKENS["alice"]) == 401
+    with WsClient(f"{gateway.ws}/acp", token=new_token) as renewed:
+        assert renewed.request("session/list", {}) == {"sessions": []}
