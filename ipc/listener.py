@@ -11,6 +11,11 @@ one warning is logged per :data:`LIMIT_LOG_INTERVAL`, and accepting resumes
 once the reserve can be taken again: after a connection closes, or on a slow
 retry timer. Clients arriving meanwhile wait in the listen backlog.
 
+:class:`Listener` serves each connection as asyncio streams; an
+:class:`AdoptingListener` hands each accepted socket to a library's own server
+(the gateway's WebSocket server), so that its connections count against the
+same guard.
+
 Threading: everything here runs on the asyncio loop thread.
 """
 
@@ -29,9 +34,11 @@ from typing import Final, TypeAlias
 
 __all__ = [
     "LIMIT_LOG_INTERVAL",
+    "AdoptingListener",
     "ConnectionHandler",
     "Listener",
     "OpenFileGuard",
+    "SocketAdopter",
     "raise_open_file_limit",
 ]
 
@@ -40,6 +47,10 @@ log = logging.getLogger("zeroclaw.ipc.listener")
 ConnectionHandler: TypeAlias = Callable[
     [asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]
 ]
+
+SocketAdopter: TypeAlias = Callable[[socket.socket, Callable[[], None]], Awaitable[None]]
+"""``adopt(conn, on_closed)``: set up a connection on an accepted socket, and call
+``on_closed()`` once when it has closed (its descriptor is free again)."""
 
 LIMIT_LOG_INTERVAL: Final = 60.0
 """Seconds between two warnings that the open-file limit stops accepting."""
@@ -153,16 +164,12 @@ class OpenFileGuard:
             os.close(fd)
 
 
-class Listener:
-    """One accept loop on a bound, listening socket; each connection runs
-    ``on_connect(reader, writer)`` in its own task, as :func:`asyncio.start_server` does."""
+class _AcceptLoop:
+    """One accept loop on a bound, listening socket, paused by ``guard``."""
 
-    def __init__(self, sock: socket.socket, on_connect: ConnectionHandler, *, limit: int,
-                 guard: OpenFileGuard) -> None:
+    def __init__(self, sock: socket.socket, *, guard: OpenFileGuard) -> None:
         self._sock = sock
         self._name = sock.getsockname()
-        self._on_connect = on_connect
-        self._limit = limit
         self._guard = guard
         self._task: asyncio.Task[None] | None = None
 
@@ -171,11 +178,15 @@ class Listener:
         self._sock.listen(_BACKLOG)
         self._task = asyncio.get_running_loop().create_task(self._accept_loop())
 
-    def close(self) -> None:
-        """Stop accepting now and close the listening socket (queued clients are refused)."""
+    def stop(self) -> None:
+        """Stop accepting now; the listening socket stays open (its owner closes it)."""
         if self._task is not None:
             self._task.cancel()
             self._task = None
+
+    def close(self) -> None:
+        """Stop accepting now and close the listening socket (queued clients are refused)."""
+        self.stop()
         self._sock.close()
 
     async def _accept_loop(self) -> None:
@@ -198,6 +209,21 @@ class Listener:
 
     async def _start_connection(self, loop: asyncio.AbstractEventLoop,
                                 conn: socket.socket) -> None:
+        raise NotImplementedError
+
+
+class Listener(_AcceptLoop):
+    """Each connection runs ``on_connect(reader, writer)`` in its own task, as
+    :func:`asyncio.start_server` does."""
+
+    def __init__(self, sock: socket.socket, on_connect: ConnectionHandler, *, limit: int,
+                 guard: OpenFileGuard) -> None:
+        super().__init__(sock, guard=guard)
+        self._on_connect = on_connect
+        self._limit = limit
+
+    async def _start_connection(self, loop: asyncio.AbstractEventLoop,
+                                conn: socket.socket) -> None:
         reader = asyncio.StreamReader(limit=self._limit)
         protocol = asyncio.StreamReaderProtocol(reader, self._serve)
         try:
@@ -213,3 +239,37 @@ class Listener:
             await self._on_connect(reader, writer)
         finally:  # once the transport has closed its socket (already scheduled)
             asyncio.get_running_loop().call_soon(self._guard.released)
+
+
+class AdoptingListener(_AcceptLoop):
+    """Each accepted socket goes to ``adopt(conn, on_closed)`` (:data:`SocketAdopter`),
+    in a task of its own: a slow set-up (a TLS handshake) never holds up accepting."""
+
+    def __init__(self, sock: socket.socket, adopt: SocketAdopter, *,
+                 guard: OpenFileGuard) -> None:
+        super().__init__(sock, guard=guard)
+        self._adopt = adopt
+        self._adopting: set[asyncio.Task[None]] = set()
+
+    async def _start_connection(self, loop: asyncio.AbstractEventLoop,
+                                conn: socket.socket) -> None:
+        task = loop.create_task(self._adopt_one(loop, conn))
+        self._adopting.add(task)
+        task.add_done_callback(self._adopting.discard)
+
+    async def _adopt_one(self, loop: asyncio.AbstractEventLoop, conn: socket.socket) -> None:
+        released = False
+
+        def on_closed() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                loop.call_soon(self._guard.released)
+
+        try:
+            await self._adopt(conn, on_closed)
+        except (OSError, TimeoutError) as error:
+            log.info("could not set up an accepted connection: %s", error)
+            with contextlib.suppress(OSError):
+                conn.close()
+            on_closed()

@@ -19,6 +19,10 @@ stopping just as we connected) is dialled again, starting a daemon if needed, an
 what the editor sent so far is replayed on it. A daemon that goes away after it
 answered something cannot be replayed: each unanswered request gets -32603, the
 cause goes to stderr and the exit status is 1.
+
+The connection is a :class:`Channel`: here a Unix socket (:class:`SocketChannel`);
+:mod:`supervisor.attach_ws` supplies one over a WebSocket to a remote gateway
+(``--attach ws://…``), and the bridge, its replay and its ending rules are the same.
 """
 
 from __future__ import annotations
@@ -37,14 +41,15 @@ import threading
 import time
 from collections.abc import Callable, Hashable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
 from ipc.errors import InternalError
 from supervisor.config import Settings
 
-__all__ = ["run_attach"]
+__all__ = ["AttachRefused", "Channel", "EditorOutput", "LineSplitter", "SocketChannel",
+           "run_attach"]
 
 log = logging.getLogger("zeroclaw.attach")
 
@@ -61,20 +66,117 @@ _ANSWER_HEAD = re.compile(
     rb'"(?:result|error)"')
 
 
-def run_attach(settings: Settings) -> int:
-    from supervisor.daemon import acp_socket_path
+class Channel(Protocol):
+    """One connection to the host, as the bridge uses it.
 
-    dialer = Dialer(settings, acp_socket_path(settings))
-    sock = dialer.dial()
-    if sock is None:
-        log.error("no zeroclaw daemon answers on %s (see %s)", dialer.path, dialer.log_path)
+    ``send`` and ``end_input`` run on the stdin thread (under the link's send lock),
+    ``recv`` on the main thread; ``input_settled`` and ``close`` on either.
+    """
+
+    def send(self, data: bytes) -> None:
+        """The editor's bytes, as read (any chunking); raises OSError when broken."""
+
+    def end_input(self) -> None:
+        """The editor closed stdin; answers to its requests may still come."""
+
+    def input_settled(self) -> None:
+        """The editor's input ended and every one of its requests was answered."""
+
+    def recv(self) -> bytes:
+        """The next bytes for the editor (whole lines or not); b"" at the end."""
+
+    def close(self) -> None: ...
+
+    def ending(self) -> str:
+        """How the host ended the connection, for the error message ("" if unknown)."""
+
+
+class Dialing(Protocol):
+    """Opens channels to one host; ``where`` and ``hint`` name it in messages."""
+
+    where: str
+    hint: str
+
+    def dial(self) -> Channel | None: ...
+
+
+class AttachRefused(Exception):
+    """The host refused us for good (a bad token, a bad address): dialling again
+    cannot help. Its text is for the user and never holds the token."""
+
+
+class EditorOutput:
+    """Stdout, written whole frame by whole frame from either thread."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._lock = threading.Lock()
+
+    def write(self, data: bytes) -> None:
+        with self._lock:
+            _write_all(self._fd, data)
+
+
+class SocketChannel:
+    """The daemon's ``acp.sock``: bytes both ways, EOF by a half-close."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def end_input(self) -> None:
+        self.sock.shutdown(socket.SHUT_WR)  # EOF for the daemon; answers still come
+
+    def input_settled(self) -> None:
+        """Nothing to do: the daemon closes once it answered (it saw our EOF)."""
+
+    def recv(self) -> bytes:
+        return self.sock.recv(_CHUNK)
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def ending(self) -> str:
+        return ""
+
+
+def run_attach(settings: Settings, url: str | None = None, token_file: str | None = None,
+               ca_file: str | None = None) -> int:
+    """``zeroclaw acp --attach [URL]``: the exit code. No URL: the local daemon's
+    ``acp.sock``; a ``ws://`` or ``wss://`` URL: a remote gateway's ``/acp``."""
+    output = EditorOutput(sys.stdout.fileno())
+    try:
+        dialer = _dialer(settings, output, url, token_file, ca_file)
+        channel = dialer.dial()
+        if channel is None:
+            log.error("no zeroclaw host answers at %s%s", dialer.where, dialer.hint)
+            return 1
+        link = Link(channel)
+        unanswered = _bridge(link, dialer, settings.frame_limit, output)
+    except AttachRefused as refusal:
+        log.error("zeroclaw acp --attach: %s", refusal)
         return 1
-    unanswered = _bridge(Link(sock), dialer, settings.frame_limit)
     if unanswered is None:
         return 0
-    log.error("the zeroclaw daemon on %s closed the connection (%d request(s) unanswered; "
-              "see %s)", dialer.path, unanswered, dialer.log_path)
+    ending = link.channel.ending()
+    log.error("the zeroclaw host at %s closed the connection%s (%d request(s) unanswered%s)",
+              dialer.where, f" ({ending})" if ending else "", unanswered, dialer.hint)
     return 1
+
+
+def _dialer(settings: Settings, output: EditorOutput, url: str | None,
+            token_file: str | None, ca_file: str | None) -> Dialing:
+    if url is None:
+        from supervisor.daemon import acp_socket_path
+
+        if token_file is not None or ca_file is not None:
+            log.warning("--attach without a URL: --token-file and --ca-file are ignored")
+        return Dialer(settings, acp_socket_path(settings))
+    from supervisor.attach_ws import GatewayDialer
+
+    return GatewayDialer.from_options(url, token_file, ca_file, settings.frame_limit, output)
 
 
 class Dialer:
@@ -88,15 +190,17 @@ class Dialer:
         self.settings = settings
         self.path = path
         self.log_path = settings.data_dir / "daemon.log"
+        self.where = str(path)
+        self.hint = f"; see {self.log_path}"
         self._daemon_pid: int | None = None
         self._started_at = 0.0
 
-    def dial(self, timeout: float = DAEMON_START_SECS) -> socket.socket | None:
+    def dial(self, timeout: float = DAEMON_START_SECS) -> SocketChannel | None:
         deadline = time.monotonic() + timeout
         while True:
             sock = _connect(self.path)
             if sock is not None:
-                return sock
+                return SocketChannel(sock)
             now = time.monotonic()
             if now >= deadline:
                 return None
@@ -191,15 +295,16 @@ def _connect(path: Path) -> socket.socket | None:
 
 
 class Link:
-    """The daemon connection, shared by both threads.
+    """The host connection (a :class:`Channel`), shared by both threads.
 
-    Until the daemon's first byte arrives, what the editor sent is kept so that
+    Until the host's first byte arrives, what the editor sent is kept so that
     :meth:`replace` can replay it on a new connection. Also tracks the editor's
-    unanswered requests by id.
+    unanswered requests by id, and tells the channel when the editor's input ended
+    and all of them were answered.
     """
 
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
+    def __init__(self, channel: Channel) -> None:
+        self.channel = channel
         self._send_lock = threading.Lock()  # the stdin thread sends; replace swaps
         self._unconfirmed: bytearray | None = bytearray()
         self._ids: dict[Hashable, Any] = {}
@@ -216,13 +321,24 @@ class Link:
             if kept is not None:
                 kept += data
             with contextlib.suppress(OSError):
-                self.sock.sendall(data)
+                self.channel.send(data)
 
     def end_input(self) -> None:
         with self._send_lock:
-            self.input_ended = True
+            with self._ids_lock:
+                self.input_ended = True
             with contextlib.suppress(OSError):
-                self.sock.shutdown(socket.SHUT_WR)  # EOF for the daemon; answers still come
+                self.channel.end_input()
+        self._settle()
+
+    def _settle(self) -> None:
+        """Tell the channel when the input ended and nothing is left unanswered (both
+        threads check after their change, under the ids lock: one of them sees both)."""
+        with self._ids_lock:
+            settled = self.input_ended and not self._ids
+        if settled:
+            with contextlib.suppress(OSError):
+                self.channel.input_settled()
 
     @property
     def confirmed(self) -> bool:
@@ -232,15 +348,16 @@ class Link:
         """Main thread: the daemon answered; nothing will be replayed any more."""
         self._unconfirmed = None  # no lock: a send racing with this keeps a dead copy
 
-    def replace(self, sock: socket.socket) -> None:
-        """Main thread: continue on ``sock``, replaying what the editor sent so far."""
+    def replace(self, channel: Channel) -> None:
+        """Main thread: continue on ``channel``, replaying what the editor sent so far."""
         with self._send_lock:
-            self.sock.close()
-            self.sock = sock
+            self.channel.close()
+            self.channel = channel
             with contextlib.suppress(OSError):
-                sock.sendall(bytes(self._unconfirmed or b""))
+                channel.send(bytes(self._unconfirmed or b""))
                 if self.input_ended:
-                    sock.shutdown(socket.SHUT_WR)
+                    channel.end_input()
+        self._settle()
 
     def sent(self, line: bytes) -> None:
         frame = _frame(line)
@@ -253,15 +370,19 @@ class Link:
             return  # a notification: most of the traffic, not parsed
         frame = _frame(line)
         if frame is not None and "method" not in frame and "id" in frame:
-            with self._ids_lock:
-                self._ids.pop(_id_key(frame["id"]), None)
+            self._answered(frame["id"])
 
     def received_long(self, head: bytes) -> None:
         """An answer longer than the frame limit: its id, read from its first bytes."""
         match = _ANSWER_HEAD.match(head)
         if match is not None:
-            with self._ids_lock:
-                self._ids.pop(_id_key(orjson.loads(match.group(1))), None)
+            self._answered(orjson.loads(match.group(1)))
+
+    def _answered(self, request_id: Any) -> None:
+        with self._ids_lock:
+            self._ids.pop(_id_key(request_id), None)
+        if self.input_ended:
+            self._settle()
 
     def unanswered(self) -> list[Any]:
         with self._ids_lock:
@@ -305,6 +426,9 @@ class LineSplitter:
     def feed(self, data: bytes) -> None:
         start = 0
         while (end := data.find(b"\n", start)) >= 0:
+            if not self._skipping and len(self._tail) + end - start > self._limit:
+                self._head = bytes((self._tail + data[start:start + HEAD_BYTES])[:HEAD_BYTES])
+                self._skipping = True  # over the limit, though it came whole
             if not self._skipping:
                 self._tail += data[start:end]
                 if self._tail.strip():
@@ -322,36 +446,41 @@ class LineSplitter:
                 self._skipping = True
 
 
-def _bridge(link: Link, dialer: Dialer, frame_limit: int) -> int | None:
-    """Copy both ways until the daemon closes; None when that was the normal end,
+def _bridge(link: Link, dialer: Dialing, frame_limit: int,
+            output: EditorOutput) -> int | None:
+    """Copy both ways until the host closes; None when that was the normal end,
     else how many requests were left unanswered (each answered -32603 here)."""
-    stdout_fd, stdin_fd = sys.stdout.fileno(), sys.stdin.fileno()
+    stdin_fd = sys.stdin.fileno()
     requests = LineSplitter(link.sent, frame_limit)
     threading.Thread(target=_copy_in, args=(stdin_fd, link, requests), daemon=True).start()
     replies = LineSplitter(link.received, frame_limit, link.received_long)
     for _ in range(REDIALS + 1):
         with contextlib.suppress(OSError):
-            while data := link.sock.recv(_CHUNK):
+            while data := link.channel.recv():
                 link.confirm()
+                output.write(data)
                 replies.feed(data)
-                _write_all(stdout_fd, data)
         if link.confirmed or (link.input_ended and not link.unanswered()):
             break
-        log.info("the daemon closed the connection before answering: dialling again")
-        sock = dialer.dial()
-        if sock is None:
+        log.info("the host closed the connection before answering: dialling again")
+        try:
+            channel = dialer.dial()
+        except AttachRefused as refusal:
+            log.error("zeroclaw acp --attach: %s", refusal)
+            channel = None
+        if channel is None:
             break
-        link.replace(sock)
-    link.sock.close()
+        link.replace(channel)
+    link.channel.close()
     _take_written_input(stdin_fd, link, requests)
     pending = link.unanswered()
     if link.input_ended and not pending:
         return None
     with contextlib.suppress(OSError):
         if pending and replies.mid_line:
-            _write_all(stdout_fd, b"\n")  # end the daemon's cut-off line: frames stay whole
+            output.write(b"\n")  # end the host's cut-off line: frames stay whole
         for request_id in pending:
-            _write_all(stdout_fd, orjson.dumps(
+            output.write(orjson.dumps(
                 {"jsonrpc": "2.0", "id": request_id, "error": LOST}) + b"\n")
     return len(pending)
 

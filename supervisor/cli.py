@@ -32,8 +32,13 @@ def _parser() -> argparse.ArgumentParser:
     acp.add_argument("--session-timeout", type=float, metavar="SECS",
                      help="idle eviction and permission timeout")
     acp.add_argument("--log-level", choices=LOG_LEVELS, help="stderr log level")
-    acp.add_argument("--attach", action="store_true",
-                     help="bridge stdio to the shared daemon (started if needed)")
+    acp.add_argument("--attach", nargs="?", const="", default=None, metavar="URL",
+                     help="bridge stdio to the shared daemon (started if needed), or to a "
+                          "gateway's ws://HOST:PORT/acp or wss://… URL")
+    acp.add_argument("--token-file", metavar="PATH",
+                     help="--attach URL: the gateway token (default: $ZEROCLAW_GATEWAY_TOKEN)")
+    acp.add_argument("--ca-file", metavar="PATH",
+                     help="--attach wss://…: CA certificate(s) to verify the gateway with")
     config = commands.add_parser("config", help="get, set or list config.toml keys")
     config.add_argument("--config-dir", help="configuration directory (default ~/.zeroclaw)")
     config.add_argument("args", nargs=argparse.REMAINDER)
@@ -80,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from supervisor.config import resolve_config_dir
         from supervisor.tenant_cmd import run as run_tenant
 
-        return run_tenant(list(args.args), resolve_config_dir(args.config_dir))
+        return run_tenant(list(args.args), resolve_config_dir(args.config_dir), args.config_dir)
     if args.command == "status":
         return _run_status(args)
     _parser().print_help(sys.stderr)
@@ -101,17 +106,17 @@ def _run_acp(args: argparse.Namespace) -> int:
         from supervisor.stdio import serve_config_error
 
         return _serve_stdio(serve_config_error(str(exc)), 2)  # the editor gets the reason too
-    if not args.attach:
+    if args.attach is None:
         from actors.sandbox import detect_soon
 
         detect_soon(settings.sandbox)  # for the initialize answer, meanwhile the imports run
-    if args.attach:
+    if args.attach is not None:
         from supervisor.attach import run_attach
 
         if args.max_sessions is not None or args.session_timeout is not None:
             logging.getLogger("zeroclaw").warning(
                 "--attach: limits come from the daemon's configuration; flags ignored")
-        return run_attach(settings)
+        return run_attach(settings, args.attach or None, args.token_file, args.ca_file)
     from supervisor.stdio import serve_acp_stdio
 
     return _serve_stdio(serve_acp_stdio(settings), 0)

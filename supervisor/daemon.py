@@ -9,6 +9,12 @@ it). Stop, on SIGTERM/SIGINT/SIGHUP or when an ephemeral daemon is left alone:
 stop accepting, cancel the running turns (persisted as cancelled) and let their
 prompts answer, close the connections, stop workers and actors (queued writes
 finish), remove the socket if it is still ours, exit 0.
+
+``tenants/reload`` (on ``daemon.sock`` only, so only its owner can ask; ``zeroclaw
+tenant add|remove`` does after editing ``config.toml``) re-reads the configuration's
+``[tenants.*]`` and hands them to the gateway (:meth:`Gateway.reload_tenants`):
+``{}`` → ``{tenants: N, revokedConnections: N}``; a configuration that cannot be
+read is refused with -32602 and changes nothing.
 """
 
 from __future__ import annotations
@@ -22,8 +28,9 @@ import signal
 import ssl
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from ipc.errors import InvalidParams
 from ipc.jsonrpc import Endpoint
 from ipc.listener import ConnectionHandler, Listener, OpenFileGuard, raise_open_file_limit
 from ipc.transports import DEFAULT_WRITE_HIGH_WATER, serve_stream
@@ -135,6 +142,7 @@ class Daemon:
         self._connections = {}
         self._listeners: list[Listener] = []
         self.gateway = self._gateway() if settings.gateway and settings.gateway.listen else None
+        self.rpc.methods["tenants/reload"] = self.reload_tenants
 
     def _gateway(self) -> Gateway:
         from supervisor.gateway import Gateway
@@ -147,17 +155,18 @@ class Daemon:
 
     async def serve(self, claim: SocketClaim, acp_claim: SocketClaim) -> int:
         loop = asyncio.get_running_loop()
+        guard = OpenFileGuard()  # shared by every accept loop, the gateway's too
         if self.gateway is not None:
             try:
-                log.info("gateway listening on %s", await self.gateway.start())
+                log.info("gateway listening on %s", await self.gateway.start(guard))
             except (OSError, ssl.SSLError) as exc:
+                guard.close()
                 log.error("zeroclaw daemon: the gateway cannot listen on %s: %s",
                           self.settings.gateway and self.settings.gateway.listen, exc)
                 return 1
         for signum in STOP_SIGNALS:
             loop.add_signal_handler(signum, self._on_signal, signum)
         limit = self.settings.frame_limit + 1
-        guard = OpenFileGuard()
         self._listeners = [
             Listener(claim.sock, self._handler("rpc", self.rpc.make_endpoint), limit=limit,
                      guard=guard),
@@ -184,6 +193,19 @@ class Daemon:
         for signum in STOP_SIGNALS:
             loop.remove_signal_handler(signum)
         return code
+
+    def reload_tenants(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
+        """``tenants/reload`` (loop thread): see the module doc."""
+        from supervisor.config import ConfigError, load_settings
+
+        try:
+            tenants = load_settings(str(self.settings.config_dir)).tenants
+        except ConfigError as error:
+            raise InvalidParams(f"configuration error: {error}") from None
+        revoked = self.gateway.reload_tenants(tenants) if self.gateway is not None else 0
+        log.info("%s: tenants reloaded: %d tenant(s), %d connection(s) revoked",
+                 endpoint.name, len(tenants), revoked)
+        return {"tenants": len(tenants), "revokedConnections": revoked}
 
     def _on_signal(self, signum: int) -> None:
         log.info("received %s: stopping", signal.Signals(signum).name)

@@ -20,6 +20,27 @@ it and selects ``acp`` when offered), or as ``?token=``. An address that sent
 ``auth_failures`` wrong tokens within ``auth_window_secs`` gets 429 until the window
 passes. The token never reaches a log, an answer or ``status``.
 
+Tenants can change while the daemon runs (:meth:`Gateway.reload_tenants`, asked for
+by ``zeroclaw tenant add|remove`` through ``daemon.sock``): new tokens work at once,
+and every ``/acp`` connection whose tenant was removed or whose token hash changed
+is closed with 1008 "token revoked" (its running turns are cancelled and stored, as
+for a client that went away); the other connections take their tenant's new limits.
+
+The frame limit differs from ``acp.sock``'s rule on one point: a message over
+``acp.frame_limit`` closes its connection with 1009 ("frame exceeds limit of N
+bytes") instead of being answered -32600 with the connection going on. The library
+checks the length in each frame's header before it reads the payload (so memory
+stays bounded), and then fails the connection inside its parser: it has no way to
+skip one frame's payload and carry on, and once its Close frame is out no answer
+may follow (RFC 6455 §5.5.1). Without ``max_size`` it would read any frame whole
+into memory; a per-fragment limit fails the same way. Other connections go on.
+
+Connections are accepted by the daemon's own accept loop under its open-file guard
+(:class:`ipc.listener.AdoptingListener`, shared with the Unix sockets): out of file
+descriptors, accepting pauses with one warning instead of asyncio's storm of
+tracebacks, and the process keeps a reserve for its workers and store. Each accepted
+socket is then handed to the library's server.
+
 Backpressure, as on the Unix sockets: frames to a client queue in :class:`_Outbox`,
 which is also the connection's write flow, so a running turn whose client is behind
 holds its updates and slows its own agent (:mod:`supervisor.pacing`); the library holds
@@ -33,18 +54,21 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import itertools
 import logging
+import socket
 import ssl
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
 import orjson
 
+from ipc.listener import AdoptingListener
 from ipc.transports import PACE_MARK
 from supervisor.gateway_config import GatewayConfig
 from supervisor.status_page import PAGE_PATHS, page_response
@@ -55,6 +79,7 @@ if TYPE_CHECKING:
     from websockets.http11 import Request, Response
 
     from ipc.jsonrpc import Endpoint
+    from ipc.listener import OpenFileGuard
     from supervisor.acp_server import AcpServer
     from supervisor.config import Settings
     from supervisor.gateway_config import TenantConfig
@@ -65,7 +90,9 @@ log = logging.getLogger("zeroclaw.gateway")
 
 TOKEN_SUBPROTOCOL_PREFIX = "zeroclaw.token."
 ACP_SUBPROTOCOL = "acp"
+REVOKED_CLOSE = (1008, "token revoked")  # policy violation: the tenant or its token went
 _WRITE_LIMIT = (PACE_MARK, PACE_MARK // 4)  # the socket buffer's high and low marks
+_OPEN_TIMEOUT = 10.0  # the TLS handshake, then the WebSocket one (the library's default)
 
 
 @dataclass(slots=True)
@@ -153,14 +180,19 @@ class Gateway:
         self.settings = settings
         self.acp = acp
         self.tenancy = Tenancy()
+        self.tenants: Mapping[str, TenantConfig] = settings.tenants
         self.stats = GatewayStats()
         self.limiter = AuthLimiter(self.config.auth_failures, self.config.auth_window_secs)
         self.url = ""
         self._on_connection = on_connection
         self._high_water = write_high_water
         self._server: Server | None = None
+        self._listener: AdoptingListener | None = None
+        self._tls: ssl.SSLContext | None = None
+        self._watching: set[asyncio.Future[None]] = set()
         self._scopes: weakref.WeakKeyDictionary[Any, TenantScope] = weakref.WeakKeyDictionary()
-        self._endpoints: set[Endpoint] = set()
+        self._endpoints: dict[Endpoint, ServerConnection] = {}
+        self._closing: set[asyncio.Task[None]] = set()
         self._outboxes: set[_Outbox] = set()
         self._numbers = itertools.count(1)
         from supervisor.metrics import MetricsPage
@@ -169,36 +201,90 @@ class Gateway:
 
     # --- lifecycle (loop thread) ----------------------------------------------------
 
-    async def start(self) -> str:
-        """Listen; the base URL (``http://host:port``, the real port when 0 was asked)."""
+    async def start(self, guard: OpenFileGuard) -> str:
+        """Listen, accepting under ``guard``; the base URL (``http://host:port``, the
+        real port when 0 was asked)."""
         from websockets.asyncio.server import serve
 
         config = self.config
-        context = None
         if config.tls_cert is not None and config.tls_key is not None:
-            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            context.load_cert_chain(config.tls_cert, config.tls_key)
-        self._server = await serve(
-            self._serve_acp, config.host, config.port, process_request=self._route,
-            select_subprotocol=_select_subprotocol, max_size=self.settings.frame_limit,
-            write_limit=_WRITE_LIMIT, ssl=context, server_header=None,
-            logger=_library_logger(),
-        )
-        host, port = self._server.sockets[0].getsockname()[:2]
+            self._tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            self._tls.load_cert_chain(config.tls_cert, config.tls_key)
+        listening = _listening_socket(config.host, config.port)
+        try:
+            self._server = await serve(
+                self._serve_acp, sock=listening, process_request=self._route,
+                select_subprotocol=_select_subprotocol, max_size=self.settings.frame_limit,
+                write_limit=_WRITE_LIMIT, open_timeout=_OPEN_TIMEOUT, server_header=None,
+                logger=_library_logger(),
+            )
+        except BaseException:
+            listening.close()
+            raise
+        # The library's asyncio server owns the socket (it answers 503 unless serving,
+        # and closes it), but our guarded accept loop does the accepting in its place.
+        asyncio.get_running_loop().remove_reader(listening.fileno())
+        self._listener = AdoptingListener(listening, self._adopt, guard=guard)
+        self._listener.start()
+        host, port = listening.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host
-        self.url = f"{'https' if context else 'http'}://{shown}:{port}"
-        if not self.settings.tenants:
+        self.url = f"{'https' if self._tls else 'http'}://{shown}:{port}"
+        if not self.tenants:
             log.warning("gateway: no tenants are configured, so no token is valid; "
                         "add one with `zeroclaw tenant add NAME`")
         return self.url
 
+    async def _adopt(self, conn: socket.socket, on_closed: Callable[[], None]) -> None:
+        """An accepted connection, handed to the library's server (TLS handshake
+        first, when configured); ``on_closed`` once it has closed. Loop thread."""
+        assert self._server is not None
+        # The library's connection factory, kept by the asyncio server it made for us
+        # (it has no public one: its servers accept by themselves).
+        factory = self._server.server._protocol_factory  # type: ignore[attr-defined]
+        _, connection = await asyncio.get_running_loop().connect_accepted_socket(
+            factory, conn, ssl=self._tls,
+            ssl_handshake_timeout=_OPEN_TIMEOUT if self._tls else None)
+        closed = asyncio.ensure_future(connection.wait_closed())
+        self._watching.add(closed)
+        closed.add_done_callback(self._watching.discard)
+        closed.add_done_callback(lambda _: on_closed())
+
     def stop_accepting(self) -> None:
         """No new connection from now on; the open ones go on until :meth:`close`."""
+        if self._listener is not None:
+            self._listener.stop()  # the library's server closes the socket, just below
         if self._server is not None:
             self._server.server.close()  # the listening socket only (``close`` runs once)
 
     def endpoints(self) -> list[Endpoint]:
         return list(self._endpoints)
+
+    def reload_tenants(self, tenants: Mapping[str, TenantConfig]) -> int:
+        """Use ``tenants`` from now on; close the ``/acp`` connections whose tenant is
+        gone or has another token (how many were closed). Loop thread."""
+        self.tenants = tenants
+        revoked = 0
+        for endpoint, connection in list(self._endpoints.items()):
+            scope: TenantScope = endpoint.state["scope"]
+            if not self._revoked(scope):
+                if self.tenants[scope.name] != scope.tenant:  # new limits apply at once
+                    endpoint.state["scope"] = dataclasses.replace(
+                        scope, tenant=self.tenants[scope.name])
+                continue
+            log.info("gateway: %s: the tenant's token was revoked: closing", endpoint.name)
+            endpoint.close()  # its prompts' turns are cancelled (and kept), as on a hang-up
+            closing = asyncio.ensure_future(connection.close(*REVOKED_CLOSE))
+            self._closing.add(closing)
+            closing.add_done_callback(self._closing.discard)
+            revoked += 1
+        if not tenants:
+            log.warning("gateway: no tenants are configured any more, so no token is valid")
+        return revoked
+
+    def _revoked(self, scope: TenantScope) -> bool:
+        """The scope's tenant was removed, or its token replaced, since it was checked."""
+        now = self.tenants.get(scope.name)
+        return now is None or now.token_sha256 != scope.tenant.token_sha256
 
     async def close(self, flush_timeout: float = 5.0) -> None:
         """Let every client take the frames queued for it (bounded), then close every
@@ -251,7 +337,7 @@ class Gateway:
             self.stats.auth_failures["missing"] += 1
             log.info("gateway: request from %s without a token refused", address)
             return _unauthorized(connection, "a token is required"), None
-        tenant = tenant_of_token(token, self.settings.tenants)
+        tenant = tenant_of_token(token, self.tenants)
         if tenant is None:
             self.limiter.failed(address)
             self.stats.auth_failures["invalid"] += 1
@@ -289,6 +375,9 @@ class Gateway:
         if scope is None:  # cannot happen: /acp is only upgraded after its check
             await connection.close(1011)
             return
+        if self._revoked(scope):  # tenants were reloaded during the handshake
+            await connection.close(*REVOKED_CLOSE)
+            return
         number = next(self._numbers)
         log.info("gateway connection #%d from %s: tenant %s", number, _address(connection),
                  scope.name)
@@ -298,7 +387,7 @@ class Gateway:
         endpoint.state["scope"] = scope
         endpoint.state["flow"] = outbox  # paced turns wait for a slow client
         outbox.endpoint = endpoint
-        self._endpoints.add(endpoint)
+        self._endpoints[endpoint] = connection
         self._outboxes.add(outbox)
         self.stats.connections += 1
         self._on_connection(1)
@@ -309,7 +398,7 @@ class Gateway:
             endpoint.close()  # its prompts' turns are cancelled (and kept) by the host
             writer.cancel()
             outbox.close()
-            self._endpoints.discard(endpoint)
+            self._endpoints.pop(endpoint, None)
             self._outboxes.discard(outbox)
             self.stats.connections -= 1
             self._on_connection(-1)
@@ -466,6 +555,13 @@ def _library_logger() -> logging.Logger:
     if not any(isinstance(f, _Redacted) for f in logger.filters):
         logger.addFilter(_Redacted())
     return logger
+
+
+def _listening_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (the first address ``host`` resolves to)."""
+    family, _, _, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    return socket.create_server(address[:2], family=family, backlog=100)
 
 
 def _address(connection: ServerConnection) -> str:

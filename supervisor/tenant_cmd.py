@@ -10,8 +10,14 @@ Wire (command line) format::
     zeroclaw tenant list [--json]     NAME, admin, max_sessions, workspace_root
     zeroclaw tenant remove NAME
 
-Exit codes: 0 done, 1 unknown or existing tenant / unusable file, 2 usage. A
-running daemon reads the change at its next start.
+Exit codes: 0 done, 1 unknown or existing tenant / unusable file, 2 usage.
+
+After ``add`` or ``remove``, a daemon running on this configuration's ``daemon.sock``
+is asked to reload its tenants (``tenants/reload``; the socket is its owner's only):
+the new token works at once, and a removed tenant's open gateway connections are
+closed. No daemon running: nothing to do, the next one reads the file. A daemon
+that does not answer or refuses is reported on stderr; the file is changed anyway,
+so the exit code stays 0.
 """
 
 from __future__ import annotations
@@ -52,8 +58,11 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def run(argv: list[str], config_dir: Path) -> int:
-    """Run ``zeroclaw tenant`` with ``argv`` (the words after ``tenant``); the exit code."""
+def run(argv: list[str], config_dir: Path, config_flag: str | None = None) -> int:
+    """Run ``zeroclaw tenant`` with ``argv`` (the words after ``tenant``); the exit code.
+
+    ``config_flag``: ``--config-dir`` as given (None: not given), so that the daemon's
+    socket is found as ``zeroclaw daemon`` with the same flag and environment finds it."""
     try:
         args = _parser().parse_args(argv)
     except SystemExit as exit_request:
@@ -61,15 +70,42 @@ def run(argv: list[str], config_dir: Path) -> int:
     path = config_dir / CONFIG_FILE_NAME
     try:
         if args.action == "add":
-            print(_add(path, args))
+            print(_add(path, args), flush=True)
         elif args.action == "list":
             _list(path, as_json=args.json)
+            return 0
         else:
             _remove(path, args.name)
     except ConfigCommandError as error:
         print(f"zeroclaw tenant: {error}", file=sys.stderr)
         return error.exit_code
+    _reload_running_daemon(config_flag)
     return 0
+
+
+def _reload_running_daemon(config_flag: str | None) -> None:
+    """Ask a daemon on this configuration's socket to reload its tenants (see above)."""
+    from supervisor.config import ConfigError, load_settings
+    from supervisor.status_cmd import DaemonError, NoAnswer, NotRunning, StatusClient
+
+    try:
+        socket_path = load_settings(config_flag).socket_path
+    except ConfigError:
+        return  # not reachable: _check accepted the file
+    client = StatusClient(socket_path)
+    try:
+        result = client.call("tenants/reload", {})
+    except NotRunning:
+        return
+    except (NoAnswer, DaemonError) as error:
+        print(f"zeroclaw tenant: saved, but the running daemon did not reload: {error}",
+              file=sys.stderr)
+        return
+    finally:
+        client.close()
+    revoked = result.get("revokedConnections", 0) if isinstance(result, dict) else 0
+    print(f"zeroclaw tenant: the running daemon reloaded its tenants ({revoked} gateway "
+          "connection(s) closed)", file=sys.stderr)
 
 
 def _add(path: Path, args: argparse.Namespace) -> str:

@@ -38,3 +38,12 @@ def test_the_id_of_an_answer_over_the_limit_is_read_from_its_head() -> None:
     assert link.unanswered() == ['s"8']
     replies.feed(b'{"jsonrpc":"2.0","id":"s\\"8","error":{"message":"' + b"y" * 500 + b'"}}\n')
     assert link.unanswered() == []
+
+
+def test_a_line_over_the_limit_that_comes_whole_in_one_read_is_skipped_too() -> None:
+    skipped: list[bytes] = []
+    lines: list[bytes] = []
+    splitter = LineSplitter(lines.append, 100, skipped.append)
+    splitter.feed(b'{"id":1,"big":"' + b"x" * 500 + b'"}\n{"id":2}\n')
+    assert lines == [b'{"id":2}']
+    assert [head[:8] for head in skipped] == [b'{"id":1,']

@@ -184,12 +184,14 @@ def open_descriptors(pid: int) -> list[str]:
 
 
 class Editor:
-    """``zeroclaw acp --attach`` as an editor spawns it, spoken to over its stdio."""
+    """``zeroclaw acp --attach`` as an editor spawns it, spoken to over its stdio
+    (``attach``: the words after ``--attach``, e.g. a gateway URL and its options)."""
 
-    def __init__(self, config_dir: Path, env: dict[str, str], pass_fds: tuple[int, ...] = ()):
+    def __init__(self, config_dir: Path, env: dict[str, str], pass_fds: tuple[int, ...] = (),
+                 attach: tuple[str, ...] = ()):
         self.stderr = tempfile.TemporaryFile()  # noqa: SIM115 - outlives __init__; see quit
         self.proc = subprocess.Popen(
-            zeroclaw_argv("acp", "--attach", "--config-dir", str(config_dir)),
+            zeroclaw_argv("acp", "--attach", *attach, "--config-dir", str(config_dir)),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, env=env,
             pass_fds=pass_fds)
         self.next_id = 0
@@ -347,3 +349,24 @@ def test_attach_keeps_frames_whole_when_the_daemon_dies_mid_frame() -> None:
     lost = json.loads(editor.proc.stdout.readline())
     assert (lost["id"], lost["error"]["code"]) == (second, -32603)
     assert editor.proc.wait(15) == 1
+
+
+def test_attach_does_not_wait_for_an_answer_to_a_line_over_the_frame_limit() -> None:
+    """The daemon answers such a line -32600 with id null (its id is never read): the
+    bridge must not count it as a request still waiting, even when it came whole in
+    one read, or its end would invent a -32603 for it and exit 1."""
+    config_dir = short_dir()
+    (config_dir / "config.toml").write_text("[acp]\nframe_limit = 4096\n")
+    editor = Editor(config_dir, host_env({"ZEROCLAW_SOCKET": str(config_dir / "d.sock")}))
+    assert editor.proc.stdin is not None and editor.proc.stdout is not None
+    editor.proc.stdin.write(b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"p":"'
+                            + b"x" * 10_000 + b'"}}\n')
+    editor.proc.stdin.flush()
+    too_large = json.loads(editor.proc.stdout.readline())
+    assert (too_large["id"], too_large["error"]["code"]) == (None, -32600)
+    editor.next_id = 1
+    assert editor.request("initialize", {"protocolVersion": 1})["protocolVersion"] == 1
+    editor.proc.stdin.close()
+    assert editor.proc.stdout.read() == b""  # no -32603 made up for id 1
+    assert editor.proc.wait(15) == 0
+    editor.stderr.close()
