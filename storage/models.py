@@ -26,11 +26,11 @@ __all__ = [
     "MessageRow",
     "SessionEvent",
     "SessionEventRow",
-    "SessionInfo",
     "SessionRow",
+    "StoredSession",
     "ToolCallRow",
     "database_proxy",
-    "session_info_from_row",
+    "stored_session_from_row",
 ]
 
 #: Stored in ``PRAGMA user_version``; bump it when the tables change.
@@ -149,7 +149,7 @@ MODELS: tuple[type[peewee.Model], ...] = (SessionRow, MessageRow, ToolCallRow, S
 
 
 @dataclass(frozen=True, slots=True)
-class SessionInfo:
+class StoredSession:
     """A stored session, as a plain immutable record (mirrors :class:`SessionRow`)."""
 
     id: str
@@ -187,9 +187,9 @@ class SessionInfo:
         }
 
 
-def session_info_from_row(row: dict[str, Any]) -> SessionInfo:
-    """A :class:`SessionInfo` from a ``.dicts()`` row of :class:`SessionRow`."""
-    return SessionInfo(
+def stored_session_from_row(row: dict[str, Any]) -> StoredSession:
+    """A :class:`StoredSession` from a ``.dicts()`` row of :class:`SessionRow`."""
+    return StoredSession(
         id=row["id"],
         agent_alias=row["agent_alias"],
         workspace_dir=row["workspace_dir"],

@@ -25,7 +25,7 @@ import orjson
 import peewee
 
 from ipc.events import TextItem, TurnRecord
-from storage.models import MessageRow, SessionInfo, SessionRow, ToolCallRow
+from storage.models import MessageRow, SessionRow, StoredSession, ToolCallRow
 
 __all__ = ["TITLE_MAX_CHARS", "MissingSession", "PreparedWrites", "TurnState", "title_of"]
 
@@ -144,7 +144,7 @@ class PreparedWrites:
 
     # --- writes (inside the caller's transaction) --------------------------------------
 
-    def insert_session(self, info: SessionInfo) -> None:
+    def insert_session(self, info: StoredSession) -> None:
         """Insert the session's row (a duplicate id raises ``IntegrityError``)."""
         row = info.to_row()
         values = [field.db_value(row[field.name]) for field in self._session_fields]

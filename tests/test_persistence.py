@@ -16,9 +16,19 @@ import pykka
 import pytest
 
 from actors.bridge import loop_reply
-from actors.persistence import PersistenceActor, StoreWriteError
+from actors.persistence import (
+    DeleteSession,
+    MarkClosed,
+    MarkKilled,
+    PersistenceActor,
+    RecordEvent,
+    Reopen,
+    StoreWriteError,
+    UpdateMeta,
+    WriteMode,
+)
 from ipc.events import TextItem, ToolItem, TurnItem, TurnRecord
-from storage import SessionEvent, SessionInfo, Store, open_store
+from storage import SessionEvent, Store, StoredSession, open_store
 
 
 @pytest.fixture
@@ -64,7 +74,7 @@ class Reply:
         return self.value
 
 
-def session(sid: str = "s1", **changes: Any) -> SessionInfo:
+def session(sid: str = "s1", **changes: Any) -> StoredSession:
     values: dict[str, Any] = {
         "id": sid,
         "agent_alias": "main",
@@ -75,7 +85,7 @@ def session(sid: str = "s1", **changes: Any) -> SessionInfo:
         "last_activity": 100.0,
     }
     values.update(changes)
-    return SessionInfo(**values)
+    return StoredSession(**values)
 
 
 def turn(
@@ -133,52 +143,48 @@ def test_duplicate_session_fails_and_actor_survives(writer: Any, actor_ref: Any)
 
 def test_session_updates_round_trip(store: Store, writer: Any) -> None:
     call(writer.create_session, session())
-    assert call(writer.touch, "s1", 150.5).value is True
-    assert call(writer.set_mode, "s1", "full").value is True
-    assert call(writer.set_title, "s1", "named").value is True
-    assert call(writer.update_meta, "s1", {"client": "zed", "x": 1}).value is True
-    assert call(writer.update_meta, "s1", {"x": None, "y": [1]}).value is True
-    assert call(writer.mark_killed, "s1").value is True
-    assert call(writer.mark_closed, "s1", 160.0).value is True
+    assert call(writer.perform, WriteMode("s1", "full")).value is True
+    assert call(writer.perform, UpdateMeta("s1", {"client": "zed", "x": 1})).value is True
+    assert call(writer.perform, UpdateMeta("s1", {"x": None, "y": [1]})).value is True
+    assert call(writer.perform, MarkKilled("s1")).value is True
+    assert call(writer.perform, MarkClosed("s1", 160.0)).value is True
     assert store.reader.get_session("s1") == session(
-        last_activity=150.5,
         mode="full",
-        title="named",
         meta={"client": "zed", "y": [1]},
         killed=True,
         closed_at=160.0,
     )
-    assert call(writer.reopen, "s1", 170.0).value is True
+    assert call(writer.perform, Reopen("s1", 170.0)).value is True
     info = store.reader.get_session("s1")
     assert info is not None
     assert (info.closed_at, info.killed, info.last_activity) == (None, False, 170.0)
 
 
 def test_updates_of_unknown_session_report_false(store: Store, writer: Any) -> None:
-    for method, args in [
-        (writer.touch, ("ghost", 1.0)),
-        (writer.set_mode, ("ghost", "full")),
-        (writer.mark_closed, ("ghost", 1.0)),
-        (writer.mark_killed, ("ghost",)),
-        (writer.reopen, ("ghost", 1.0)),
-        (writer.update_meta, ("ghost", {"a": 1})),
+    for write in [
+        WriteMode("ghost", "full"),
+        MarkClosed("ghost", 1.0),
+        MarkKilled("ghost"),
+        Reopen("ghost", 1.0),
+        UpdateMeta("ghost", {"a": 1}),
     ]:
-        reply = call(method, *args)
+        reply = call(writer.perform, write)
         assert (reply.error, reply.value) == (None, False)
     assert store.reader.count_sessions() == 0
 
 
 def test_record_event_round_trip(store: Store, writer: Any) -> None:
     call(writer.create_session, session())
-    assert call(writer.record_event, "s1", "focus", {"file": "a.py", "line": 3}).error is None
-    assert call(writer.record_event, "s1", "blur", {}).error is None
+    focus = RecordEvent("s1", "focus", {"file": "a.py", "line": 3})
+    assert call(writer.perform, focus).error is None
+    assert call(writer.perform, RecordEvent("s1", "blur", {})).error is None
     events = store.reader.load_events("s1")
     assert [(e.type, e.payload) for e in events] == [
         ("focus", {"file": "a.py", "line": 3}),
         ("blur", {}),
     ]
     assert all(isinstance(e, SessionEvent) and e.created_at > 0 for e in events)
-    failed = call(writer.record_event, "ghost", "focus", {})
+    failed = call(writer.perform, RecordEvent("ghost", "focus", {}))
     assert "FOREIGN KEY constraint failed" in str(failed.error)
 
 
@@ -187,14 +193,14 @@ def test_delete_session_removes_children(store: Store, writer: Any) -> None:
     call(writer.create_session, session("keep"))
     for sid in ("s1", "keep"):
         call(writer.write_turn, turn(sid, ten_items(1)))
-        call(writer.record_event, sid, "focus", {})
-    assert call(writer.delete_session, "s1").value is True
+        call(writer.perform, RecordEvent(sid, "focus", {}))
+    assert call(writer.perform, DeleteSession("s1")).value is True
     assert store.reader.get_session("s1") is None
     assert store.reader.load_items("s1") == []
     for table in ("messages", "tool_calls", "session_events"):
         assert rows(store, f"SELECT DISTINCT session_id FROM {table}") == [("keep",)]
     assert len(store.reader.load_items("keep")) == 10
-    unknown = call(writer.delete_session, "never-existed")
+    unknown = call(writer.perform, DeleteSession("never-existed"))
     assert (unknown.error, unknown.value) == (None, False)
 
 
@@ -405,7 +411,8 @@ async def test_loop_reply_ignores_a_cancelled_future(writer: Any) -> None:
     abandoned.cancel()
     writer.create_session(session(), reply=loop_reply(loop, abandoned))
     after: asyncio.Future[Any] = loop.create_future()
-    writer.touch("s1", 1.0, reply=loop_reply(loop, after))  # runs after the first reply
+    # runs after the first reply:
+    writer.perform(WriteMode("s1", "full"), reply=loop_reply(loop, after))
     assert await asyncio.wait_for(after, 10) is True
     await asyncio.sleep(0)  # let any callback queued behind it run
     assert abandoned.cancelled()

@@ -19,14 +19,14 @@ from typing import Any
 import orjson
 import pytest
 
-from actors.persistence import PersistenceActor
+from actors.persistence import PersistenceActor, Reopen
 from ipc.events import TextItem, ToolItem, TurnRecord
-from storage import SCHEMA_VERSION, SessionInfo, Store, open_store
+from storage import SCHEMA_VERSION, Store, StoredSession, open_store
 from storage.store import encode_cursor
 
 
-def session(sid: str, *, cwd: str = "/src/a", last_activity: float = 1000.0) -> SessionInfo:
-    return SessionInfo(
+def session(sid: str, *, cwd: str = "/src/a", last_activity: float = 1000.0) -> StoredSession:
+    return StoredSession(
         id=sid,
         agent_alias="main",
         workspace_dir="/ws/main",
@@ -37,7 +37,7 @@ def session(sid: str, *, cwd: str = "/src/a", last_activity: float = 1000.0) -> 
     )
 
 
-def create_all(writer: Any, infos: list[SessionInfo]) -> None:
+def create_all(writer: Any, infos: list[StoredSession]) -> None:
     futures = [writer.create_session(info) for info in infos]
     for future in futures:
         future.get(timeout=10)
@@ -45,9 +45,9 @@ def create_all(writer: Any, infos: list[SessionInfo]) -> None:
 
 def walk_pages(
     store: Store, cwd: str | None, limit: int = 100
-) -> tuple[list[SessionInfo], list[int]]:
+) -> tuple[list[StoredSession], list[int]]:
     """Every session of a listing, following cursors; and the page sizes."""
-    seen: list[SessionInfo] = []
+    seen: list[StoredSession] = []
     sizes: list[int] = []
     cursor: str | None = None
     while True:
@@ -59,7 +59,7 @@ def walk_pages(
         assert len(sizes) < 100, "pagination does not end"
 
 
-def newest_first(infos: list[SessionInfo]) -> list[str]:
+def newest_first(infos: list[StoredSession]) -> list[str]:
     return [i.id for i in sorted(infos, key=lambda i: (i.last_activity, i.id), reverse=True)]
 
 
@@ -214,7 +214,7 @@ def test_unknown_session_reads_empty(store: Store) -> None:
 
 
 def test_get_session_round_trips_every_field(store: Store, writer: Any) -> None:
-    info = SessionInfo(
+    info = StoredSession(
         id="0b8f0f7e-1c5e-4c39-9d1e-3f1f8f3f6a10",
         agent_alias="coder",
         workspace_dir="/ws/coder",
@@ -275,7 +275,7 @@ def test_list_page_size_boundaries(store: Store, writer: Any) -> None:
 def test_list_sees_activity_changes(store: Store, writer: Any) -> None:
     create_all(writer, [session("old", last_activity=1.0), session("new", last_activity=2.0)])
     assert [i.id for i in store.reader.list_sessions()[0]] == ["new", "old"]
-    writer.touch("old", 3.0).get(timeout=10)
+    writer.perform(Reopen("old", 3.0)).get(timeout=10)
     assert [i.id for i in store.reader.list_sessions()[0]] == ["old", "new"]
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import peewee
 import pytest
 
-from actors.persistence import StoreWriteError
+from actors.persistence import StoreWriteError, WriteMode
 from ipc.errors import InternalError
 from storage import Store
 from storage.store import write_failure_reason
@@ -81,7 +81,7 @@ def test_a_deleted_store_file_fails_every_write_and_is_logged_once(
         for _ in range(3):
             failed = call(writer.write_turn, turn("s1", ten_items(0)))
             assert isinstance(failed.error, StoreWriteError) and failed.error.to_error() == gone
-        assert call(writer.set_mode, "s1", "full").error.to_error() == gone
+        assert call(writer.perform, WriteMode("s1", "full")).error.to_error() == gone
     assert [r.levelname for r in caplog.records] == ["ERROR"]
     store.path.touch()  # another file where the store was: still not the one opened
     assert call(writer.write_turn, turn("s1", ten_items(0))).error.to_error() == gone
