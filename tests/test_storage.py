@@ -376,3 +376,12 @@ def test_read_runs_while_a_write_transaction_is_open(store: Store, writer: Any) 
         assert info is not None and info.title == "uncommitted"
     finally:
         other_writer.close()
+
+
+def test_stored_session_has_one_field_per_session_column() -> None:
+    """The record and the model are one schema: the same names, nothing missing."""
+    from dataclasses import fields
+
+    from storage.models import SessionRow
+
+    assert {f.name for f in fields(StoredSession)} == set(SessionRow._meta.fields)
