@@ -1,0 +1,67 @@
+"""Wake-ups per turn, measured: voluntary context switches of a server's threads.
+
+Every time a thread blocks (on a socket, a queue, a lock, a futex) and is woken
+again, Linux counts one voluntary context switch for it
+(``/proc/PID/task/TID/status``, ``voluntary_ctxt_switches``). Summed over every
+thread of the server process and its children (the workers), the change across
+N sequential turns, minus what the same processes do when idle for as long,
+divided by N, is the number of thread wake-ups one turn costs.
+
+Runs on the bench process's asyncio loop thread (the reads are a few small
+files; the client itself is not counted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import psutil
+
+__all__ = ["process_tree", "voluntary_switches", "wakeups_per_step"]
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and all its descendants, as they are now."""
+    try:
+        root = psutil.Process(pid)
+        return [pid, *(child.pid for child in root.children(recursive=True))]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def voluntary_switches(pids: list[int]) -> int:
+    """The sum of ``voluntary_ctxt_switches`` over every thread of ``pids``."""
+    total = 0
+    for pid in pids:
+        for status in Path(f"/proc/{pid}/task").glob("*/status"):
+            with contextlib.suppress(OSError):
+                for line in status.read_text().splitlines():
+                    if line.startswith("voluntary_ctxt_switches:"):
+                        total += int(line.split()[1])
+                        break
+    return total
+
+
+async def wakeups_per_step(root_pid: int, step: Callable[[], Awaitable[object]], steps: int,
+                           idle_seconds: float) -> tuple[float, dict[str, float]]:
+    """Wake-ups per ``step`` of the process tree of ``root_pid`` (warm it up first).
+
+    Returns the count and details: the idle rate (wake-ups/s) that was subtracted
+    and the raw count per step."""
+    pids = process_tree(root_pid)
+    before_idle = voluntary_switches(pids)
+    await asyncio.sleep(idle_seconds)
+    idle_rate = (voluntary_switches(pids) - before_idle) / idle_seconds
+    started = time.perf_counter()
+    before = voluntary_switches(pids)
+    for _ in range(steps):
+        await step()
+    raw = voluntary_switches(pids) - before
+    elapsed = time.perf_counter() - started
+    per_step = (raw - idle_rate * elapsed) / steps
+    return per_step, {"idle_wakeups_per_s": round(idle_rate, 1),
+                      "raw_wakeups_per_turn": round(raw / steps, 2)}
