@@ -257,6 +257,7 @@ class PersistenceActor(SimpleInboxActor):
             return
         self._prepared.commit_staged()
         self._store.last_commit = time.time()
+        logger.debug("%d writes committed together", len(held))
         for request, result in zip(held, results, strict=True):
             _deliver(request.reply, None, result, request.write)
 

@@ -60,6 +60,15 @@ def _notes(metrics: dict[str, Any]) -> list[str]:
         if entry.get("zeroclaw_listed") is not None:
             notes.append(f"  {entry['title']}: status listed {entry['zeroclaw_listed']:,}"
                          " live sessions")
+        if entry.get("zeroclaw_host_wakeups_per_turn") is not None:
+            sides = [f"{side} {entry[f'{side}_host_wakeups_per_turn']:.1f} host +"
+                     f" {entry[f'{side}_workers_wakeups_per_turn']:.1f} worker"
+                     for side in ("zeroclaw", "design", "floor")
+                     if entry.get(f"{side}_host_wakeups_per_turn") is not None]
+            notes.append(f"  {entry['title']}: " + "; ".join(sides))
+        if entry.get("zeroclaw_updates_per_turn") is not None:
+            notes.append(f"  {entry['title']}: zeroclaw sent {entry['zeroclaw_updates_per_turn']:,}"
+                         " updates per turn (chunks merge while the client lags)")
         if entry.get("zeroclaw_processes") is not None:
             notes.append(f"  {entry['title']}: {entry['zeroclaw_processes']} processes"
                          " (host + workers)")

@@ -50,18 +50,24 @@ async def wakeups_per_step(root_pid: int, step: Callable[[], Awaitable[object]],
                            idle_seconds: float) -> tuple[float, dict[str, float]]:
     """Wake-ups per ``step`` of the process tree of ``root_pid`` (warm it up first).
 
-    Returns the count and details: the idle rate (wake-ups/s) that was subtracted
-    and the raw count per step."""
+    Returns the count and details: the same split into the root process (the host)
+    and its children (the workers), the idle rate (wake-ups/s) that was
+    subtracted, and the raw count per step."""
     pids = process_tree(root_pid)
-    before_idle = voluntary_switches(pids)
+    groups = {"host": pids[:1], "workers": pids[1:]}
+    before_idle = {name: voluntary_switches(group) for name, group in groups.items()}
     await asyncio.sleep(idle_seconds)
-    idle_rate = (voluntary_switches(pids) - before_idle) / idle_seconds
+    idle = {name: (voluntary_switches(group) - before_idle[name]) / idle_seconds
+            for name, group in groups.items()}
     started = time.perf_counter()
-    before = voluntary_switches(pids)
+    before = {name: voluntary_switches(group) for name, group in groups.items()}
     for _ in range(steps):
         await step()
-    raw = voluntary_switches(pids) - before
+    raw = {name: voluntary_switches(group) - before[name] for name, group in groups.items()}
     elapsed = time.perf_counter() - started
-    per_step = (raw - idle_rate * elapsed) / steps
-    return per_step, {"idle_wakeups_per_s": round(idle_rate, 1),
-                      "raw_wakeups_per_turn": round(raw / steps, 2)}
+    per_step = {name: (raw[name] - idle[name] * elapsed) / steps for name in groups}
+    return sum(per_step.values()), {
+        "host_wakeups_per_turn": round(per_step["host"], 2),
+        "workers_wakeups_per_turn": round(per_step["workers"], 2),
+        "idle_wakeups_per_s": round(sum(idle.values()), 1),
+        "raw_wakeups_per_turn": round(sum(raw.values()) / steps, 2)}
