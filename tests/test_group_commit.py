@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import peewee
 import pykka
 import pytest
 
@@ -21,11 +22,13 @@ from actors.persistence import (
     DeleteSession,
     PersistenceActor,
     PersistRequest,
+    StoreWrite,
     WriteMode,
     WriteTurn,
 )
 from ipc.events import TextItem, ToolItem, TurnItem, TurnRecord
 from storage import Store, StoredSession, open_store
+from storage.models import MessageRow
 
 WAIT = 10.0
 
@@ -72,7 +75,7 @@ class Reply:
 
 def session(sid: str) -> StoredSession:
     return StoredSession(id=sid, agent_alias="main", workspace_dir="/ws", cwd="/src",
-                       mode="supervised", created_at=1.0, last_activity=1.0)
+                         mode="supervised", created_at=1.0, last_activity=1.0)
 
 
 def turn(sid: str, n: int) -> TurnRecord:
@@ -251,3 +254,42 @@ def test_a_held_group_is_written_whatever_message_came_last(
     release.set()
     assert attribute.get(timeout=WAIT)
     assert [reply.wait().value for reply in replies] == [None, 1]
+
+
+def test_a_column_added_to_a_model_is_written_without_touching_the_statements(
+    tmp_path: Path,
+) -> None:
+    """One schema: the prepared inserts come from the models, defaults included."""
+    field = peewee.TextField(default="from-the-model")
+    MessageRow._meta.add_field("note", field)
+    try:
+        opened = open_store(tmp_path / "extra.db")  # its tables come from the models too
+        try:
+            ref = PersistenceActor.start(opened)
+            try:
+                proxy = ref.proxy()
+                proxy.create_session(session("s1")).get(timeout=WAIT)
+                assert proxy.write_turn(turn("s1", 0)).get(timeout=WAIT) == 1
+            finally:
+                ref.stop()
+            notes = rows(opened, "SELECT DISTINCT note FROM messages")
+        finally:
+            opened.close()
+    finally:
+        MessageRow._meta.remove_field("note")
+    assert notes == [("from-the-model",)]
+
+
+class _Unhandled(StoreWrite[None]):
+    """A write the actor does not know (a caller bug)."""
+
+
+def test_an_unknown_write_is_answered_with_an_error_and_the_actor_lives_on(
+    store: Store, actor: pykka.ActorRef[PersistenceActor]
+) -> None:
+    failed = Reply(store)
+    actor.tell(PersistRequest(_Unhandled(), failed))
+    assert str(failed.wait().error) == "store write failed: unknown operation _Unhandled"
+    created = Reply(store)
+    actor.tell(PersistRequest(CreateSession(session("s1")), created))
+    assert created.wait().error is None
