@@ -330,14 +330,6 @@ class PersistenceActor(SimpleInboxActor):
             raise
         self._prepared.commit_staged()
 
-    # --- typed shortcuts (tests, tools: ``proxy.write_turn(record)``) -------------------
-
-    def create_session(self, info: StoredSession, reply: ReplyCallback | None = None) -> None:
-        self.perform(CreateSession(info), reply)
-
-    def write_turn(self, record: TurnRecord, reply: ReplyCallback | None = None) -> int | None:
-        return self.perform(WriteTurn(record), reply)
-
     # --- work (actor thread) --------------------------------------------------
 
     def _merge_meta(self, session_id: str, changes: dict[str, Any]) -> bool:

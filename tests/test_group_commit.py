@@ -225,16 +225,16 @@ def test_another_writer_on_the_same_file_is_noticed(
 ) -> None:
     """The remembered next seq is checked (turn count guard), not trusted blindly."""
     proxy = actor.proxy()
-    proxy.create_session(session("s1")).get(timeout=WAIT)
-    assert proxy.write_turn(turn("s1", 0)).get(timeout=WAIT) == 1
+    proxy.perform(CreateSession(session("s1"))).get(timeout=WAIT)
+    assert proxy.perform(WriteTurn(turn("s1", 0))).get(timeout=WAIT) == 1
     other_store = open_store(store.path)
     other = PersistenceActor.start(other_store)
     try:
-        assert other.proxy().write_turn(turn("s1", 1)).get(timeout=WAIT) == 2
+        assert other.proxy().perform(WriteTurn(turn("s1", 1))).get(timeout=WAIT) == 2
     finally:
         other.stop()
         other_store.close()
-    assert proxy.write_turn(turn("s1", 2)).get(timeout=WAIT) == 3
+    assert proxy.perform(WriteTurn(turn("s1", 2))).get(timeout=WAIT) == 3
     seqs = rows(store, "SELECT seq FROM messages UNION ALL SELECT seq FROM tool_calls "
                        "ORDER BY seq")
     assert [s for (s,) in seqs] == list(range(9))
@@ -268,8 +268,8 @@ def test_a_column_added_to_a_model_is_written_without_touching_the_statements(
             ref = PersistenceActor.start(opened)
             try:
                 proxy = ref.proxy()
-                proxy.create_session(session("s1")).get(timeout=WAIT)
-                assert proxy.write_turn(turn("s1", 0)).get(timeout=WAIT) == 1
+                proxy.perform(CreateSession(session("s1"))).get(timeout=WAIT)
+                assert proxy.perform(WriteTurn(turn("s1", 0))).get(timeout=WAIT) == 1
             finally:
                 ref.stop()
             notes = rows(opened, "SELECT DISTINCT note FROM messages")

@@ -19,7 +19,12 @@ from typing import Any
 import orjson
 import pytest
 
-from actors.persistence import PersistenceActor, Reopen
+from actors.persistence import (
+    CreateSession,
+    PersistenceActor,
+    Reopen,
+    WriteTurn,
+)
 from ipc.events import TextItem, ToolItem, TurnRecord
 from storage import SCHEMA_VERSION, Store, StoredSession, open_store
 from storage.store import encode_cursor
@@ -38,7 +43,7 @@ def session(sid: str, *, cwd: str = "/src/a", last_activity: float = 1000.0) -> 
 
 
 def create_all(writer: Any, infos: list[StoredSession]) -> None:
-    futures = [writer.create_session(info) for info in infos]
+    futures = [writer.perform(CreateSession(info)) for info in infos]
     for future in futures:
         future.get(timeout=10)
 
@@ -91,7 +96,7 @@ def test_reopen_keeps_sessions(tmp_path: Path) -> None:
     path = tmp_path / "store.db"
     first = open_store(path)
     ref = PersistenceActor.start(first)
-    ref.proxy().create_session(session("kept")).get(timeout=10)
+    ref.proxy().perform(CreateSession(session("kept"))).get(timeout=10)
     ref.stop()
     first.close()
 
@@ -107,8 +112,8 @@ def assert_ephemeral_store_works(store: Store) -> None:
     assert store.persistent is False
     ref = PersistenceActor.start(store)
     turn = TurnRecord("tmp", (TextItem("user", "hi"),), "end_turn", "hi", 1.0, 2.0)
-    ref.proxy().create_session(session("tmp")).get(timeout=10)
-    assert ref.proxy().write_turn(turn).get(timeout=10) == 1
+    ref.proxy().perform(CreateSession(session("tmp"))).get(timeout=10)
+    assert ref.proxy().perform(WriteTurn(turn)).get(timeout=10) == 1
     ref.stop()
     assert store.reader.load_items("tmp") == [TextItem("user", "hi")]
 
@@ -159,7 +164,7 @@ def test_two_in_memory_stores_are_apart(tmp_path: Path) -> None:
                      for _ in range(2))
     try:
         ref = PersistenceActor.start(first)
-        ref.proxy().create_session(session("only-in-first")).get(timeout=10)
+        ref.proxy().perform(CreateSession(session("only-in-first"))).get(timeout=10)
         ref.stop()
         assert second.reader.get_session("only-in-first") is None
         assert first.reader.get_session("only-in-first") is not None
@@ -230,7 +235,7 @@ def test_get_session_round_trips_every_field(store: Store, writer: Any) -> None:
         mcp_servers=[{"name": "fs", "command": "mcp-fs", "args": ["--root", "/"], "env": []}],
         meta={"client": "zed", "nested": {"n": 1}},
     )
-    writer.create_session(info).get(timeout=10)
+    writer.perform(CreateSession(info)).get(timeout=10)
     assert store.reader.get_session(info.id) == info
 
 
@@ -335,7 +340,7 @@ def test_cursor_round_trips_exact_float(store: Store, writer: Any) -> None:
 def test_reads_from_many_threads_at_once(store: Store, writer: Any) -> None:
     create_all(writer, [session(f"s{n:02d}", last_activity=float(n)) for n in range(40)])
     turn = (TextItem("user", "q"), ToolItem("t1", "shell", {"command": "ls"}, "out", "completed"))
-    writer.write_turn(TurnRecord("s07", turn, "end_turn", "", 1.0, 2.0)).get(timeout=10)
+    writer.perform(WriteTurn(TurnRecord("s07", turn, "end_turn", "", 1.0, 2.0))).get(timeout=10)
     errors: list[BaseException] = []
     barrier = threading.Barrier(8)
 
