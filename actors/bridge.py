@@ -1,8 +1,9 @@
 """Getting an actor's answer back to the asyncio loop without blocking it.
 
 Two shapes: :class:`CallableActor` subclasses (the supervisor) are driven with
-:func:`call`, which ``tell``s a :class:`Call` and awaits the outcome; other actors
-(the persistence actor) take a ``reply`` keyword on each method.
+:func:`call`, which ``tell``s a :class:`Call` and awaits the outcome; the
+persistence actor takes typed messages (:class:`actors.persistence.PersistRequest`
+carrying a :class:`actors.persistence.StoreWrite`) with a ``reply`` callback.
 
 Actors that do slow work (the persistence actor's writes) take a ``reply``
 callback, ``reply(error, value)``, which they call on their own thread when the

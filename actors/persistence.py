@@ -8,13 +8,14 @@ queue up share one transaction (group commit, see :class:`PersistenceActor`).
 The hot writes use prepared SQL (:mod:`storage.prepared_writes`). Readers use
 :attr:`storage.Store.reader` on their own threads.
 
-The host sends :class:`PersistRequest` messages (``tell``, no pykka future);
-the methods can also be called through a proxy (tests, tools).
-
-Every public method takes a last keyword argument ``reply`` (see
+The host sends :class:`PersistRequest` messages (``tell``, no pykka future),
+each carrying one typed write (:class:`CreateSession`, :class:`WriteTurn`,
+:class:`WriteMode`, :class:`MarkClosed`, ...; a :class:`StoreWrite` subclass whose
+type parameter is its reply value) and a ``reply`` callback (see
 :mod:`actors.bridge`), called on this actor's thread once the write is
-committed, ``reply(None, result)``, or failed, ``reply(StoreWriteError, None)``.
-The methods never raise, so neither ``tell``-style calls (``proxy.m.defer()``)
+committed, ``reply(None, value)``, or failed, ``reply(StoreWriteError, None)``.
+Through a proxy, :meth:`PersistenceActor.perform` does the same (tests, tools).
+Nothing raises, so neither ``tell``-style calls (``proxy.perform.defer()``)
 nor a full disk can kill the actor; a later write succeeds again once the
 store is writable. Failures are logged without any session content.
 
@@ -33,24 +34,34 @@ import contextlib
 import logging
 import sqlite3
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import peewee
 
 from actors.bridge import ReplyCallback, SimpleInboxActor, loop_reply
 from ipc.errors import InternalError
 from ipc.events import TurnRecord
-from storage.models import MessageRow, SessionEventRow, SessionInfo, SessionRow, ToolCallRow
+from storage.models import MessageRow, SessionEventRow, SessionRow, StoredSession, ToolCallRow
 from storage.prepared_writes import TITLE_MAX_CHARS, MissingSession, PreparedWrites, title_of
 from storage.store import Store, StoreFileGone, write_failure_reason, write_transaction
 
 __all__ = [
     "TITLE_MAX_CHARS",
+    "CreateSession",
+    "DeleteSession",
+    "MarkClosed",
+    "MarkKilled",
     "PersistRequest",
     "PersistenceActor",
+    "RecordEvent",
+    "Reopen",
+    "StoreWrite",
     "StoreWriteError",
+    "UpdateMeta",
+    "WriteMode",
+    "WriteTurn",
     "loop_reply",
     "title_of",
 ]
@@ -58,13 +69,8 @@ __all__ = [
 logger = logging.getLogger("zeroclaw.actors.persistence")
 
 MAX_GROUP = 256  # queued writes committed together, at most
-_BATCHED = frozenset({"create_session", "write_turn"})
-_OPERATIONS = frozenset({
-    "touch", "set_mode", "set_title", "mark_closed", "mark_killed", "reopen", "update_meta",
-    "record_event", "delete_session",
-})
 
-T = TypeVar("T")
+R = TypeVar("R", covariant=True)
 
 
 class StoreWriteError(InternalError):
@@ -81,24 +87,107 @@ class StoreWriteError(InternalError):
         super().__init__(f"store write failed: {reason}")
 
 
+class StoreWrite(Generic[R]):
+    """A write the actor can do; ``R`` is the type of its reply value."""
+
+    __slots__ = ()
+
+
+@dataclass(frozen=True, slots=True)
+class CreateSession(StoreWrite[None]):
+    """Insert the session's row (a duplicate id fails). Group-committed."""
+
+    info: StoredSession
+
+    @property
+    def session_id(self) -> str:
+        return self.info.id
+
+
+@dataclass(frozen=True, slots=True)
+class WriteTurn(StoreWrite[int]):
+    """A finished turn in one transaction; replies the session's new turn count.
+    Group-committed."""
+
+    record: TurnRecord
+
+    @property
+    def session_id(self) -> str:
+        return self.record.session_id
+
+
+@dataclass(frozen=True, slots=True)
+class WriteMode(StoreWrite[bool]):
+    """Set the session's mode (autonomy level); replies whether the session exists."""
+
+    session_id: str
+    mode: str
+
+
+@dataclass(frozen=True, slots=True)
+class MarkClosed(StoreWrite[bool]):
+    """The session was closed at ``when`` (the record stays restorable)."""
+
+    session_id: str
+    when: float
+
+
+@dataclass(frozen=True, slots=True)
+class MarkKilled(StoreWrite[bool]):
+    """The session's worker died during a turn."""
+
+    session_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Reopen(StoreWrite[bool]):
+    """A restored session: clear the closed and killed markers, activity at ``when``."""
+
+    session_id: str
+    when: float
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateMeta(StoreWrite[bool]):
+    """Merge ``changes`` into the session's ``meta`` (a key set to ``None`` is removed)."""
+
+    session_id: str
+    changes: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class RecordEvent(StoreWrite[None]):
+    """Store a custom event the client sent (an unknown session fails)."""
+
+    session_id: str
+    type: str
+    payload: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteSession(StoreWrite[bool]):
+    """Delete the session and all recorded for it; replies whether one was deleted."""
+
+    session_id: str
+
+
 @dataclass(frozen=True, slots=True)
 class PersistRequest:
-    """Actor message (``tell``): run ``method(*args)``; ``reply(error, value)`` after commit.
+    """Actor message (``tell``): do ``write``; ``reply(error, value)`` after its commit.
 
-    The cheap way in from the loop (no pykka future). ``create_session`` and
-    ``write_turn`` requests that queue up are committed together (group commit).
+    The cheap way in from the loop (no pykka future). :class:`CreateSession`
+    and :class:`WriteTurn` requests that queue up are committed together.
     """
 
-    method: str
-    args: tuple[Any, ...]
+    write: StoreWrite[Any]
     reply: ReplyCallback | None = None
 
 
 class PersistenceActor(SimpleInboxActor):
     """Serialises every write to the store. All methods run on the actor's thread.
 
-    Group commit: a :class:`PersistRequest` for ``create_session`` or
-    ``write_turn`` is held while more messages wait in the inbox (up to
+    Group commit: a :class:`PersistRequest` for :class:`CreateSession` or
+    :class:`WriteTurn` is held while more messages wait in the inbox (up to
     :data:`MAX_GROUP`); the group is then written in one transaction and every
     caller is answered after its commit. Any other message writes the held
     group first, so writes keep their arrival order. When one write of a group
@@ -117,22 +206,15 @@ class PersistenceActor(SimpleInboxActor):
     # --- messages and group commit -----------------------------------------------
 
     def on_receive(self, message: Any) -> Any:
-        if not isinstance(message, PersistRequest):
-            logger.warning("unexpected message %s; dropped", type(message).__name__)
-            return None
-        if message.method in _BATCHED:
-            self._held.append(message)
-            if len(self._held) >= MAX_GROUP or self.actor_inbox.empty():
-                self.flush()
-            return None
-        if message.method not in _OPERATIONS:
-            _deliver(message.reply, StoreWriteError(f"unknown operation {message.method}"),
-                     None, message.method)
-            return None
-        try:
-            getattr(self, message.method)(*message.args, reply=message.reply)
-        except TypeError as exc:  # wrong arguments: a caller bug, answered, never fatal
-            _deliver(message.reply, _write_error(exc), None, message.method)
+        match message:
+            case PersistRequest(write=CreateSession() | WriteTurn()):
+                self._held.append(message)
+                if len(self._held) >= MAX_GROUP or self.actor_inbox.empty():
+                    self.flush()
+            case PersistRequest(write=write, reply=reply):
+                self.perform(write, reply)
+            case _:
+                logger.warning("unexpected message %s; dropped", type(message).__name__)
         return None
 
     def on_stop(self) -> None:
@@ -153,16 +235,16 @@ class PersistenceActor(SimpleInboxActor):
         if not held:
             return
         if len(held) == 1:
-            self._run_request(held[0])
+            self.perform(held[0].write, held[0].reply)
             return
         db = self._db
         try:
             db.begin()
-            results = [self._apply(request) for request in held]
+            results = [self._apply(request.write) for request in held]
         except Exception:
             self._abandon()
             for request in held:  # one of them is bad: each on its own
-                self._run_request(request)
+                self.perform(request.write, request.reply)
             return
         try:
             self._store.check_file()
@@ -171,12 +253,13 @@ class PersistenceActor(SimpleInboxActor):
             self._abandon()
             error = self._failure(exc, f"group commit of {len(held)} writes", None)
             for request in held:
-                _deliver(request.reply, error, None, request.method)
+                _deliver(request.reply, error, None, request.write)
             return
         self._prepared.commit_staged()
         self._store.last_commit = time.time()
+        logger.debug("%d writes committed together", len(held))
         for request, result in zip(held, results, strict=True):
-            _deliver(request.reply, None, result, request.method)
+            _deliver(request.reply, None, result, request.write)
 
     def _abandon(self) -> None:
         """Roll back the open group transaction (if SQLite has not already)."""
@@ -185,36 +268,56 @@ class PersistenceActor(SimpleInboxActor):
             with contextlib.suppress(peewee.PeeweeException, sqlite3.Error):
                 self._db.rollback()
 
-    def _run_request(self, request: PersistRequest) -> None:
-        """One held write in its own transaction (the method's usual path)."""
-        getattr(self, request.method)(*request.args, reply=request.reply)
-
-    def _apply(self, request: PersistRequest) -> Any:
-        """One batched write inside the group's transaction (actor thread)."""
-        if request.method == "create_session":
-            self._prepared.insert_session(request.args[0])
-            return None
-        return self._prepared.write_turn(request.args[0])
-
-    # --- sessions -------------------------------------------------------------
-
-    def create_session(self, info: SessionInfo, reply: ReplyCallback | None = None) -> None:
-        """Insert the session's row (a duplicate id fails)."""
-
-        def insert() -> None:
-            with self._transaction():
-                self._prepared.insert_session(info)
-
-        self._run("create_session", info.id, insert, reply)
-
-    def write_turn(self, record: TurnRecord, reply: ReplyCallback | None = None) -> int | None:
-        """Write a finished turn in one transaction; returns the session's new turn count."""
-
-        def write() -> int:
-            with self._transaction():
+    def _apply(self, write: StoreWrite[Any]) -> Any:
+        """One group-committed write inside the group's transaction (actor thread)."""
+        match write:
+            case CreateSession(info=info):
+                return self._prepared.insert_session(info)
+            case WriteTurn(record=record):
                 return self._prepared.write_turn(record)
+        raise TypeError(f"{type(write).__name__} is not group-committed")
 
-        return self._run("write_turn", record.session_id, write, reply)
+    # --- one write, in its own transaction ---------------------------------------------
+
+    def perform(self, write: StoreWrite[R], reply: ReplyCallback | None = None) -> R | None:
+        """Write what is held first (arrival order), then ``write`` in its own
+        transaction; report to ``reply``; return the reply value (None on failure).
+        Never raises, so neither a tell-style call nor a full disk kills the actor."""
+        if self._held:
+            self.flush()
+        try:
+            self._store.check_file()
+            result = self._work(write)
+        except Exception as exc:
+            failure = self._failure(exc, type(write).__name__, _session_of(write))
+            _deliver(reply, failure, None, write)
+            return None
+        self._store.last_commit = time.time()
+        _deliver(reply, None, result, write)
+        return result
+
+    def _work(self, write: StoreWrite[Any]) -> Any:
+        """Do ``write`` (actor thread); raises on failure."""
+        match write:
+            case CreateSession() | WriteTurn():
+                with self._transaction():
+                    return self._apply(write)
+            case WriteMode(session_id=sid, mode=mode):
+                return self._update(sid, {SessionRow.mode: mode})
+            case MarkClosed(session_id=sid, when=when):
+                return self._update(sid, {SessionRow.closed_at: when})
+            case MarkKilled(session_id=sid):
+                return self._update(sid, {SessionRow.killed: True})
+            case Reopen(session_id=sid, when=when):
+                return self._update(sid, {SessionRow.closed_at: None, SessionRow.killed: False,
+                                          SessionRow.last_activity: when})
+            case UpdateMeta(session_id=sid, changes=changes):
+                return self._merge_meta(sid, changes)
+            case RecordEvent(session_id=sid, type=kind, payload=payload):
+                return self._insert_event(sid, kind, payload)
+            case DeleteSession(session_id=sid):
+                return self._delete(sid)
+        raise StoreWriteError(f"unknown operation {type(write).__name__}")
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[None]:
@@ -226,80 +329,6 @@ class PersistenceActor(SimpleInboxActor):
             self._prepared.discard_staged()
             raise
         self._prepared.commit_staged()
-
-    def touch(
-        self, session_id: str, when: float, reply: ReplyCallback | None = None
-    ) -> bool | None:
-        """Set the last activity time; returns whether the session exists."""
-        return self._update("touch", session_id, {SessionRow.last_activity: when}, reply)
-
-    def set_mode(
-        self, session_id: str, mode: str, reply: ReplyCallback | None = None
-    ) -> bool | None:
-        """Set the session's mode (autonomy level); returns whether the session exists."""
-        return self._update("set_mode", session_id, {SessionRow.mode: mode}, reply)
-
-    def set_title(
-        self, session_id: str, title: str, reply: ReplyCallback | None = None
-    ) -> bool | None:
-        """Replace the title; returns whether the session exists."""
-        return self._update("set_title", session_id, {SessionRow.title: title}, reply)
-
-    def mark_closed(
-        self, session_id: str, when: float, reply: ReplyCallback | None = None
-    ) -> bool | None:
-        """Record that the session was closed (the record stays restorable)."""
-        return self._update("mark_closed", session_id, {SessionRow.closed_at: when}, reply)
-
-    def mark_killed(self, session_id: str, reply: ReplyCallback | None = None) -> bool | None:
-        """Record that the session's worker died during a turn."""
-        return self._update("mark_killed", session_id, {SessionRow.killed: True}, reply)
-
-    def reopen(
-        self, session_id: str, when: float, reply: ReplyCallback | None = None
-    ) -> bool | None:
-        """A restored session: clear the closed and killed markers, set the activity time."""
-        changes = {
-            SessionRow.closed_at: None,
-            SessionRow.killed: False,
-            SessionRow.last_activity: when,
-        }
-        return self._update("reopen", session_id, changes, reply)
-
-    def update_meta(
-        self, session_id: str, changes: dict[str, Any], reply: ReplyCallback | None = None
-    ) -> bool | None:
-        """Merge ``changes`` into the session's ``meta`` (a key set to ``None`` is removed)."""
-        return self._run(
-            "update_meta", session_id, lambda: self._merge_meta(session_id, changes), reply
-        )
-
-    def record_event(
-        self,
-        session_id: str,
-        type: str,
-        payload: dict[str, Any],
-        reply: ReplyCallback | None = None,
-    ) -> None:
-        """Store a custom event the client sent (an unknown session fails)."""
-
-        def insert() -> None:
-            row = {
-                "session": session_id,
-                "type": type,
-                "payload": payload,
-                "created_at": time.time(),
-            }
-            SessionEventRow.insert(row).execute(self._db)
-
-        self._run("record_event", session_id, insert, reply)
-
-    def delete_session(self, session_id: str, reply: ReplyCallback | None = None) -> bool | None:
-        """Delete the session and everything recorded for it; an unknown id is a success.
-
-        Returns whether a session was deleted.
-        """
-        return self._run("delete_session", session_id, lambda: self._delete(session_id), reply)
 
     # --- work (actor thread) --------------------------------------------------
 
@@ -328,38 +357,14 @@ class PersistenceActor(SimpleInboxActor):
             deleted = SessionRow.delete().where(SessionRow.id == session_id).execute(self._db)
         return bool(deleted)
 
-    def _update(
-        self,
-        operation: str,
-        session_id: str,
-        changes: dict[Any, Any],
-        reply: ReplyCallback | None,
-    ) -> bool | None:
-        def update() -> bool:
-            query = SessionRow.update(changes).where(SessionRow.id == session_id)
-            return bool(query.execute(self._db))
+    def _update(self, session_id: str, changes: dict[Any, Any]) -> bool:
+        query = SessionRow.update(changes).where(SessionRow.id == session_id)
+        return bool(query.execute(self._db))
 
-        return self._run(operation, session_id, update, reply)
-
-    def _run(
-        self,
-        operation: str,
-        session_id: str,
-        work: Callable[[], T],
-        reply: ReplyCallback | None,
-    ) -> T | None:
-        """Write what is held first (arrival order), then do ``work``; report; never raise."""
-        if self._held:
-            self.flush()
-        try:
-            self._store.check_file()
-            result = work()
-        except Exception as exc:
-            _deliver(reply, self._failure(exc, operation, session_id), None, operation)
-            return None
-        self._store.last_commit = time.time()
-        _deliver(reply, None, result, operation)
-        return result
+    def _insert_event(self, session_id: str, kind: str, payload: dict[str, Any]) -> None:
+        row = {"session": session_id, "type": kind, "payload": payload,
+               "created_at": time.time()}
+        SessionEventRow.insert(row).execute(self._db)
 
     def _failure(self, exc: Exception, operation: str, session_id: str | None) -> StoreWriteError:
         """``exc`` as the error callers get, logged (a vanished store file: once)."""
@@ -372,6 +377,11 @@ class PersistenceActor(SimpleInboxActor):
         where = "" if session_id is None else f" for session {session_id}"
         logger.warning("store %s failed%s: %s", operation, where, error.reason)
         return error
+
+
+def _session_of(write: StoreWrite[Any]) -> str | None:
+    sid = getattr(write, "session_id", None)
+    return sid if isinstance(sid, str) else None
 
 
 def _write_error(exc: Exception) -> StoreWriteError:
@@ -392,11 +402,13 @@ def _write_error(exc: Exception) -> StoreWriteError:
 
 
 def _deliver(
-    reply: ReplyCallback | None, error: BaseException | None, value: Any, operation: str
+    reply: ReplyCallback | None, error: BaseException | None, value: Any,
+    write: StoreWrite[Any],
 ) -> None:
     if reply is None:
         return
     try:
         reply(error, value)
     except Exception as exc:
-        logger.error("reply callback of store %s raised %s", operation, type(exc).__name__)
+        logger.error("reply callback of store %s raised %s", type(write).__name__,
+                     type(exc).__name__)

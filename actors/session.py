@@ -26,6 +26,7 @@ from actors.bridge import SimpleInboxActor
 from actors.tools import PathPolicy, Tool, default_tools
 from actors.turn import ActorTurnContext, TurnRecorder
 from ipc.events import TurnItem, TurnRecord, item_from_wire
+from ipc.modes import MODE_IDS
 from ipc.worker_wire import (
     STREAM_WINDOW_BYTES,
     EncodeError,
@@ -38,7 +39,6 @@ from ipc.worker_wire import (
 )
 
 __all__ = [
-    "MODES",
     "CloseActor",
     "PermissionBoard",
     "RunTurn",
@@ -50,16 +50,14 @@ __all__ = [
 
 logger = logging.getLogger("zeroclaw.session")
 
-MODES = ("read_only", "supervised", "full")
-
 SendFn = Callable[[WorkerMessage], int | None]
 """Queue a message for the host; the bytes it takes on the wire (None: not counted).
 Raises :class:`ipc.worker_wire.EncodeError` for a message that cannot be encoded."""
 
 
 def check_mode(mode: str) -> str:
-    if mode not in MODES:
-        raise ValueError(f"unknown mode {mode!r} (known: {', '.join(MODES)})")
+    if mode not in MODE_IDS:
+        raise ValueError(f"unknown mode {mode!r} (known: {', '.join(MODE_IDS)})")
     return mode
 
 

@@ -13,14 +13,16 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from actors.agents.base import AgentFailure, ToolCallOutcome, estimate_tokens
-from actors.tools import Tool, ToolEnv, ToolError, ToolResult
+from actors.tools import PathPolicy, Tool, ToolEnv, ToolError, ToolResult
 from ipc.events import (
+    CANCEL_MARKER,
     Event,
     MessageChunk,
     TextItem,
@@ -43,15 +45,12 @@ from ipc.worker_wire import (
     WorkerMessage,
 )
 
-if TYPE_CHECKING:
-    from actors.session import SessionActor, StreamWindow
-
-__all__ = ["CANCEL_MARKER", "ActorTurnContext", "TurnAborted", "TurnRecorder", "failure_marker"]
+__all__ = [
+    "ActorTurnContext", "StreamCredit", "TurnAborted", "TurnRecorder", "TurnSession",
+    "failure_marker",
+]
 
 logger = logging.getLogger("zeroclaw.turn")
-
-CANCEL_MARKER = "[turn cancelled via client]"
-
 
 def failure_marker(message: str) -> str:
     """What ends the text of a failed turn that is kept for its partial output."""
@@ -174,12 +173,64 @@ class TurnRecorder:
         )
 
 
+class _SessionSettings(Protocol):
+    """What a turn reads of its session's fixed settings."""
+
+    @property
+    def sid(self) -> str: ...
+    @property
+    def agent(self) -> Mapping[str, Any]: ...
+    @property
+    def paths(self) -> PathPolicy: ...
+    @property
+    def permission_timeout(self) -> float: ...
+
+
+class _ModeSource(Protocol):
+    @property
+    def mode(self) -> str: ...
+
+
+class _UserWaits(Protocol):
+    """Pending waits on the user, resolved by the IO thread."""
+
+    def open(self, sid: str, request_id: str) -> Future[Any]: ...
+    def discard(self, request_id: str) -> None: ...
+
+
+class StreamCredit(Protocol):
+    """The turn's stream window: :meth:`spend` waits while the client lags behind."""
+
+    def spend(self, nbytes: int) -> None: ...
+
+
+class TurnSession(Protocol):
+    """The narrow view of a session that a turn runs against (its session actor
+    satisfies it), so that this module does not depend on :mod:`actors.session`."""
+
+    @property
+    def config(self) -> _SessionSettings: ...
+    @property
+    def state(self) -> _ModeSource: ...
+    @property
+    def permissions(self) -> _UserWaits: ...
+    @property
+    def tools(self) -> Mapping[str, Tool]: ...
+    @property
+    def tool_rules(self) -> MutableMapping[str, str]: ...
+    @property
+    def history(self) -> Sequence[TurnItem]: ...
+    @property
+    def history_tokens(self) -> int: ...
+    def send(self, message: WorkerMessage) -> int | None: ...
+
+
 class ActorTurnContext:
     """The :class:`actors.agents.base.TurnContext` of one turn (actor thread)."""
 
     def __init__(
-        self, session: SessionActor, turn_id: str, cancelled: threading.Event,
-        recorder: TurnRecorder, window: StreamWindow,
+        self, session: TurnSession, turn_id: str, cancelled: threading.Event,
+        recorder: TurnRecorder, window: StreamCredit,
     ) -> None:
         self._session = session
         self._sid = session.config.sid

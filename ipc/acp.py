@@ -473,7 +473,7 @@ def replay_events(items: list[TurnItem]) -> list[Event]:
 
 
 def session_entry(row: Any) -> dict[str, Any]:
-    """A ``session/list`` entry for a stored session (:class:`storage.models.SessionInfo`)."""
+    """A ``session/list`` entry for a stored session (:class:`storage.models.StoredSession`)."""
     entry: dict[str, Any] = {
         "sessionId": row.id,
         "cwd": row.cwd,

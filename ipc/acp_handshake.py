@@ -10,17 +10,13 @@ from __future__ import annotations
 from typing import Any
 
 from ipc.errors import InvalidParams
+from ipc.modes import MODES
 
 __all__ = [
-    "MODES", "PROTOCOL_VERSION", "check_protocol_version", "initialize_result", "modes_state",
+    "PROTOCOL_VERSION", "check_protocol_version", "initialize_result", "modes_state",
 ]
 
 PROTOCOL_VERSION = 1
-MODES = (
-    ("read_only", "Read only", "The agent reads and answers; it runs no mutating tool."),
-    ("supervised", "Supervised", "The agent asks before running or changing anything."),
-    ("full", "Full", "The agent runs tools without asking; forbidden paths still apply."),
-)
 
 
 def check_protocol_version(value: Any) -> None:
@@ -67,6 +63,7 @@ def modes_state(current: str) -> dict[str, Any]:
     return {
         "currentModeId": current,
         "availableModes": [
-            {"id": mode_id, "name": name, "description": text} for mode_id, name, text in MODES
+            {"id": mode.id, "name": mode.name, "description": mode.description}
+            for mode in MODES
         ],
     }

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Literal, TypeAlias
 
 __all__ = [
+    "CANCEL_MARKER",
     "AvailableCommands",
     "CommandInfo",
     "CurrentMode",
@@ -50,6 +51,9 @@ __all__ = [
 
 ToolKind = Literal["read", "edit", "delete", "move", "search", "execute", "think", "fetch", "other"]
 StopReason = Literal["end_turn", "cancelled", "max_tokens", "refusal"]
+
+#: What ends the text of a turn the client cancelled (SPEC §3 ``session/cancel``).
+CANCEL_MARKER = "[turn cancelled via client]"
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,13 +13,17 @@ Result format (one JSON object: the last line of stdout, and ``--json-out``)::
      "elapsed_secs": ..., "errors"?: {SECTION: "<why the section could not run>"},
      "metrics": {NAME: {"section": "stdio"|"daemon", "title", "unit",
                         "better": "higher"|"lower", "zeroclaw", "floor", "ratio",
+                        "design"?, "design_ratio"?, "design_target"?,
                         "target", "ok", "count", "zeroclaw_p50_ms"?, "zeroclaw_p99_ms"?,
                         "floor_p50_ms"?, "floor_p99_ms"?, "zeroclaw_error"?, "floor_error"?,
                         ...details}}}
 
-``zeroclaw`` and ``floor`` are in ``unit``; ``ratio`` is zeroclaw / floor (None
-where a ratio means nothing, e.g. RSS); ``target`` is a text such as ">= 0.9x
-floor" or "<= 2 ms" and ``ok`` whether it is met (None without a target).
+``zeroclaw`` and ``floor`` (the echo floor) are in ``unit``; ``ratio`` is
+zeroclaw / floor (None where a ratio means nothing, e.g. RSS); ``target`` is a
+text such as ">= 0.9x floor" or "<= 2 ms" and ``ok`` whether every target of
+the metric is met (None without a target). Metrics measured on the design floor
+too (``scripts/design_floor.py``) add ``design`` and ``design_ratio`` (zeroclaw /
+design) and, where the issue sets one, ``design_target``.
 """
 
 from __future__ import annotations
@@ -38,7 +42,11 @@ from bench_rpc_lib import RpcFailure, RpcPeer, percentile
 FLOOR_SCRIPT = Path(__file__).resolve().parent / "echo_floor.py"
 """The do-nothing NDJSON server every rate is compared with."""
 
+DESIGN_FLOOR_SCRIPT = Path(__file__).resolve().parent / "design_floor.py"
+"""The design floor: loop -> zmq hop to a second process -> one committed row -> answer."""
+
 __all__ = [
+    "DESIGN_FLOOR_SCRIPT",
     "FLOOR_SCRIPT",
     "MEASUREMENT_ERRORS",
     "BenchSizes",
@@ -80,11 +88,14 @@ class BenchSizes:
     live_sessions: int = 1000
     status_calls: int = 1000
     persist_sessions: int = 64
+    wakeup_turns: int = 300
+    wakeup_idle_seconds: float = 2.0
 
     @classmethod
     def quick(cls) -> BenchSizes:
         return cls(rounds=1, min_seconds=0.3, cold_starts=3, initializes=200, session_news=100,
-                   turns_each=3, socket_initializes=1000, status_calls=200)
+                   turns_each=3, socket_initializes=1000, status_calls=200,
+                   wakeup_turns=150, wakeup_idle_seconds=1.0)
 
 
 @dataclass(frozen=True)
@@ -129,16 +140,20 @@ class MetricSpec:
     better: Literal["higher", "lower"] = "higher"
     goal: Goal | None = None
     has_ratio: bool = True
+    design_goal: Goal | None = None
 
     def best(self, samples: list[Sample]) -> Sample:
         pick = max if self.better == "higher" else min
         return pick(samples, key=lambda sample: sample.value)
 
-    def entry(self, zeroclaw: Sample | str, floor: Sample | str) -> dict[str, Any]:
+    def entry(self, zeroclaw: Sample | str, floor: Sample | str,
+              design: Sample | str | None = None) -> dict[str, Any]:
         """The JSON entry; a side given as a string failed with that error."""
         entry: dict[str, Any] = {"section": self.section, "title": self.title,
                                  "unit": self.unit, "better": self.better}
-        for side, run in (("zeroclaw", zeroclaw), ("floor", floor)):
+        sides = [("zeroclaw", zeroclaw), ("floor", floor)]
+        sides += [("design", design)] if design is not None else []
+        for side, run in sides:
             if isinstance(run, str):
                 entry[side] = None
                 entry[f"{side}_error"] = run
@@ -152,7 +167,15 @@ class MetricSpec:
         both = entry["zeroclaw"] is not None and entry["floor"]
         entry["ratio"] = entry["zeroclaw"] / entry["floor"] if self.has_ratio and both else None
         entry["target"] = self.goal.describe() if self.goal else None
-        entry["ok"] = self.goal.met(entry["zeroclaw"], entry["ratio"]) if self.goal else None
+        verdicts = [self.goal.met(entry["zeroclaw"], entry["ratio"])] if self.goal else []
+        if design is not None:
+            on_design = entry["zeroclaw"] is not None and entry["design"]
+            entry["design_ratio"] = (entry["zeroclaw"] / entry["design"]
+                                     if self.has_ratio and on_design else None)
+            if self.design_goal is not None:
+                entry["design_target"] = self.design_goal.describe().replace("floor", "design")
+                verdicts.append(self.design_goal.met(entry["zeroclaw"], entry["design_ratio"]))
+        entry["ok"] = None if not verdicts or None in verdicts else all(verdicts)
         return entry
 
 
@@ -172,19 +195,21 @@ async def _attempt(spec: MetricSpec, side: str, measure: Measure, label: str) ->
 
 
 async def measure_pair(spec: MetricSpec, floor: Measure, zeroclaw: Measure,
-                       rounds: int) -> dict[str, Any]:
-    """``rounds`` alternated rounds (floor, then zeroclaw); each side keeps its best."""
-    runs: dict[str, list[Sample | str]] = {"floor": [], "zeroclaw": []}
+                       rounds: int, design: Measure | None = None) -> dict[str, Any]:
+    """``rounds`` alternated rounds (floor, design floor when given, then zeroclaw);
+    each side keeps its best."""
+    measures = {"floor": floor, **({"design": design} if design else {}), "zeroclaw": zeroclaw}
+    runs: dict[str, list[Sample | str]] = {side: [] for side in measures}
     for round_no in range(1, rounds + 1):
         label = f" (round {round_no}/{rounds})" if rounds > 1 else ""
-        for side, measure in (("floor", floor), ("zeroclaw", zeroclaw)):
+        for side, measure in measures.items():
             runs[side].append(await _attempt(spec, side, measure, label))
 
     def best(side: str) -> Sample | str:
         samples = [run for run in runs[side] if isinstance(run, Sample)]
         return spec.best(samples) if samples else str(runs[side][-1])
 
-    return spec.entry(best("zeroclaw"), best("floor"))
+    return spec.entry(best("zeroclaw"), best("floor"), best("design") if design else None)
 
 
 def turns_title(sessions: int) -> str:

@@ -60,6 +60,15 @@ def _notes(metrics: dict[str, Any]) -> list[str]:
         if entry.get("zeroclaw_listed") is not None:
             notes.append(f"  {entry['title']}: status listed {entry['zeroclaw_listed']:,}"
                          " live sessions")
+        if entry.get("zeroclaw_host_wakeups_per_turn") is not None:
+            sides = [f"{side} {entry[f'{side}_host_wakeups_per_turn']:.1f} host +"
+                     f" {entry[f'{side}_workers_wakeups_per_turn']:.1f} worker"
+                     for side in ("zeroclaw", "design", "floor")
+                     if entry.get(f"{side}_host_wakeups_per_turn") is not None]
+            notes.append(f"  {entry['title']}: " + "; ".join(sides))
+        if entry.get("zeroclaw_updates_per_turn") is not None:
+            notes.append(f"  {entry['title']}: zeroclaw sent {entry['zeroclaw_updates_per_turn']:,}"
+                         " updates per turn (chunks merge while the client lags)")
         if entry.get("zeroclaw_processes") is not None:
             notes.append(f"  {entry['title']}: {entry['zeroclaw_processes']} processes"
                          " (host + workers)")
@@ -67,19 +76,21 @@ def _notes(metrics: dict[str, Any]) -> list[str]:
 
 
 def format_table(result: dict[str, Any]) -> str:
-    """One row per metric: zeroclaw, floor, zeroclaw / floor, target, latencies; then notes
-    and errors."""
-    rows = [("section", "metric", "unit", "zeroclaw", "floor", "zc/floor", "target", "ok",
-             "p50/p99 ms zeroclaw | floor")]
+    """One row per metric: zeroclaw, the echo floor, zeroclaw / floor, the design floor and
+    zeroclaw / design (where measured), targets, latencies; then notes and errors."""
+    rows = [("section", "metric", "unit", "zeroclaw", "floor", "zc/floor", "design",
+             "zc/design", "target", "ok", "p50/p99 ms zeroclaw | floor")]
     for entry in result["metrics"].values():
+        targets = ", ".join(t for t in (entry["target"], entry.get("design_target")) if t)
         rows.append((entry["section"], entry["title"], entry["unit"], _number(entry["zeroclaw"]),
-                     _number(entry["floor"]), _ratio(entry["ratio"]), entry["target"] or "",
-                     _ok(entry), _latencies(entry)))
+                     _number(entry["floor"]), _ratio(entry["ratio"]),
+                     _number(entry.get("design")), _ratio(entry.get("design_ratio")),
+                     targets, _ok(entry), _latencies(entry)))
     lines = _columns(rows, left=3)
     notes = _notes(result["metrics"])
     errors = [f"  {entry['title']}: {side} failed: {entry[f'{side}_error']}"
               for entry in result["metrics"].values()
-              for side in ("zeroclaw", "floor") if f"{side}_error" in entry]
+              for side in ("zeroclaw", "floor", "design") if f"{side}_error" in entry]
     errors += [f"  {section}: {error}" for section, error in result.get("errors", {}).items()]
     scope = f"{'quick' if result.get('quick') else 'full'} run, {result.get('cpus')} CPUs,"
     lines.append(f"({scope} {result.get('elapsed_secs', 0):.0f} s; best of"
@@ -109,7 +120,7 @@ def compare_results(before: dict[str, Any], after: dict[str, Any],
     (rates: higher is better; latencies and RSS: lower), zeroclaw / floor A -> B, and the
     floor's own change (how much of the change is the machine rather than zeroclaw)."""
     rows = [("metric", "unit", "A", "B", "change", "verdict", "zc/floor A -> B",
-             "floor change")]
+             "zc/design A -> B", "floor change")]
     names_in_order = list(before["metrics"]) + [
         name for name in after["metrics"] if name not in before["metrics"]]
     for name in names_in_order:
@@ -122,6 +133,7 @@ def compare_results(before: dict[str, Any], after: dict[str, Any],
                      _percent(change),
                      _verdict(entry, change) if change is not None else "-",
                      f"{_ratio(old.get('ratio'))} -> {_ratio(new.get('ratio'))}",
+                     f"{_ratio(old.get('design_ratio'))} -> {_ratio(new.get('design_ratio'))}",
                      _percent(_change(old.get("floor"), new.get("floor")))))
     header = [f"{label}: {path} (started {result.get('started')},"
               f" {'quick' if result.get('quick') else 'full'} run)"
@@ -133,6 +145,7 @@ def exit_status(result: dict[str, Any]) -> int:
     """0: every metric measured and every target met; 1: a measurement failed;
     2: all measured, but a target was missed."""
     metrics = result["metrics"].values()
-    if result.get("errors") or any("zeroclaw_error" in e or "floor_error" in e for e in metrics):
+    if result.get("errors") or any(f"{side}_error" in e for e in metrics
+                                   for side in ("zeroclaw", "floor", "design")):
         return 1
     return 2 if any(entry.get("ok") is False for entry in metrics) else 0

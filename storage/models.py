@@ -13,7 +13,7 @@ Pure definitions: safe to import and use from any thread.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import orjson
@@ -26,11 +26,11 @@ __all__ = [
     "MessageRow",
     "SessionEvent",
     "SessionEventRow",
-    "SessionInfo",
     "SessionRow",
+    "StoredSession",
     "ToolCallRow",
     "database_proxy",
-    "session_info_from_row",
+    "stored_session_from_row",
 ]
 
 #: Stored in ``PRAGMA user_version``; bump it when the tables change.
@@ -149,8 +149,9 @@ MODELS: tuple[type[peewee.Model], ...] = (SessionRow, MessageRow, ToolCallRow, S
 
 
 @dataclass(frozen=True, slots=True)
-class SessionInfo:
-    """A stored session, as a plain immutable record (mirrors :class:`SessionRow`)."""
+class StoredSession:
+    """A stored session, as a plain immutable record: one field per column of
+    :class:`SessionRow`, with the same names."""
 
     id: str
     agent_alias: str
@@ -168,43 +169,20 @@ class SessionInfo:
     meta: dict[str, Any] = field(default_factory=dict)
 
     def to_row(self) -> dict[str, Any]:
-        """Column values for an insert (JSON columns still as Python values)."""
-        return {
-            "id": self.id,
-            "agent_alias": self.agent_alias,
-            "workspace_dir": self.workspace_dir,
-            "cwd": self.cwd,
-            "mode": self.mode,
-            "title": self.title,
-            "created_at": self.created_at,
-            "last_activity": self.last_activity,
-            "token_count": self.token_count,
-            "turn_count": self.turn_count,
-            "closed_at": self.closed_at,
-            "killed": self.killed,
-            "mcp_servers": self.mcp_servers,
-            "meta": self.meta,
-        }
+        """Column values by field name, for an insert (JSON columns still as Python values)."""
+        return {name: getattr(self, name) for name in _STORED_SESSION_FIELDS}
 
 
-def session_info_from_row(row: dict[str, Any]) -> SessionInfo:
-    """A :class:`SessionInfo` from a ``.dicts()`` row of :class:`SessionRow`."""
-    return SessionInfo(
-        id=row["id"],
-        agent_alias=row["agent_alias"],
-        workspace_dir=row["workspace_dir"],
-        cwd=row["cwd"],
-        mode=row["mode"],
-        created_at=row["created_at"],
-        last_activity=row["last_activity"],
-        title=row["title"],
-        token_count=row["token_count"],
-        turn_count=row["turn_count"],
-        closed_at=row["closed_at"],
-        killed=bool(row["killed"]),
-        mcp_servers=row["mcp_servers"] if row["mcp_servers"] is not None else [],
-        meta=row["meta"] if row["meta"] is not None else {},
-    )
+_STORED_SESSION_FIELDS = tuple(f.name for f in fields(StoredSession))
+
+
+def stored_session_from_row(row: dict[str, Any]) -> StoredSession:
+    """A :class:`StoredSession` from a ``.dicts()`` row of :class:`SessionRow`."""
+    values = {name: row[name] for name in _STORED_SESSION_FIELDS}
+    values["killed"] = bool(values["killed"])
+    values["mcp_servers"] = values["mcp_servers"] if values["mcp_servers"] is not None else []
+    values["meta"] = values["meta"] if values["meta"] is not None else {}
+    return StoredSession(**values)
 
 
 @dataclass(frozen=True, slots=True)

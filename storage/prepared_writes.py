@@ -1,10 +1,14 @@
 """The hot writes of the store (new session, finished turn) as prepared SQL text.
 
-Building SQL through peewee's query objects costs ~40-60 µs a row; a host that
-persists every turn pays it on every prompt. :class:`PreparedWrites` builds the
-statement text once per database, from the models' metadata and the database's
-own parameter marker (so it stays backend-neutral), and runs it through the
-peewee database object (``execute_sql`` and the cursor's ``executemany``).
+Building SQL through peewee's query objects on every write costs ~40-60 µs a
+row; a host that persists every turn would pay it on every prompt
+(``scripts/store_write_cost.py`` measures both ways). :class:`PreparedWrites`
+has peewee compile each statement once per database, from queries built on the
+models of :mod:`storage.models` (the one schema: every column, default, JSON
+encoding and the backend's quoting and parameter marker come from there), with
+named placeholders whose position in the compiled parameters is recorded; a
+write then only binds its values and runs the text through the peewee database
+object (``execute_sql``).
 
 It also remembers, per session, what the last committed turn left behind (turn
 count, next free ``seq``, whether a title is set), so a turn normally needs no
@@ -21,11 +25,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 import peewee
 
 from ipc.events import TextItem, TurnRecord
-from storage.models import MessageRow, SessionInfo, SessionRow, ToolCallRow
+from storage.models import JsonField, MessageRow, SessionRow, StoredSession, ToolCallRow
 
 __all__ = ["TITLE_MAX_CHARS", "MissingSession", "PreparedWrites", "TurnState", "title_of"]
 
@@ -57,43 +60,124 @@ def title_of(record: TurnRecord) -> str | None:
     return None
 
 
-def _columns(model: type[peewee.Model], names: list[str]) -> str:
-    return ", ".join(model._meta.fields[name].column_name for name in names)
+class _Slot:
+    """A named parameter while a statement is compiled (see :func:`_compile`)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
 
 
-def _insert_sql(db: peewee.Database, model: type[peewee.Model], names: list[str]) -> str:
-    marks = ", ".join(db.param for _ in names)
-    return f"INSERT INTO {model._meta.table_name} ({_columns(model, names)}) VALUES ({marks})"
+def _slot(name: str) -> peewee.Value:
+    return peewee.Value(_Slot(name), converter=False)  # passed through as it is
+
+
+@dataclass(frozen=True, slots=True)
+class _Statement:
+    """SQL text compiled by peewee once, and where each named value goes in its params."""
+
+    sql: str
+    params: tuple[Any, ...]  # a slot name (str) or a constant peewee put there (_Const)
+
+    def bind(self, values: dict[str, Any]) -> list[Any]:
+        return [values[p] if isinstance(p, str) else p.value for p in self.params]
+
+
+@dataclass(frozen=True, slots=True)
+class _Const:
+    value: Any
+
+
+def _compile(db: peewee.Database, query: peewee.Query) -> _Statement:
+    """``query`` (built from the models with :func:`_slot` values) as SQL text for ``db``,
+    by peewee's own compiler (so quoting and parameter markers are the backend's)."""
+    sql, params = db.get_sql_context().parse(query)
+    return _Statement(sql, tuple(p.name if isinstance(p, _Slot) else _Const(p) for p in params))
+
+
+def _stored_fields(model: type[peewee.Model]) -> list[peewee.Field]:
+    """The model's columns that an insert fills (every one but an auto-increment id)."""
+    return [f for f in model._meta.sorted_fields if not isinstance(f, peewee.AutoField)]
+
+
+class _RowLayout:
+    """How a row given by field name becomes a model's column values, in the order of
+    :func:`_stored_fields`: a missing value takes the field's default; a JSON column is
+    encoded by its field (other values go to the driver as they are, as peewee would
+    pass them: str, int, float, bool, None)."""
+
+    def __init__(self, model: type[peewee.Model]) -> None:
+        self.fields = _stored_fields(model)
+        self._names = [field.name for field in self.fields]
+        self._encoders = {field.name: field.db_value for field in self.fields
+                          if isinstance(field, JsonField)}
+        self._defaults = {field.name: field.default for field in self.fields}
+
+    def values(self, row: dict[str, Any]) -> list[Any]:
+        values = []
+        for name in self._names:
+            value = row[name] if name in row else self._default(name)
+            encode = self._encoders.get(name)
+            values.append(value if encode is None else encode(value))
+        return values
+
+    def _default(self, name: str) -> Any:
+        default = self._defaults[name]
+        return default() if callable(default) else default
 
 
 class _MultiRowInsert:
-    """``INSERT ... VALUES (...), (...)`` for any number of rows: one statement per
-    :data:`_ROWS_PER_INSERT` rows, its text built once per row count."""
+    """``INSERT ... VALUES (...), (...)`` of a model's rows: one statement per
+    :data:`_ROWS_PER_INSERT` rows, compiled by peewee once per row count."""
 
-    def __init__(self, db: peewee.Database, model: type[peewee.Model], names: list[str]) -> None:
+    def __init__(self, db: peewee.Database, model: type[peewee.Model]) -> None:
         self._db = db
-        self._head = f"INSERT INTO {model._meta.table_name} ({_columns(model, names)}) VALUES "
-        self._one = "(" + ", ".join(db.param for _ in names) + ")"
+        self._model = model
+        self._layout = _RowLayout(model)
+        self.fields = self._layout.fields
         self._texts: dict[int, str] = {}
 
-    def run(self, rows: list[tuple[Any, ...]]) -> None:
+    def _text(self, rows: int) -> str:
+        text = self._texts.get(rows)
+        if text is None:
+            names = [f"{n}.{field.name}" for n in range(rows) for field in self.fields]
+            query = self._model.insert_many(
+                [[_slot(f"{n}.{field.name}") for field in self.fields] for n in range(rows)],
+                fields=self.fields)
+            statement = _compile(self._db, query)
+            if list(statement.params) != names:  # row after row, field after field
+                raise RuntimeError(f"unexpected parameter order inserting {self._model}")
+            text = self._texts[rows] = statement.sql
+        return text
+
+    def run(self, rows: list[dict[str, Any]]) -> None:
         for start in range(0, len(rows), _ROWS_PER_INSERT):
             chunk = rows[start : start + _ROWS_PER_INSERT]
-            text = self._texts.get(len(chunk))
-            if text is None:
-                text = self._texts[len(chunk)] = self._head + ", ".join([self._one] * len(chunk))
-            self._db.execute_sql(text, [value for row in chunk for value in row])
+            params = [value for row in chunk for value in self._layout.values(row)]
+            self._db.execute_sql(self._text(len(chunk)), params)
 
 
-_SESSION_FIELDS = [
-    "id", "agent_alias", "workspace_dir", "cwd", "mode", "title", "created_at",
-    "last_activity", "token_count", "turn_count", "closed_at", "killed", "mcp_servers", "meta",
-]
-_MESSAGE_FIELDS = ["session", "turn", "seq", "role", "content", "reasoning", "created_at"]
-_TOOL_FIELDS = [
-    "session", "turn", "seq", "tool_call_id", "name", "arguments", "result", "outcome",
-    "title", "kind",
-]
+def _update_turn(db: peewee.Database) -> _Statement:
+    """The session's row after a turn, guarded by the turn count it is expected to have."""
+    s = SessionRow
+    return _compile(db, s.update({
+        s.last_activity: _slot("when"),
+        s.turn_count: s.turn_count + 1,
+        s.token_count: s.token_count + _slot("tokens"),
+        s.title: peewee.fn.COALESCE(s.title, _slot("title")),
+    }).where((s.id == _slot("sid")) & (s.turn_count == _slot("turns"))))
+
+
+def _read_turn_state(db: peewee.Database) -> _Statement:
+    """Turn count, whether a title is set, and the highest seq of each child table."""
+
+    def max_seq(model: type[MessageRow] | type[ToolCallRow]) -> peewee.Query:
+        return model.select(peewee.fn.MAX(model.seq)).where(model.session == _slot("sid"))
+
+    s = SessionRow
+    return _compile(db, s.select(s.turn_count, s.title.is_null(False), max_seq(MessageRow),
+                                 max_seq(ToolCallRow)).where(s.id == _slot("sid")))
 
 
 class PreparedWrites:
@@ -101,24 +185,11 @@ class PreparedWrites:
 
     def __init__(self, db: peewee.Database) -> None:
         self._db = db
-        p = db.param
-        sessions = SessionRow._meta.table_name
-        self._insert_session = _insert_sql(db, SessionRow, _SESSION_FIELDS)
-        self._session_fields = [SessionRow._meta.fields[name] for name in _SESSION_FIELDS]
-        self._insert_messages = _MultiRowInsert(db, MessageRow, _MESSAGE_FIELDS)
-        self._insert_tools = _MultiRowInsert(db, ToolCallRow, _TOOL_FIELDS)
-        self._update_turn = (
-            f"UPDATE {sessions} SET last_activity = {p}, turn_count = turn_count + 1, "
-            f"token_count = token_count + {p}, title = COALESCE(title, {p}) "
-            f"WHERE id = {p} AND turn_count = {p}"
-        )
-        max_seq = "(SELECT MAX(seq) FROM {table} WHERE session_id = {p})"
-        self._read_state = (
-            f"SELECT turn_count, title IS NOT NULL, "
-            f"{max_seq.format(table=MessageRow._meta.table_name, p=p)}, "
-            f"{max_seq.format(table=ToolCallRow._meta.table_name, p=p)} "
-            f"FROM {sessions} WHERE id = {p}"
-        )
+        self._insert_session = _MultiRowInsert(db, SessionRow)
+        self._insert_messages = _MultiRowInsert(db, MessageRow)
+        self._insert_tools = _MultiRowInsert(db, ToolCallRow)
+        self._update_turn = _update_turn(db)
+        self._read_state = _read_turn_state(db)
         self._known: dict[str, TurnState] = {}
         self._staged: dict[str, TurnState] = {}
 
@@ -144,11 +215,9 @@ class PreparedWrites:
 
     # --- writes (inside the caller's transaction) --------------------------------------
 
-    def insert_session(self, info: SessionInfo) -> None:
+    def insert_session(self, info: StoredSession) -> None:
         """Insert the session's row (a duplicate id raises ``IntegrityError``)."""
-        row = info.to_row()
-        values = [field.db_value(row[field.name]) for field in self._session_fields]
-        self._db.execute_sql(self._insert_session, values)
+        self._insert_session.run([info.to_row()])
         self._staged[info.id] = TurnState(info.turn_count, 0, info.title is not None)
 
     def write_turn(self, record: TurnRecord) -> int:
@@ -167,12 +236,15 @@ class PreparedWrites:
         return turn
 
     def _update_session(self, record: TurnRecord, expected_turns: int, title: str | None) -> bool:
-        params = (record.finished_at, int(record.tokens), title, record.session_id,
-                  expected_turns)
-        return bool(self._db.execute_sql(self._update_turn, params).rowcount == 1)
+        statement = self._update_turn
+        params = statement.bind({"when": record.finished_at, "tokens": int(record.tokens),
+                                 "title": title, "sid": record.session_id,
+                                 "turns": expected_turns})
+        return bool(self._db.execute_sql(statement.sql, params).rowcount == 1)
 
     def _read_turn_state(self, sid: str) -> TurnState:
-        found = self._db.execute_sql(self._read_state, (sid, sid, sid)).fetchone()
+        statement = self._read_state
+        found = self._db.execute_sql(statement.sql, statement.bind({"sid": sid})).fetchone()
         if found is None:
             raise MissingSession(sid)
         turn_count, has_title, *seqs = found
@@ -181,19 +253,20 @@ class PreparedWrites:
 
     def _insert_items(self, record: TurnRecord, turn: int, first_seq: int) -> int:
         """Insert messages and tool calls numbered in item order; returns the next seq."""
-        messages: list[tuple[Any, ...]] = []
-        tools: list[tuple[Any, ...]] = []
+        messages: list[dict[str, Any]] = []
+        tools: list[dict[str, Any]] = []
         sid = record.session_id
         seq = first_seq
         for item in record.items:
             if isinstance(item, TextItem):
                 created = record.started_at if item.role == "user" else record.finished_at
-                messages.append((sid, turn, seq, item.role, item.text, None, created))
+                messages.append({"session": sid, "turn": turn, "seq": seq, "role": item.role,
+                                 "content": item.text, "created_at": created})
             else:
-                arguments = None if item.arguments is None else orjson.dumps(item.arguments)
-                tools.append((sid, turn, seq, item.tool_call_id, item.name,
-                              arguments.decode() if arguments is not None else None,
-                              item.result, item.outcome, item.title, item.kind))
+                tools.append({"session": sid, "turn": turn, "seq": seq,
+                              "tool_call_id": item.tool_call_id, "name": item.name,
+                              "arguments": item.arguments, "result": item.result,
+                              "outcome": item.outcome, "title": item.title, "kind": item.kind})
             seq += 1
         if messages:
             self._insert_messages.run(messages)

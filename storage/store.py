@@ -48,10 +48,10 @@ from storage.models import (
     MessageRow,
     SessionEvent,
     SessionEventRow,
-    SessionInfo,
     SessionRow,
+    StoredSession,
     ToolCallRow,
-    session_info_from_row,
+    stored_session_from_row,
 )
 
 __all__ = [
@@ -349,11 +349,11 @@ class StoreReader:
         self._lock = threading.Lock()
         self._databases: list[peewee.SqliteDatabase] = []
 
-    def get_session(self, session_id: str) -> SessionInfo | None:
+    def get_session(self, session_id: str) -> StoredSession | None:
         """The stored session, or ``None`` if there is no such record."""
         query = SessionRow.select().where(SessionRow.id == session_id).dicts()
         rows = list(query.execute(self._database()))
-        return session_info_from_row(rows[0]) if rows else None
+        return stored_session_from_row(rows[0]) if rows else None
 
     def load_items(self, session_id: str) -> list[TurnItem]:
         """Every message and tool call of the session, in the order they happened."""
@@ -394,7 +394,7 @@ class StoreReader:
     def list_sessions(
         self, cwd: str | None = None, cursor: str | None = None, limit: int = MAX_PAGE_SIZE,
         *, tenant: str | None = None,
-    ) -> tuple[list[SessionInfo], str | None]:
+    ) -> tuple[list[StoredSession], str | None]:
         """A page of stored sessions, newest activity first (ties: larger id first).
 
         Returns the page and the cursor of the next one (``None`` on the last
@@ -419,7 +419,7 @@ class StoreReader:
             )
         query = query.order_by(SessionRow.last_activity.desc(), SessionRow.id.desc())
         rows = list(query.limit(page_size + 1).dicts().execute(self._database()))
-        page = [session_info_from_row(row) for row in rows[:page_size]]
+        page = [stored_session_from_row(row) for row in rows[:page_size]]
         if len(rows) <= page_size:
             return page, None
         last = page[-1]

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from actors.sandbox import SANDBOX_CHOICES
+from ipc.modes import MODE_IDS
 
 if TYPE_CHECKING:
     from supervisor.gateway_config import GatewayConfig, TenantConfig
@@ -37,7 +38,7 @@ __all__ = [
 
 log = logging.getLogger("zeroclaw.config")
 
-AUTONOMY_LEVELS = ("read_only", "supervised", "full")
+AUTONOMY_LEVELS = MODE_IDS  # the autonomy levels are the session modes
 DEFAULT_AGENT_ALIAS = "default"
 
 

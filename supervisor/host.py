@@ -2,7 +2,7 @@
 
 Everything here runs on the asyncio loop thread. The loop owns sockets (clients
 and the zmq ROUTER to workers); the SupervisorActor owns the session table and is
-reached with :func:`supervisor.bridge.call`; the PersistenceActor is the only
+reached with :func:`actors.bridge.call`; the PersistenceActor is the only
 writer. Session operations live in :mod:`supervisor.sessions`; this module is the
 lifecycle and the routing of worker messages.
 """
@@ -15,11 +15,17 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from actors.agents import agent_config_problem
 from actors.bridge import call, loop_reply, tell
-from actors.persistence import PersistenceActor, PersistRequest
+from actors.persistence import (
+    MarkKilled,
+    PersistenceActor,
+    PersistRequest,
+    StoreWrite,
+    UpdateMeta,
+)
 from actors.sandbox import SandboxInfo, worker_sandbox_environment
 from actors.sandbox import detect as detect_sandbox
 from ipc.errors import InternalError, SessionNotFound
@@ -60,6 +66,7 @@ log = logging.getLogger("zeroclaw.host")
 
 WORKER_READY_TIMEOUT = 30.0
 ORPHAN_SWEEP_SECS = 2.0
+R = TypeVar("R")
 CLOSE_CONFIRM_SECS = 10.0  # a worker that takes longer to drop a session is not waited for
 #: The key of a session's stored ``meta`` that keeps its always-answers to permission requests.
 
@@ -149,11 +156,11 @@ class Host:
         if route is not None:
             route.touch()
 
-    def persist(self, method: str, *args: Any) -> asyncio.Future[Any]:
-        """Run a PersistenceActor write; the future settles once it is committed."""
+    def persist(self, write: StoreWrite[R]) -> asyncio.Future[R]:
+        """Have the PersistenceActor do ``write``; the future settles once it is committed."""
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-        self.persistence.tell(PersistRequest(method, args, loop_reply(loop, future)))
+        future: asyncio.Future[R] = loop.create_future()
+        self.persistence.tell(PersistRequest(write, loop_reply(loop, future)))
         return future
 
     # --- workers ------------------------------------------------------------------------
@@ -212,7 +219,7 @@ class Host:
             turn = self.turns.get(sid)
             if turn is not None and turn.route is route and self.turns.worker_exited(turn):
                 # the record says so until the next load or resume; nobody waits on it
-                self.persist("mark_killed", sid).add_done_callback(_log_write_failure)
+                self.persist(MarkKilled(sid)).add_done_callback(_log_write_failure)
         self._closings.worker_gone(worker_id)
         if sids:
             log.warning("worker %s exited; %d session(s) dropped (restorable)", worker_id,
@@ -251,7 +258,7 @@ class Host:
             case UserAsk():
                 self._ask_user(worker_id, message)
             case PermissionRules(sid=sid, rules=rules):
-                self.persist("update_meta", sid, {TOOL_RULES_META: rules}).add_done_callback(
+                self.persist(UpdateMeta(sid, {TOOL_RULES_META: rules})).add_done_callback(
                     _log_write_failure)
             case SessionClosed(close_id=close_id):
                 self._closings.confirmed(close_id)

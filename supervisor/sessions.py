@@ -23,11 +23,20 @@ from pathlib import Path
 from typing import Any
 
 from actors.agents import agent_config_problem
+from actors.persistence import (
+    CreateSession,
+    DeleteSession,
+    MarkClosed,
+    RecordEvent,
+    Reopen,
+    UpdateMeta,
+    WriteMode,
+)
 from ipc.acp import Blob, NewSessionRequest, PromptRequest, blob_marker, replay_events
 from ipc.errors import InternalError, InvalidParams, RpcError, SessionNotFound
 from ipc.events import CurrentMode, TurnRecord, item_to_wire
 from ipc.worker_wire import OpenSession, SetMode, StartTurn
-from storage.models import SessionInfo as StoredSession
+from storage.models import StoredSession
 from supervisor.config import AUTONOMY_LEVELS, AgentConfig
 from supervisor.host import Host, canonical_dir
 from supervisor.routes import Peer, Route, RunningTurn
@@ -162,7 +171,7 @@ class Sessions:
         )
         route = await self._open(peer, info, history=False)
         try:
-            await self.host.persist("create_session", info)
+            await self.host.persist(CreateSession(info))
         except Exception as exc:
             await self._forget(route)
             if isinstance(exc, RpcError):
@@ -278,7 +287,7 @@ class Sessions:
         (never its tenant: an agent cannot move a session to another tenant)."""
         changes.pop(TENANT_META_KEY, None)
         try:
-            await self.host.persist("update_meta", sid, changes)
+            await self.host.persist(UpdateMeta(sid, changes))
         except Exception as exc:
             log.warning("session %s: meta not stored: %s", sid, exc)
 
@@ -388,7 +397,7 @@ class Sessions:
         route = self.host.routes.get(sid)
         if route is None:
             raise SessionNotFound(f"Session not found: {sid}")
-        await self.host.persist("mark_closed", sid, time.time())  # first: a refused
+        await self.host.persist(MarkClosed(sid, time.time()))  # first: a refused
         await self._forget(route)  # write leaves the session as it was, live
 
     # --- load, resume -------------------------------------------------------------------
@@ -411,7 +420,7 @@ class Sessions:
                 raise SessionNotFound(f"Session not found: {sid}")
             route = await self._open(peer, info, history=True)
         try:
-            await self.host.persist("reopen", sid, time.time())
+            await self.host.persist(Reopen(sid, time.time()))
         except Exception:
             if opened:  # not half-restored: a retry starts again
                 await self._forget(route)
@@ -442,7 +451,7 @@ class Sessions:
             if sid in self.host.routes:
                 await self._close(sid, wait_for_turn=False)
             stored = self.host.reader.get_session(sid)
-            await self.host.persist("delete_session", sid)
+            await self.host.persist(DeleteSession(sid))
             if stored is not None:
                 self.host.usage.forget_session(stored.token_count, stored.turn_count)
 
@@ -452,7 +461,7 @@ class Sessions:
         self._check_not_ending(sid)
         if sid not in self.host.routes and self.host.reader.get_session(sid) is None:
             raise SessionNotFound(f"Session not found: {sid}")
-        await self.host.persist("set_mode", sid, mode)  # first: a refused write changes nothing
+        await self.host.persist(WriteMode(sid, mode))  # first: a refused write changes nothing
         route = self.host.routes.get(sid)
         if route is not None:
             route.mode = mode
@@ -464,7 +473,7 @@ class Sessions:
         if sid not in self.host.routes and self.host.reader.get_session(sid) is None:
             raise SessionNotFound(f"Session not found: {sid}")
         self.host.touch(sid)
-        await self.host.persist("record_event", sid, kind, payload)
+        await self.host.persist(RecordEvent(sid, kind, payload))
 
 
 def _title(record: TurnRecord) -> str | None:

@@ -1,7 +1,7 @@
 """SupervisorActor: the session table, limits, eviction and placement.
 
 Runs on its own pykka thread; the asyncio loop reaches it only through
-:func:`supervisor.bridge.call` and never waits on it for a worker or the store.
+:func:`actors.bridge.call` and never waits on it for a worker or the store.
 It decides; the loop acts (sends envelopes to workers, writes through the
 persistence actor). Decisions come back as frozen dataclasses.
 

@@ -13,19 +13,19 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from actors.persistence import WriteTurn
 from ipc.errors import InternalError, RpcError, SessionBusy
-from ipc.events import TextItem, TurnRecord
+from ipc.events import CANCEL_MARKER, TextItem, TurnRecord
 from ipc.worker_wire import CancelTurn
 from supervisor.routes import Peer, RunningTurn
 
 if TYPE_CHECKING:
     from supervisor.host import Host
 
-__all__ = ["CANCEL_MARKER", "TurnBook"]
+__all__ = ["TurnBook"]
 
 log = logging.getLogger("zeroclaw.turns")
 
-CANCEL_MARKER = "[turn cancelled via client]"
 _TURN_IDS = itertools.count(1)
 
 
@@ -109,7 +109,7 @@ class TurnBook:
     async def _keep_failed(self, turn: RunningTurn, record: TurnRecord, message: str) -> None:
         kept = None
         try:
-            turns: int = await self.host.persist("write_turn", record)
+            turns: int = await self.host.persist(WriteTurn(record))
             kept = (turns, record.tokens)
             self.host.usage.add_turn(record.tokens)
         except Exception as exc:
@@ -132,7 +132,7 @@ class TurnBook:
             self.settle(turn, error=InternalError(turn.failure))
             return
         try:
-            turns: int = await self.host.persist("write_turn", record)
+            turns: int = await self.host.persist(WriteTurn(record))
         except Exception as exc:
             log.error("turn of %s not persisted: %s", turn.sid, exc)
             self._forget_unstored(turn)  # its first step runs before the client can answer

@@ -13,12 +13,22 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import peewee
 import pykka
 import pytest
 
-from actors.persistence import PersistenceActor, PersistRequest
+from actors.persistence import (
+    CreateSession,
+    DeleteSession,
+    PersistenceActor,
+    PersistRequest,
+    StoreWrite,
+    WriteMode,
+    WriteTurn,
+)
 from ipc.events import TextItem, ToolItem, TurnItem, TurnRecord
-from storage import SessionInfo, Store, open_store
+from storage import Store, StoredSession, open_store
+from storage.models import MessageRow
 
 WAIT = 10.0
 
@@ -63,9 +73,9 @@ class Reply:
         return self
 
 
-def session(sid: str) -> SessionInfo:
-    return SessionInfo(id=sid, agent_alias="main", workspace_dir="/ws", cwd="/src",
-                       mode="supervised", created_at=1.0, last_activity=1.0)
+def session(sid: str) -> StoredSession:
+    return StoredSession(id=sid, agent_alias="main", workspace_dir="/ws", cwd="/src",
+                         mode="supervised", created_at=1.0, last_activity=1.0)
 
 
 def turn(sid: str, n: int) -> TurnRecord:
@@ -86,7 +96,7 @@ def hold_busy(actor: pykka.ActorRef[PersistenceActor], store: Store) -> threadin
         entered.set()
         release.wait(WAIT)
 
-    actor.tell(PersistRequest("touch", ("nobody", 1.0), block))
+    actor.tell(PersistRequest(WriteMode("nobody", "full"), block))
     assert entered.wait(WAIT)
     return release
 
@@ -115,11 +125,11 @@ def test_queued_writes_commit_together_and_reply_after_the_commit(
     replies: list[Reply] = []
     for sid in sids:
         replies.append(reply := Reply(store, sid))
-        actor.tell(PersistRequest("create_session", (session(sid),), reply))
+        actor.tell(PersistRequest(CreateSession(session(sid)), reply))
     for n in range(3):
         for sid in sids:
             replies.append(reply := Reply(store, sid))
-            actor.tell(PersistRequest("write_turn", (turn(sid, n),), reply))
+            actor.tell(PersistRequest(WriteTurn(turn(sid, n)), reply))
     release.set()
     for reply in replies:
         reply.wait()
@@ -141,13 +151,13 @@ def test_queued_writes_commit_together_and_reply_after_the_commit(
 def test_one_bad_write_fails_alone(
     store: Store, actor: pykka.ActorRef[PersistenceActor]
 ) -> None:
-    actor.tell(PersistRequest("create_session", (session("s1"),), Reply(store)))
+    actor.tell(PersistRequest(CreateSession(session("s1")), Reply(store)))
     release = hold_busy(actor, store)
     good = [Reply(store), Reply(store)]
     bad = Reply(store)
-    actor.tell(PersistRequest("write_turn", (turn("s1", 0),), good[0]))
-    actor.tell(PersistRequest("write_turn", (turn("ghost", 0),), bad))
-    actor.tell(PersistRequest("write_turn", (turn("s1", 1),), good[1]))
+    actor.tell(PersistRequest(WriteTurn(turn("s1", 0)), good[0]))
+    actor.tell(PersistRequest(WriteTurn(turn("ghost", 0)), bad))
+    actor.tell(PersistRequest(WriteTurn(turn("s1", 1)), good[1]))
     release.set()
     assert [r.wait().value for r in good] == [1, 2]
     assert str(bad.wait().error) == "store write failed: no session ghost"
@@ -158,7 +168,7 @@ def test_a_failed_commit_fails_every_caller_of_the_group(
     store: Store, actor: pykka.ActorRef[PersistenceActor], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     first = Reply(store)
-    actor.tell(PersistRequest("create_session", (session("s1"),), first))
+    actor.tell(PersistRequest(CreateSession(session("s1")), first))
     assert first.wait().error is None
     release = hold_busy(actor, store)
     real_commit = store.writer.commit
@@ -169,16 +179,16 @@ def test_a_failed_commit_fails_every_caller_of_the_group(
 
     monkeypatch.setattr(store.writer, "commit", failing_commit)
     group = [Reply(store) for _ in range(3)]
-    actor.tell(PersistRequest("create_session", (session("s2"),), group[0]))
-    actor.tell(PersistRequest("write_turn", (turn("s1", 0),), group[1]))
-    actor.tell(PersistRequest("write_turn", (turn("s2", 0),), group[2]))
+    actor.tell(PersistRequest(CreateSession(session("s2")), group[0]))
+    actor.tell(PersistRequest(WriteTurn(turn("s1", 0)), group[1]))
+    actor.tell(PersistRequest(WriteTurn(turn("s2", 0)), group[2]))
     release.set()
     for reply in group:
         assert str(reply.wait().error) == "store write failed: disk I/O error"
     assert rows(store, "SELECT id, turn_count FROM sessions") == [("s1", 0)]
     assert rows(store, "SELECT COUNT(*) FROM messages") == [(0,)]
     after = Reply(store)
-    actor.tell(PersistRequest("write_turn", (turn("s1", 1),), after))
+    actor.tell(PersistRequest(WriteTurn(turn("s1", 1)), after))
     assert after.wait().value == 1
     assert rows(store, "SELECT MIN(seq), MAX(seq) FROM messages") == [(0, 2)]
 
@@ -188,9 +198,9 @@ def test_other_operations_keep_their_place_in_line(
 ) -> None:
     release = hold_busy(actor, store)
     created, written, deleted = Reply(store), Reply(store), Reply(store)
-    actor.tell(PersistRequest("create_session", (session("s1"),), created))
-    actor.tell(PersistRequest("write_turn", (turn("s1", 0),), written))
-    actor.tell(PersistRequest("delete_session", ("s1",), deleted))
+    actor.tell(PersistRequest(CreateSession(session("s1")), created))
+    actor.tell(PersistRequest(WriteTurn(turn("s1", 0)), written))
+    actor.tell(PersistRequest(DeleteSession("s1"), deleted))
     release.set()
     assert (created.wait().error, written.wait().value, deleted.wait().value) == (None, 1, True)
     assert rows(store, "SELECT COUNT(*) FROM sessions") == [(0,)]
@@ -200,9 +210,9 @@ def test_other_operations_keep_their_place_in_line(
 def test_stop_writes_the_held_group(store: Store) -> None:
     ref = PersistenceActor.start(store)
     release = hold_busy(ref, store)
-    ref.tell(PersistRequest("create_session", (session("s1"),)))
+    ref.tell(PersistRequest(CreateSession(session("s1"))))
     for n in range(5):
-        ref.tell(PersistRequest("write_turn", (turn("s1", n),)))
+        ref.tell(PersistRequest(WriteTurn(turn("s1", n))))
     stopping = ref.stop(block=False)
     release.set()
     stopping.get(timeout=WAIT)
@@ -215,16 +225,16 @@ def test_another_writer_on_the_same_file_is_noticed(
 ) -> None:
     """The remembered next seq is checked (turn count guard), not trusted blindly."""
     proxy = actor.proxy()
-    proxy.create_session(session("s1")).get(timeout=WAIT)
-    assert proxy.write_turn(turn("s1", 0)).get(timeout=WAIT) == 1
+    proxy.perform(CreateSession(session("s1"))).get(timeout=WAIT)
+    assert proxy.perform(WriteTurn(turn("s1", 0))).get(timeout=WAIT) == 1
     other_store = open_store(store.path)
     other = PersistenceActor.start(other_store)
     try:
-        assert other.proxy().write_turn(turn("s1", 1)).get(timeout=WAIT) == 2
+        assert other.proxy().perform(WriteTurn(turn("s1", 1))).get(timeout=WAIT) == 2
     finally:
         other.stop()
         other_store.close()
-    assert proxy.write_turn(turn("s1", 2)).get(timeout=WAIT) == 3
+    assert proxy.perform(WriteTurn(turn("s1", 2))).get(timeout=WAIT) == 3
     seqs = rows(store, "SELECT seq FROM messages UNION ALL SELECT seq FROM tool_calls "
                        "ORDER BY seq")
     assert [s for (s,) in seqs] == list(range(9))
@@ -238,9 +248,48 @@ def test_a_held_group_is_written_whatever_message_came_last(
     """Held writes are not left waiting behind a proxy attribute read."""
     release = hold_busy(actor, store)
     replies = [Reply(store), Reply(store)]
-    actor.tell(PersistRequest("create_session", (session("s1"),), replies[0]))
-    actor.tell(PersistRequest("write_turn", (turn("s1", 0),), replies[1]))
+    actor.tell(PersistRequest(CreateSession(session("s1")), replies[0]))
+    actor.tell(PersistRequest(WriteTurn(turn("s1", 0)), replies[1]))
     attribute = actor.proxy().actor_urn  # a ProxyGetAttr message, last in the inbox
     release.set()
     assert attribute.get(timeout=WAIT)
     assert [reply.wait().value for reply in replies] == [None, 1]
+
+
+def test_a_column_added_to_a_model_is_written_without_touching_the_statements(
+    tmp_path: Path,
+) -> None:
+    """One schema: the prepared inserts come from the models, defaults included."""
+    field = peewee.TextField(default="from-the-model")
+    MessageRow._meta.add_field("note", field)
+    try:
+        opened = open_store(tmp_path / "extra.db")  # its tables come from the models too
+        try:
+            ref = PersistenceActor.start(opened)
+            try:
+                proxy = ref.proxy()
+                proxy.perform(CreateSession(session("s1"))).get(timeout=WAIT)
+                assert proxy.perform(WriteTurn(turn("s1", 0))).get(timeout=WAIT) == 1
+            finally:
+                ref.stop()
+            notes = rows(opened, "SELECT DISTINCT note FROM messages")
+        finally:
+            opened.close()
+    finally:
+        MessageRow._meta.remove_field("note")
+    assert notes == [("from-the-model",)]
+
+
+class _Unhandled(StoreWrite[None]):
+    """A write the actor does not know (a caller bug)."""
+
+
+def test_an_unknown_write_is_answered_with_an_error_and_the_actor_lives_on(
+    store: Store, actor: pykka.ActorRef[PersistenceActor]
+) -> None:
+    failed = Reply(store)
+    actor.tell(PersistRequest(_Unhandled(), failed))
+    assert str(failed.wait().error) == "store write failed: unknown operation _Unhandled"
+    created = Reply(store)
+    actor.tell(PersistRequest(CreateSession(session("s1")), created))
+    assert created.wait().error is None

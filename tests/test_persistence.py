@@ -16,9 +16,21 @@ import pykka
 import pytest
 
 from actors.bridge import loop_reply
-from actors.persistence import PersistenceActor, StoreWriteError
+from actors.persistence import (
+    CreateSession,
+    DeleteSession,
+    MarkClosed,
+    MarkKilled,
+    PersistenceActor,
+    RecordEvent,
+    Reopen,
+    StoreWriteError,
+    UpdateMeta,
+    WriteMode,
+    WriteTurn,
+)
 from ipc.events import TextItem, ToolItem, TurnItem, TurnRecord
-from storage import SessionEvent, SessionInfo, Store, open_store
+from storage import SessionEvent, Store, StoredSession, open_store
 
 
 @pytest.fixture
@@ -64,7 +76,7 @@ class Reply:
         return self.value
 
 
-def session(sid: str = "s1", **changes: Any) -> SessionInfo:
+def session(sid: str = "s1", **changes: Any) -> StoredSession:
     values: dict[str, Any] = {
         "id": sid,
         "agent_alias": "main",
@@ -75,7 +87,7 @@ def session(sid: str = "s1", **changes: Any) -> SessionInfo:
         "last_activity": 100.0,
     }
     values.update(changes)
-    return SessionInfo(**values)
+    return StoredSession(**values)
 
 
 def turn(
@@ -114,7 +126,7 @@ def call(method: Any, *args: Any) -> Reply:
 
 def test_create_session_replies_on_actor_thread_after_commit(store: Store, writer: Any) -> None:
     reply = Reply()
-    writer.create_session(session(), reply=reply)
+    writer.perform(CreateSession(session()), reply=reply)
     assert reply.ok() is None
     assert reply.thread is not None and reply.thread is not threading.current_thread()
     # Committed before the reply: visible to a brand-new connection.
@@ -123,78 +135,74 @@ def test_create_session_replies_on_actor_thread_after_commit(store: Store, write
 
 
 def test_duplicate_session_fails_and_actor_survives(writer: Any, actor_ref: Any) -> None:
-    call(writer.create_session, session())
-    failed = call(writer.create_session, session(title="again"))
+    call(writer.perform, CreateSession(session()))
+    failed = call(writer.perform, CreateSession(session(title="again")))
     assert isinstance(failed.error, StoreWriteError)
     assert str(failed.error) == "store write failed: UNIQUE constraint failed: sessions.id"
     assert actor_ref.is_alive()
-    assert call(writer.create_session, session("s2")).error is None
+    assert call(writer.perform, CreateSession(session("s2"))).error is None
 
 
 def test_session_updates_round_trip(store: Store, writer: Any) -> None:
-    call(writer.create_session, session())
-    assert call(writer.touch, "s1", 150.5).value is True
-    assert call(writer.set_mode, "s1", "full").value is True
-    assert call(writer.set_title, "s1", "named").value is True
-    assert call(writer.update_meta, "s1", {"client": "zed", "x": 1}).value is True
-    assert call(writer.update_meta, "s1", {"x": None, "y": [1]}).value is True
-    assert call(writer.mark_killed, "s1").value is True
-    assert call(writer.mark_closed, "s1", 160.0).value is True
+    call(writer.perform, CreateSession(session()))
+    assert call(writer.perform, WriteMode("s1", "full")).value is True
+    assert call(writer.perform, UpdateMeta("s1", {"client": "zed", "x": 1})).value is True
+    assert call(writer.perform, UpdateMeta("s1", {"x": None, "y": [1]})).value is True
+    assert call(writer.perform, MarkKilled("s1")).value is True
+    assert call(writer.perform, MarkClosed("s1", 160.0)).value is True
     assert store.reader.get_session("s1") == session(
-        last_activity=150.5,
         mode="full",
-        title="named",
         meta={"client": "zed", "y": [1]},
         killed=True,
         closed_at=160.0,
     )
-    assert call(writer.reopen, "s1", 170.0).value is True
+    assert call(writer.perform, Reopen("s1", 170.0)).value is True
     info = store.reader.get_session("s1")
     assert info is not None
     assert (info.closed_at, info.killed, info.last_activity) == (None, False, 170.0)
 
 
 def test_updates_of_unknown_session_report_false(store: Store, writer: Any) -> None:
-    for method, args in [
-        (writer.touch, ("ghost", 1.0)),
-        (writer.set_mode, ("ghost", "full")),
-        (writer.mark_closed, ("ghost", 1.0)),
-        (writer.mark_killed, ("ghost",)),
-        (writer.reopen, ("ghost", 1.0)),
-        (writer.update_meta, ("ghost", {"a": 1})),
+    for write in [
+        WriteMode("ghost", "full"),
+        MarkClosed("ghost", 1.0),
+        MarkKilled("ghost"),
+        Reopen("ghost", 1.0),
+        UpdateMeta("ghost", {"a": 1}),
     ]:
-        reply = call(method, *args)
+        reply = call(writer.perform, write)
         assert (reply.error, reply.value) == (None, False)
     assert store.reader.count_sessions() == 0
 
 
 def test_record_event_round_trip(store: Store, writer: Any) -> None:
-    call(writer.create_session, session())
-    assert call(writer.record_event, "s1", "focus", {"file": "a.py", "line": 3}).error is None
-    assert call(writer.record_event, "s1", "blur", {}).error is None
+    call(writer.perform, CreateSession(session()))
+    focus = RecordEvent("s1", "focus", {"file": "a.py", "line": 3})
+    assert call(writer.perform, focus).error is None
+    assert call(writer.perform, RecordEvent("s1", "blur", {})).error is None
     events = store.reader.load_events("s1")
     assert [(e.type, e.payload) for e in events] == [
         ("focus", {"file": "a.py", "line": 3}),
         ("blur", {}),
     ]
     assert all(isinstance(e, SessionEvent) and e.created_at > 0 for e in events)
-    failed = call(writer.record_event, "ghost", "focus", {})
+    failed = call(writer.perform, RecordEvent("ghost", "focus", {}))
     assert "FOREIGN KEY constraint failed" in str(failed.error)
 
 
 def test_delete_session_removes_children(store: Store, writer: Any) -> None:
-    call(writer.create_session, session())
-    call(writer.create_session, session("keep"))
+    call(writer.perform, CreateSession(session()))
+    call(writer.perform, CreateSession(session("keep")))
     for sid in ("s1", "keep"):
-        call(writer.write_turn, turn(sid, ten_items(1)))
-        call(writer.record_event, sid, "focus", {})
-    assert call(writer.delete_session, "s1").value is True
+        call(writer.perform, WriteTurn(turn(sid, ten_items(1))))
+        call(writer.perform, RecordEvent(sid, "focus", {}))
+    assert call(writer.perform, DeleteSession("s1")).value is True
     assert store.reader.get_session("s1") is None
     assert store.reader.load_items("s1") == []
     for table in ("messages", "tool_calls", "session_events"):
         assert rows(store, f"SELECT DISTINCT session_id FROM {table}") == [("keep",)]
     assert len(store.reader.load_items("keep")) == 10
-    unknown = call(writer.delete_session, "never-existed")
+    unknown = call(writer.perform, DeleteSession("never-existed"))
     assert (unknown.error, unknown.value) == (None, False)
 
 
@@ -202,7 +210,7 @@ def test_delete_session_removes_children(store: Store, writer: Any) -> None:
 
 
 def test_write_turn_orders_mixed_items_across_turns(store: Store, writer: Any) -> None:
-    call(writer.create_session, session())
+    call(writer.perform, CreateSession(session()))
     turns = [ten_items(n) for n in range(3)]
     short: list[TurnItem] = [
         ToolItem("lonely", "file_read", {"path": "x"}, "", "denied", "Read x", "read"),
@@ -210,7 +218,7 @@ def test_write_turn_orders_mixed_items_across_turns(store: Store, writer: Any) -
     ]
     turns.append(short)
     results = [
-        call(writer.write_turn, turn("s1", items, 200.0 + n, tokens=7)).ok()
+        call(writer.perform, WriteTurn(turn("s1", items, 200.0 + n, tokens=7))).ok()
         for n, items in enumerate(turns)
     ]
     assert results == [1, 2, 3, 4]
@@ -241,34 +249,34 @@ def test_write_turn_orders_mixed_items_across_turns(store: Store, writer: Any) -
 def test_title_comes_from_first_user_line(
     store: Store, writer: Any, texts: list[str], title: str | None
 ) -> None:
-    call(writer.create_session, session())
+    call(writer.perform, CreateSession(session()))
     items: list[TurnItem] = [TextItem("assistant", "not a title")]
     items += [TextItem("user", text) for text in texts]
-    call(writer.write_turn, turn("s1", items)).ok()
+    call(writer.perform, WriteTurn(turn("s1", items))).ok()
     info = store.reader.get_session("s1")
     assert info is not None and info.title == title
 
 
 def test_title_is_kept_once_set(store: Store, writer: Any) -> None:
-    call(writer.create_session, session(title="given"))
-    call(writer.write_turn, turn("s1", [TextItem("user", "other")])).ok()
+    call(writer.perform, CreateSession(session(title="given")))
+    call(writer.perform, WriteTurn(turn("s1", [TextItem("user", "other")]))).ok()
     info = store.reader.get_session("s1")
     assert info is not None and info.title == "given"
 
 
 def test_write_turn_for_unknown_session_fails(store: Store, writer: Any) -> None:
-    failed = call(writer.write_turn, turn("ghost", ten_items(0)))
+    failed = call(writer.perform, WriteTurn(turn("ghost", ten_items(0))))
     assert isinstance(failed.error, StoreWriteError)
     assert str(failed.error) == "store write failed: no session ghost"
     assert rows(store, "SELECT COUNT(*) FROM messages") == [(0,)]
 
 
 def test_turn_is_one_transaction_with_one_insert_per_table(store: Store, writer: Any) -> None:
-    call(writer.create_session, session())
+    call(writer.perform, CreateSession(session()))
     statements: list[str] = []
     store.writer.connection().set_trace_callback(statements.append)
     try:
-        call(writer.write_turn, turn("s1", ten_items(0))).ok()
+        call(writer.perform, WriteTurn(turn("s1", ten_items(0)))).ok()
     finally:
         store.writer.connection().set_trace_callback(None)
     verbs = [s.split()[0].upper() for s in statements]
@@ -279,67 +287,67 @@ def test_turn_is_one_transaction_with_one_insert_per_table(store: Store, writer:
 
 
 def test_failure_mid_turn_leaves_nothing(store: Store, writer: Any) -> None:
-    call(writer.create_session, session())
+    call(writer.perform, CreateSession(session()))
     broken = ten_items(0)
     # Messages are inserted first; the lone surrogate breaks the tool_calls insert.
     broken[-2] = ToolItem("bad", "shell", {}, "bad \ud800 text", "failed")
-    failed = call(writer.write_turn, turn("s1", broken))
+    failed = call(writer.perform, WriteTurn(turn("s1", broken)))
     assert isinstance(failed.error, StoreWriteError)
     assert "\ud800" not in str(failed.error)
     assert rows(store, "SELECT COUNT(*) FROM messages") == [(0,)]
     assert rows(store, "SELECT COUNT(*) FROM tool_calls") == [(0,)]
     assert store.reader.get_session("s1") == session()
-    assert call(writer.write_turn, turn("s1", ten_items(1))).ok() == 1
+    assert call(writer.perform, WriteTurn(turn("s1", ten_items(1)))).ok() == 1
     assert rows(store, "SELECT MIN(seq), MAX(seq) FROM messages") == [(0, 9)]
 
 
 def test_disk_full_fails_clearly_then_recovers(store: Store, writer: Any) -> None:
-    call(writer.create_session, session())
+    call(writer.perform, CreateSession(session()))
     big: list[TurnItem] = [TextItem("user", "q"), TextItem("assistant", "z" * 200_000)]
     # A real SQLITE_FULL: cap the file at its current size (the actor is idle).
     pages = store.writer.execute_sql("PRAGMA page_count").fetchone()[0]
     store.writer.execute_sql(f"PRAGMA max_page_count = {pages}")
-    failed = call(writer.write_turn, turn("s1", big))
+    failed = call(writer.perform, WriteTurn(turn("s1", big)))
     assert str(failed.error) == "store write failed: database or disk is full"
     assert store.reader.load_items("s1") == []
 
     store.writer.execute_sql("PRAGMA max_page_count = 1073741823")
-    assert call(writer.write_turn, turn("s1", big)).ok() == 1
+    assert call(writer.perform, WriteTurn(turn("s1", big))).ok() == 1
     assert store.reader.load_items("s1") == big
 
 
 def test_locked_store_fails_clearly_then_recovers(store: Store, writer: Any) -> None:
-    call(writer.create_session, session())
+    call(writer.perform, CreateSession(session()))
     intruder = sqlite3.connect(store.path, isolation_level=None)
     try:
         intruder.execute("BEGIN IMMEDIATE")
-        failed = call(writer.write_turn, turn("s1", ten_items(0)))
+        failed = call(writer.perform, WriteTurn(turn("s1", ten_items(0))))
         assert str(failed.error) == "store write failed: database is locked"
     finally:
         intruder.execute("ROLLBACK")
         intruder.close()
-    assert call(writer.write_turn, turn("s1", ten_items(0))).ok() == 1
+    assert call(writer.perform, WriteTurn(turn("s1", ten_items(0)))).ok() == 1
 
 
 def test_failures_never_kill_the_actor(store: Store, writer: Any, actor_ref: Any) -> None:
-    call(writer.create_session, session())
+    call(writer.perform, CreateSession(session()))
 
     def exploding_reply(error: BaseException | None, value: Any) -> None:
         raise RuntimeError("caller bug")
 
-    writer.write_turn(turn("s1", ten_items(0)), reply=exploding_reply).get(timeout=10)
-    writer.write_turn.defer(turn("ghost", ten_items(0)))  # tell-style, fails
-    writer.create_session.defer(session())  # tell-style, duplicate
-    assert call(writer.write_turn, turn("s1", ten_items(1))).ok() == 2
+    writer.perform(WriteTurn(turn("s1", ten_items(0))), reply=exploding_reply).get(timeout=10)
+    writer.perform.defer(WriteTurn(turn("ghost", ten_items(0))))  # tell-style, fails
+    writer.perform.defer(CreateSession(session()))  # tell-style, duplicate
+    assert call(writer.perform, WriteTurn(turn("s1", ten_items(1)))).ok() == 2
     assert actor_ref.is_alive()
 
 
 def test_stop_finishes_queued_writes(store: Store) -> None:
     ref = PersistenceActor.start(store)
     proxy = ref.proxy()
-    proxy.create_session.defer(session())
+    proxy.perform.defer(CreateSession(session()))
     for n in range(50):
-        proxy.write_turn.defer(turn("s1", ten_items(n)))
+        proxy.perform.defer(WriteTurn(turn("s1", ten_items(n))))
     ref.stop(timeout=30)
     info = store.reader.get_session("s1")
     assert info is not None and info.turn_count == 50
@@ -347,7 +355,7 @@ def test_stop_finishes_queued_writes(store: Store) -> None:
 
 
 def test_reader_sees_whole_turns_during_writes(store: Store, writer: Any) -> None:
-    call(writer.create_session, session())
+    call(writer.perform, CreateSession(session()))
     stop = threading.Event()
     seen: list[int] = []
     errors: list[BaseException] = []
@@ -367,7 +375,7 @@ def test_reader_sees_whole_turns_during_writes(store: Store, writer: Any) -> Non
     reader.start()
     assert reading.wait(10)
     try:
-        futures = [writer.write_turn(turn("s1", ten_items(n))) for n in range(200)]
+        futures = [writer.perform(WriteTurn(turn("s1", ten_items(n)))) for n in range(200)]
         assert futures[-1].get(timeout=30) == 200
     finally:
         stop.set()
@@ -384,15 +392,15 @@ def test_reader_sees_whole_turns_during_writes(store: Store, writer: Any) -> Non
 async def test_loop_reply_resolves_future(writer: Any) -> None:
     loop = asyncio.get_running_loop()
     created: asyncio.Future[Any] = loop.create_future()
-    writer.create_session(session(), reply=loop_reply(loop, created))
+    writer.perform(CreateSession(session()), reply=loop_reply(loop, created))
     assert await asyncio.wait_for(created, 10) is None
 
     written: asyncio.Future[Any] = loop.create_future()
-    writer.write_turn(turn("s1", ten_items(0)), reply=loop_reply(loop, written))
+    writer.perform(WriteTurn(turn("s1", ten_items(0))), reply=loop_reply(loop, written))
     assert await asyncio.wait_for(written, 10) == 1
 
     failed: asyncio.Future[Any] = loop.create_future()
-    writer.write_turn(turn("ghost", ten_items(0)), reply=loop_reply(loop, failed))
+    writer.perform(WriteTurn(turn("ghost", ten_items(0))), reply=loop_reply(loop, failed))
     with pytest.raises(StoreWriteError, match="no session ghost"):
         await asyncio.wait_for(failed, 10)
 
@@ -403,9 +411,10 @@ async def test_loop_reply_ignores_a_cancelled_future(writer: Any) -> None:
     loop.set_exception_handler(lambda _loop, context: problems.append(context))
     abandoned: asyncio.Future[Any] = loop.create_future()
     abandoned.cancel()
-    writer.create_session(session(), reply=loop_reply(loop, abandoned))
+    writer.perform(CreateSession(session()), reply=loop_reply(loop, abandoned))
     after: asyncio.Future[Any] = loop.create_future()
-    writer.touch("s1", 1.0, reply=loop_reply(loop, after))  # runs after the first reply
+    # runs after the first reply:
+    writer.perform(WriteMode("s1", "full"), reply=loop_reply(loop, after))
     assert await asyncio.wait_for(after, 10) is True
     await asyncio.sleep(0)  # let any callback queued behind it run
     assert abandoned.cancelled()

@@ -19,14 +19,19 @@ from typing import Any
 import orjson
 import pytest
 
-from actors.persistence import PersistenceActor
+from actors.persistence import (
+    CreateSession,
+    PersistenceActor,
+    Reopen,
+    WriteTurn,
+)
 from ipc.events import TextItem, ToolItem, TurnRecord
-from storage import SCHEMA_VERSION, SessionInfo, Store, open_store
+from storage import SCHEMA_VERSION, Store, StoredSession, open_store
 from storage.store import encode_cursor
 
 
-def session(sid: str, *, cwd: str = "/src/a", last_activity: float = 1000.0) -> SessionInfo:
-    return SessionInfo(
+def session(sid: str, *, cwd: str = "/src/a", last_activity: float = 1000.0) -> StoredSession:
+    return StoredSession(
         id=sid,
         agent_alias="main",
         workspace_dir="/ws/main",
@@ -37,17 +42,17 @@ def session(sid: str, *, cwd: str = "/src/a", last_activity: float = 1000.0) -> 
     )
 
 
-def create_all(writer: Any, infos: list[SessionInfo]) -> None:
-    futures = [writer.create_session(info) for info in infos]
+def create_all(writer: Any, infos: list[StoredSession]) -> None:
+    futures = [writer.perform(CreateSession(info)) for info in infos]
     for future in futures:
         future.get(timeout=10)
 
 
 def walk_pages(
     store: Store, cwd: str | None, limit: int = 100
-) -> tuple[list[SessionInfo], list[int]]:
+) -> tuple[list[StoredSession], list[int]]:
     """Every session of a listing, following cursors; and the page sizes."""
-    seen: list[SessionInfo] = []
+    seen: list[StoredSession] = []
     sizes: list[int] = []
     cursor: str | None = None
     while True:
@@ -59,7 +64,7 @@ def walk_pages(
         assert len(sizes) < 100, "pagination does not end"
 
 
-def newest_first(infos: list[SessionInfo]) -> list[str]:
+def newest_first(infos: list[StoredSession]) -> list[str]:
     return [i.id for i in sorted(infos, key=lambda i: (i.last_activity, i.id), reverse=True)]
 
 
@@ -91,7 +96,7 @@ def test_reopen_keeps_sessions(tmp_path: Path) -> None:
     path = tmp_path / "store.db"
     first = open_store(path)
     ref = PersistenceActor.start(first)
-    ref.proxy().create_session(session("kept")).get(timeout=10)
+    ref.proxy().perform(CreateSession(session("kept"))).get(timeout=10)
     ref.stop()
     first.close()
 
@@ -107,8 +112,8 @@ def assert_ephemeral_store_works(store: Store) -> None:
     assert store.persistent is False
     ref = PersistenceActor.start(store)
     turn = TurnRecord("tmp", (TextItem("user", "hi"),), "end_turn", "hi", 1.0, 2.0)
-    ref.proxy().create_session(session("tmp")).get(timeout=10)
-    assert ref.proxy().write_turn(turn).get(timeout=10) == 1
+    ref.proxy().perform(CreateSession(session("tmp"))).get(timeout=10)
+    assert ref.proxy().perform(WriteTurn(turn)).get(timeout=10) == 1
     ref.stop()
     assert store.reader.load_items("tmp") == [TextItem("user", "hi")]
 
@@ -159,7 +164,7 @@ def test_two_in_memory_stores_are_apart(tmp_path: Path) -> None:
                      for _ in range(2))
     try:
         ref = PersistenceActor.start(first)
-        ref.proxy().create_session(session("only-in-first")).get(timeout=10)
+        ref.proxy().perform(CreateSession(session("only-in-first"))).get(timeout=10)
         ref.stop()
         assert second.reader.get_session("only-in-first") is None
         assert first.reader.get_session("only-in-first") is not None
@@ -214,7 +219,7 @@ def test_unknown_session_reads_empty(store: Store) -> None:
 
 
 def test_get_session_round_trips_every_field(store: Store, writer: Any) -> None:
-    info = SessionInfo(
+    info = StoredSession(
         id="0b8f0f7e-1c5e-4c39-9d1e-3f1f8f3f6a10",
         agent_alias="coder",
         workspace_dir="/ws/coder",
@@ -230,7 +235,7 @@ def test_get_session_round_trips_every_field(store: Store, writer: Any) -> None:
         mcp_servers=[{"name": "fs", "command": "mcp-fs", "args": ["--root", "/"], "env": []}],
         meta={"client": "zed", "nested": {"n": 1}},
     )
-    writer.create_session(info).get(timeout=10)
+    writer.perform(CreateSession(info)).get(timeout=10)
     assert store.reader.get_session(info.id) == info
 
 
@@ -275,7 +280,7 @@ def test_list_page_size_boundaries(store: Store, writer: Any) -> None:
 def test_list_sees_activity_changes(store: Store, writer: Any) -> None:
     create_all(writer, [session("old", last_activity=1.0), session("new", last_activity=2.0)])
     assert [i.id for i in store.reader.list_sessions()[0]] == ["new", "old"]
-    writer.touch("old", 3.0).get(timeout=10)
+    writer.perform(Reopen("old", 3.0)).get(timeout=10)
     assert [i.id for i in store.reader.list_sessions()[0]] == ["old", "new"]
 
 
@@ -335,7 +340,7 @@ def test_cursor_round_trips_exact_float(store: Store, writer: Any) -> None:
 def test_reads_from_many_threads_at_once(store: Store, writer: Any) -> None:
     create_all(writer, [session(f"s{n:02d}", last_activity=float(n)) for n in range(40)])
     turn = (TextItem("user", "q"), ToolItem("t1", "shell", {"command": "ls"}, "out", "completed"))
-    writer.write_turn(TurnRecord("s07", turn, "end_turn", "", 1.0, 2.0)).get(timeout=10)
+    writer.perform(WriteTurn(TurnRecord("s07", turn, "end_turn", "", 1.0, 2.0))).get(timeout=10)
     errors: list[BaseException] = []
     barrier = threading.Barrier(8)
 
@@ -376,3 +381,12 @@ def test_read_runs_while_a_write_transaction_is_open(store: Store, writer: Any) 
         assert info is not None and info.title == "uncommitted"
     finally:
         other_writer.close()
+
+
+def test_stored_session_has_one_field_per_session_column() -> None:
+    """The record and the model are one schema: the same names, nothing missing."""
+    from dataclasses import fields
+
+    from storage.models import SessionRow
+
+    assert {f.name for f in fields(StoredSession)} == set(SessionRow._meta.fields)

@@ -17,7 +17,12 @@ from typing import Any
 import peewee
 import pytest
 
-from actors.persistence import StoreWriteError
+from actors.persistence import (
+    CreateSession,
+    StoreWriteError,
+    WriteMode,
+    WriteTurn,
+)
 from ipc.errors import InternalError
 from storage import Store
 from storage.store import write_failure_reason
@@ -57,21 +62,21 @@ def test_clear_words_and_unknown_codes_are_kept_as_they_are() -> None:
 def test_a_read_only_store_fails_clearly_as_a_json_rpc_error_then_recovers(
     store: Store, writer: Any
 ) -> None:
-    call(writer.create_session, session())
+    call(writer.perform, CreateSession(session()))
     store.writer.execute_sql("PRAGMA query_only = 1")  # a real SQLITE_READONLY (the actor is idle)
-    failed = call(writer.write_turn, turn("s1", ten_items(0)))
+    failed = call(writer.perform, WriteTurn(turn("s1", ten_items(0))))
     assert isinstance(failed.error, StoreWriteError) and isinstance(failed.error, InternalError)
     assert failed.error.to_error() == {"code": -32603, "message": (
         "store write failed: attempt to write a readonly database "
         "(the store's file or its directory is read-only)")}
     store.writer.execute_sql("PRAGMA query_only = 0")
-    assert call(writer.write_turn, turn("s1", ten_items(0))).ok() == 1
+    assert call(writer.perform, WriteTurn(turn("s1", ten_items(0)))).ok() == 1
 
 
 def test_a_deleted_store_file_fails_every_write_and_is_logged_once(
     store: Store, writer: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    call(writer.create_session, session())
+    call(writer.perform, CreateSession(session()))
     for path in store.path.parent.glob(f"{store.path.name}*"):
         path.unlink()  # rm acp-sessions.db*: the writer's connection still works
     gone = {"code": -32603, "message": (
@@ -79,9 +84,9 @@ def test_a_deleted_store_file_fails_every_write_and_is_logged_once(
         "running; nothing more can be saved until zeroclaw is restarted")}
     with caplog.at_level(logging.WARNING, logger="zeroclaw.actors.persistence"):
         for _ in range(3):
-            failed = call(writer.write_turn, turn("s1", ten_items(0)))
+            failed = call(writer.perform, WriteTurn(turn("s1", ten_items(0))))
             assert isinstance(failed.error, StoreWriteError) and failed.error.to_error() == gone
-        assert call(writer.set_mode, "s1", "full").error.to_error() == gone
+        assert call(writer.perform, WriteMode("s1", "full")).error.to_error() == gone
     assert [r.levelname for r in caplog.records] == ["ERROR"]
     store.path.touch()  # another file where the store was: still not the one opened
-    assert call(writer.write_turn, turn("s1", ten_items(0))).error.to_error() == gone
+    assert call(writer.perform, WriteTurn(turn("s1", ten_items(0)))).error.to_error() == gone

@@ -16,7 +16,7 @@ from typing import Any
 from acp.schema import SessionNotification
 
 from ipc.events import TextItem, ToolItem, TurnItem
-from storage.models import SessionInfo
+from storage.models import StoredSession
 from storage.store import StoreReader
 
 from .sdkhost import SdkHost, update_text
@@ -121,7 +121,7 @@ def sdk_updates(params: Iterable[dict[str, Any]]) -> list[Any]:
     return [SessionNotification.model_validate(p).update for p in params]
 
 
-def stored_session(config_dir: Path, sid: str) -> tuple[SessionInfo | None, list[TurnItem]]:
+def stored_session(config_dir: Path, sid: str) -> tuple[StoredSession | None, list[TurnItem]]:
     """The row and the items the store under ``config_dir`` holds for ``sid``."""
     reader = StoreReader(config_dir / "data" / "sessions" / "acp-sessions.db")
     try:
