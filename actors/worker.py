@@ -49,6 +49,7 @@ from actors.session import (
 )
 from ipc.worker_wire import (
     CancelTurn,
+    ClientReply,
     CloseSession,
     Credit,
     Heartbeat,
@@ -247,6 +248,8 @@ class WorkerProcess:
                 self.permissions.resolve(request_id, answer)
             case PermissionReply(request_id=request_id, option_id=option_id):
                 self.permissions.resolve(request_id, option_id)
+            case ClientReply(request_id=request_id):
+                self.permissions.resolve(request_id, message)
             case SetMode(sid=sid, mode=mode):
                 self._set_mode(sid, mode)
             case CloseSession(sid=sid, close_id=close_id):

@@ -21,6 +21,8 @@ __all__ = [
     "TOOL_RULES_META",
     "AgentProcessEntry",
     "CancelTurn",
+    "ClientCall",
+    "ClientReply",
     "CloseSession",
     "Credit",
     "EncodeError",
@@ -141,6 +143,22 @@ class UserAnswer:
 
 
 @dataclass(frozen=True, slots=True)
+class ClientReply:
+    """The answer to a :class:`ClientCall`. ``relayed`` False: the session's holder did
+    not advertise the capability (or there is none), so the worker serves the request
+    itself; else ``error`` (``{code, message}``: the client's error, or why no answer
+    came: the client went away, timed out) or ``result``. None to the worker's wait
+    means withdrawn (the turn was cancelled)."""
+
+    T: ClassVar[str] = "client_reply"
+    sid: str
+    request_id: str
+    relayed: bool
+    result: Any = None
+    error: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class SetMode:
     T: ClassVar[str] = "set_mode"
     sid: str
@@ -253,6 +271,19 @@ class UserAsk:
     schema: dict[str, Any]
 
 
+@dataclass(frozen=True, slots=True)
+class ClientCall:
+    """A hosted agent's request for its client (``fs/*``, ``terminal/*``), for the host
+    to relay to the connection that holds the session now, when that connection
+    advertised the capability. ``params`` carry zeroclaw's session id."""
+
+    T: ClassVar[str] = "client_call"
+    sid: str
+    request_id: str
+    method: str
+    params: dict[str, Any]
+
+
 #: Where a stored session's ``meta`` keeps its remembered permission answers.
 TOOL_RULES_META = "toolPermissions"
 _TOOL_RULES = ("allow_always", "reject_always")
@@ -313,6 +344,7 @@ HostMessage: TypeAlias = (
     | CancelTurn
     | PermissionReply
     | UserAnswer
+    | ClientReply
     | SetMode
     | CloseSession
     | Credit
@@ -327,6 +359,7 @@ WorkerMessage: TypeAlias = (
     | TurnEvent
     | PermissionAsk
     | UserAsk
+    | ClientCall
     | PermissionRules
     | TurnEnded
     | TurnFailed
@@ -341,6 +374,7 @@ _TYPES: dict[str, type[Any]] = {
         CancelTurn,
         PermissionReply,
         UserAnswer,
+        ClientReply,
         SetMode,
         CloseSession,
         Credit,
@@ -353,6 +387,7 @@ _TYPES: dict[str, type[Any]] = {
         TurnEvent,
         PermissionAsk,
         UserAsk,
+        ClientCall,
         PermissionRules,
         TurnEnded,
         TurnFailed,

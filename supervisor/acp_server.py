@@ -135,6 +135,15 @@ class AcpPeer:
         return acp.selected_option(result)
 
 
+    def offers(self, method: str) -> bool:
+        from supervisor.client_relay import advertises  # off the way to initialize
+
+        return advertises(self.endpoint.state.get("client"), method)
+
+    async def call_client(self, sid: str, method: str, params: dict[str, Any],
+                          timeout: float) -> Any:
+        return await self.endpoint.request(method, params, timeout=timeout)
+
     async def ask_user(
         self, sid: str, message: str, schema: dict[str, Any], timeout: float
     ) -> dict[str, Any] | None:

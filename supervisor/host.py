@@ -26,6 +26,7 @@ from ipc.errors import InternalError, SessionNotFound
 from ipc.events import SessionInfo, TurnRecord, event_from_wire, iso_utc
 from ipc.worker_wire import (
     TOOL_RULES_META,
+    ClientCall,
     CloseSession,
     HostMessage,
     OpenFailed,
@@ -42,6 +43,7 @@ from ipc.worker_wire import (
     WorkerMessage,
 )
 from storage.store import Store, open_store
+from supervisor.client_relay import ClientRelay
 from supervisor.closings import Closings
 from supervisor.config import Settings
 from supervisor.orphans import become_subreaper, end_orphans
@@ -79,6 +81,7 @@ class Host:
         self._orphan_sweeper: asyncio.Task[None] | None = None
         self._closings = Closings()
         self.turns = TurnBook(self)
+        self.client_relay = ClientRelay(self)
         self.usage = UsageTotals()
         self.turn_stats = TurnStats()  # for /metrics
 
@@ -250,6 +253,8 @@ class Host:
                 self._ask_permission(worker_id, message)
             case UserAsk():
                 self._ask_user(worker_id, message)
+            case ClientCall():
+                self.client_relay.on_call(worker_id, message)
             case PermissionRules(sid=sid, rules=rules):
                 self.persist("update_meta", sid, {TOOL_RULES_META: rules}).add_done_callback(
                     _log_write_failure)

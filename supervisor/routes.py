@@ -43,6 +43,15 @@ class Peer(Protocol):
     ) -> dict[str, Any] | None:
         """Ask the user a question (``elicitation/create``); None if it cannot be asked."""
 
+    def offers(self, method: str) -> bool:
+        """Whether this client advertised what a hosted agent's ``method`` (``fs/*``,
+        ``terminal/*``) needs, so it can be relayed to it."""
+
+    async def call_client(self, sid: str, method: str, params: dict[str, Any],
+                          timeout: float) -> Any:
+        """Send a hosted agent's request; its result. Raises TimeoutError,
+        :class:`ipc.jsonrpc.ConnectionLost` or :class:`ipc.jsonrpc.RemoteError`."""
+
 
 @dataclass(slots=True)
 class Route:
@@ -79,6 +88,10 @@ class Route:
         if self.fallback_from is None:
             return None
         return {"from": self.fallback_from, "to": self.agent_alias}
+
+    def holder_offering(self, method: str) -> Peer | None:
+        """The connection that holds the session now, when it offers ``method``."""
+        return self.peer if self.peer.offers(method) else None
 
     def touch(self) -> None:
         self.status["lastActivity"] = time.time()

@@ -35,6 +35,7 @@ import zmq
 
 from ipc.worker_wire import (
     AgentProcessEntry,
+    ClientCall,
     Credit,
     Heartbeat,
     HostMessage,
@@ -67,8 +68,8 @@ _HWM = 10_000
 _DRAIN_BATCH = 1000
 _SHUTDOWN_GRACE_SECS = 1.0
 _PROJECT_ROOT = Path(__file__).resolve().parent.parent
-_FORWARDED = (SessionOpened, OpenFailed, TurnEvent, PermissionAsk, UserAsk, PermissionRules,
-              TurnEnded, TurnFailed, SessionClosed)
+_FORWARDED = (SessionOpened, OpenFailed, TurnEvent, PermissionAsk, UserAsk, ClientCall,
+              PermissionRules, TurnEnded, TurnFailed, SessionClosed)
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,8 +18,10 @@ otherwise a fresh agent session, and the next prompt result says
 text block, relays the agent's ``session/update``s as zeroclaw events (so they
 are recorded and replayed like any turn), relays its permission requests to the
 client under the session's autonomy mode, forwards ``session/cancel``, and
-serves ``fs/read_text_file`` / ``fs/write_text_file`` with zeroclaw's own file
-tools under the session's path policy. ``terminal/*`` is not offered.
+relays ``fs/read_text_file`` / ``fs/write_text_file`` and ``terminal/*`` to the
+client that holds the session when it advertised them, else serves them itself
+(:mod:`actors.agents.acp_relay`): files under the session's path policy, commands
+in zeroclaw's sandboxed terminals.
 
 Threads: :class:`AcpAgent` runs on its session's actor thread; the agent's
 requests are served on its process's loop thread (:mod:`actors.agents.acp_client`,
@@ -40,6 +42,7 @@ from actors.agents.acp_client import HANDLERS
 from actors.agents.acp_process import AgentProcess, LaunchSpec, SessionLink, clean_env
 from actors.agents.acp_turn import AcpTurn
 from actors.agents.base import Agent, AgentFailure, SessionSetup, TurnContext, TurnResult
+from actors.tools import ShellTool
 from ipc.worker_wire import AgentProcessEntry
 
 __all__ = [
@@ -54,10 +57,20 @@ log = logging.getLogger("zeroclaw.agent")
 
 DEFAULT_START_TIMEOUT = 30.0
 DEFAULT_CANCEL_GRACE = 5.0  # after session/cancel, how long the agent has to end the turn
-#: What zeroclaw offers an agent: file access under the session's path policy; no terminal.
+#: What zeroclaw offers an agent: files and terminals, the client's when the client that
+#: holds the session offers them, else zeroclaw's own (see :mod:`actors.agents.acp_relay`).
 CLIENT_CAPABILITIES: dict[str, Any] = {
-    "fs": {"readTextFile": True, "writeTextFile": True}, "terminal": False,
+    "fs": {"readTextFile": True, "writeTextFile": True}, "terminal": True,
 }
+
+
+def client_capabilities() -> dict[str, Any]:
+    """:data:`CLIENT_CAPABILITIES`, less ``terminal`` when zeroclaw could not run one
+    itself (no sandbox, and unconfined commands are not allowed): a terminal the
+    client may not offer is not promised."""
+    if ShellTool().unavailable() is None:
+        return CLIENT_CAPABILITIES
+    return {**CLIENT_CAPABILITIES, "terminal": False}
 
 
 # --- config --------------------------------------------------------------------
@@ -142,7 +155,7 @@ class _Processes:
                 restarts = self._restarts.get(key)
                 self._restarts[key] = 0 if restarts is None else restarts + 1
             process = AgentProcess(spec, HANDLERS)
-            process.start(CLIENT_CAPABILITIES)
+            process.start(client_capabilities())
             log.info("agent %s initialized: %s", spec.alias, _summary(process.initialize_result))
             with self._lock:
                 self._running[key] = process
@@ -267,6 +280,7 @@ class AcpAgent(Agent):
         if process is None or link is None:
             return
         process.links.pop(link.agent_session_id, None)
+        link.terminals.close_all()
         if process.alive and _offers(process.initialize_result, "close"):
             process.call("session/close", {"sessionId": link.agent_session_id})
 
@@ -319,7 +333,7 @@ class AcpAgent(Agent):
                 self._context_lost = True
                 log.warning("session %s: agent %s has a fresh session %s; the context of the "
                             "earlier turns was not restored", setup.sid, self.alias, agent_sid)
-        link = SessionLink(agent_sid, setup.paths, setup.mode)
+        link = SessionLink(agent_sid, setup.paths, setup.mode, setup.sid, setup.client)
         process.links[agent_sid] = link
         self._process, self._link = process, link
         self._agent_sessions += 1

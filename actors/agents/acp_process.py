@@ -34,7 +34,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors.agents.base import AgentFailure
+from actors.agents.acp_terminals import Terminals
+from actors.agents.base import AgentFailure, ClientChannel
 from actors.tools import PathPolicy
 from ipc.framing import OVERSIZED, FrameReader, new_stream_reader
 from ipc.jsonrpc import ConnectionLost, Endpoint, RemoteError
@@ -82,15 +83,22 @@ class SessionLink:
     """What the agent sends about one of its sessions goes here (from the loop thread).
 
     ``inbox`` is read by the session's actor thread during a turn; ``turn_open``
-    says whether one is reading it. ``paths`` and ``mode`` serve the agent's
-    ``fs/*`` requests.
+    says whether one is reading it. The agent's ``fs/*`` and ``terminal/*``
+    requests go to the session's client through ``client`` (zeroclaw's session
+    ``sid``), or are served here under ``paths`` and ``mode``, with ``terminals``.
     """
 
     agent_session_id: str
     paths: PathPolicy
     mode: Callable[[], str]
+    sid: str = ""
+    client: ClientChannel | None = None
     inbox: queue.SimpleQueue[tuple[str, Any]] = field(default_factory=queue.SimpleQueue)
     turn_open: threading.Event = field(default_factory=threading.Event)
+    terminals: Terminals = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.terminals = Terminals(self.paths, self.mode)
 
 
 class AgentProcess:
@@ -168,6 +176,8 @@ class AgentProcess:
                 _signal_group(proc, signal.SIGKILL)
                 proc.wait()
         self.exited.set()
+        for link in list(self.links.values()):
+            link.terminals.close_all()
         if self._thread.is_alive():
             with contextlib.suppress(RuntimeError):
                 self._loop.call_soon_threadsafe(self._loop.stop)
@@ -283,8 +293,11 @@ class AgentProcess:
         endpoint.close()
         log.warning("agent %s (pid %d) ended with status %s", self.alias, self._proc.pid,
                     self.exit_status)
-        for link in list(self.links.values()):
+        links = list(self.links.values())
+        for link in links:
             link.inbox.put(("exited", None))
+        for link in links:  # what it ran in zeroclaw's terminals ends with it
+            await asyncio.to_thread(link.terminals.close_all)
 
     def _copy_stderr(self, stream: Any) -> None:
         """Stderr thread: each line to the log (prefixed) and to the kept tail."""

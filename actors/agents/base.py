@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol, TypeAlias
@@ -22,6 +23,7 @@ from ipc.events import Event, TextItem, ToolItem, TurnItem
 __all__ = [
     "Agent",
     "AgentFailure",
+    "ClientChannel",
     "SessionSetup",
     "ToolCallOutcome",
     "TurnContext",
@@ -52,12 +54,25 @@ class ToolCallOutcome:
 
 
 @dataclass(frozen=True, slots=True)
+class ClientChannel:
+    """Requests to the client that holds the session, through the host (a hosted ACP
+    agent's ``fs/*`` and ``terminal/*``). ``call(method, params)`` may run on any
+    thread; its future holds the host's :class:`ipc.worker_wire.ClientReply`, or None
+    when the wait was withdrawn (the turn was cancelled or ended). The host gives the
+    client ``timeout`` seconds; a caller waits a little longer, never forever."""
+
+    call: Callable[[str, dict[str, Any]], Future[Any]]
+    timeout: float
+
+
+@dataclass(frozen=True, slots=True)
 class SessionSetup:
     """What an agent may know about its session when it opens (see :meth:`Agent.open`).
 
     ``mode`` reads the session's current autonomy level (thread-safe);
     ``mcp_servers`` is the client's list from ``session/new``, as sent; ``meta`` the
-    stored session's meta (what earlier turns' :attr:`TurnResult.session_meta` kept).
+    stored session's meta (what earlier turns' :attr:`TurnResult.session_meta` kept);
+    ``client`` reaches the session's client (None: no host to ask, as in unit tests).
     """
 
     sid: str
@@ -66,6 +81,7 @@ class SessionSetup:
     mcp_servers: tuple[Any, ...] = ()
     has_history: bool = False
     meta: Mapping[str, Any] = field(default_factory=dict)
+    client: ClientChannel | None = None
 
 
 @dataclass(frozen=True, slots=True)

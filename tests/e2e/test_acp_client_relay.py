@@ -1,0 +1,85 @@
+"""A hosted ACP agent's requests for its client (``fs/*``, ``terminal/*``) over stdio:
+relayed to an SDK client that advertised them, served by zeroclaw itself for one that
+did not (files under the path policy, commands in its sandboxed terminals), and
+answered with a clear error when the client does not answer in time (issue "Real
+agents 1", point 4). The agent is ``tests/fixtures/acp_fixture_agent.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+from acp.schema import ClientCapabilities, FileSystemCapabilities
+
+from .conftest import SdkHostFactory
+from .test_acp_hosting import acp_config, fixture_command, prompt_text
+
+OFFERING = ClientCapabilities(
+    fs=FileSystemCapabilities(read_text_file=True, write_text_file=True), terminal=True)
+
+
+async def test_fs_and_terminal_requests_are_relayed_to_a_client_that_offers_them(
+    sdk_hosts: SdkHostFactory, config_dir: Path, workspace: Path
+) -> None:
+    acp_config(config_dir, fixture_command())
+    async with sdk_hosts() as host:
+        await host.initialize(OFFERING)
+        sid = await host.new_session(workspace)
+        text, _ = await prompt_text(host, sid, "caps")
+        assert json.loads(text) == {"fs": {"readTextFile": True, "writeTextFile": True},
+                                    "terminal": True}
+        text, _ = await prompt_text(host, sid, f"read {workspace / 'notes.txt'}")
+        assert text == f"read: the client's copy of {workspace / 'notes.txt'}"
+        text, _ = await prompt_text(host, sid, f"write {workspace / 'new.txt'} from-agent")
+        assert text == "wrote" and not (workspace / "new.txt").exists()
+        text, _ = await prompt_text(host, sid, "term make test")
+        assert text == "exit=7 output=the client's terminal"
+        requests = host.client.client_requests
+        assert [method for method, _ in requests] == [
+            "fs/read_text_file", "fs/write_text_file", "terminal/create",
+            "terminal/wait_for_exit", "terminal/output", "terminal/release"]
+        assert all(params["session_id"] == sid for _, params in requests)
+        assert requests[1][1]["content"] == "from-agent"
+        assert requests[2][1]["command"] == "make test"
+        terminal_ids = {params.get("terminal_id") for _, params in requests[3:]}
+        assert terminal_ids == {"client-term-3"}
+
+
+async def test_a_client_that_offers_neither_gets_zeroclaws_own_fs_and_terminals(
+    sdk_hosts: SdkHostFactory, config_dir: Path, workspace: Path, tmp_path: Path
+) -> None:
+    acp_config(config_dir, fixture_command())
+    (workspace / "notes.txt").write_text("on disk\n")
+    async with sdk_hosts(env_extra={"HOST_SECRET_TOKEN": "do-not-pass"}) as host:
+        await host.initialize()
+        sid = await host.new_session(workspace)
+        text, _ = await prompt_text(host, sid, f"read {workspace / 'notes.txt'}")
+        assert text == "read: on disk\n"
+        text, _ = await prompt_text(host, sid, "term echo out; echo err >&2; pwd; exit 3")
+        assert text == f"exit=3 output=out\nerr\n{workspace}\n"
+        await prompt_text(host, sid, f"term touch {tmp_path / 'escaped'}")
+        assert not (tmp_path / "escaped").exists()  # confined: written nowhere outside
+        text, _ = await prompt_text(host, sid, "term echo $HOST_SECRET_TOKEN.")
+        assert text == "exit=0 output=.\n"
+        await host.conn.set_session_mode(session_id=sid, mode_id="read_only")
+        text, _ = await prompt_text(host, sid, "term echo never")
+        assert text.startswith("terminal error -32602 ") and "read_only" in text
+        assert not host.client.client_requests
+
+
+async def test_a_relayed_request_the_client_never_answers_fails_after_the_timeout(
+    sdk_hosts: SdkHostFactory, config_dir: Path, workspace: Path
+) -> None:
+    acp_config(config_dir, fixture_command())
+    async with sdk_hosts(env_extra={"ZEROCLAW_acp__session_timeout_secs": "2"}) as host:
+        await host.initialize(OFFERING)
+        sid = await host.new_session(workspace)
+        host.client.client_gate.clear()
+        text, outcome = await asyncio.wait_for(prompt_text(host, sid, "read /any"), 30)
+        assert outcome.stop_reason == "end_turn"
+        assert text.startswith("read: {'code': -32603, ") and "within 2s" in text
+        host.client.client_gate.set()
+        text, _ = await prompt_text(host, sid, "read /again")
+        assert text == "read: the client's copy of /again"
