@@ -19,7 +19,9 @@ import orjson
 __all__ = [
     "STREAM_WINDOW_BYTES",
     "TOOL_RULES_META",
+    "AgentCall",
     "AgentProcessEntry",
+    "AgentReply",
     "CancelTurn",
     "ClientCall",
     "ClientReply",
@@ -159,6 +161,18 @@ class ClientReply:
 
 
 @dataclass(frozen=True, slots=True)
+class AgentCall:
+    """A client's ``_``-prefixed extension request for the session's hosted agent;
+    answered by an :class:`AgentReply` with the same ``request_id``."""
+
+    T: ClassVar[str] = "agent_call"
+    sid: str
+    request_id: str
+    method: str
+    params: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
 class SetMode:
     T: ClassVar[str] = "set_mode"
     sid: str
@@ -284,6 +298,18 @@ class ClientCall:
     params: dict[str, Any]
 
 
+@dataclass(frozen=True, slots=True)
+class AgentReply:
+    """The hosted agent's answer to an :class:`AgentCall`: ``error`` (``{code,
+    message}``) or ``result``."""
+
+    T: ClassVar[str] = "agent_reply"
+    sid: str
+    request_id: str
+    result: Any = None
+    error: dict[str, Any] | None = None
+
+
 #: Where a stored session's ``meta`` keeps its remembered permission answers.
 TOOL_RULES_META = "toolPermissions"
 _TOOL_RULES = ("allow_always", "reject_always")
@@ -345,6 +371,7 @@ HostMessage: TypeAlias = (
     | PermissionReply
     | UserAnswer
     | ClientReply
+    | AgentCall
     | SetMode
     | CloseSession
     | Credit
@@ -360,6 +387,7 @@ WorkerMessage: TypeAlias = (
     | PermissionAsk
     | UserAsk
     | ClientCall
+    | AgentReply
     | PermissionRules
     | TurnEnded
     | TurnFailed
@@ -375,6 +403,7 @@ _TYPES: dict[str, type[Any]] = {
         PermissionReply,
         UserAnswer,
         ClientReply,
+        AgentCall,
         SetMode,
         CloseSession,
         Credit,
@@ -388,6 +417,7 @@ _TYPES: dict[str, type[Any]] = {
         PermissionAsk,
         UserAsk,
         ClientCall,
+        AgentReply,
         PermissionRules,
         TurnEnded,
         TurnFailed,

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from actors.sandbox import detect as detect_sandbox
 from ipc import acp_handshake
 from ipc.errors import InvalidParams, SessionNotFound
+from ipc.extensions import ExtensionMethods
 from ipc.jsonrpc import ConnectionLost, Endpoint, RemoteError
 from supervisor.host_handle import HostHandle
 
@@ -179,7 +180,7 @@ class AcpServer:
         self.owns_host = host is None
         self.host = host if host is not None else HostHandle(settings)
         self._advertise(probe_store(settings.store_path))
-        self.methods: dict[str, Callable[[Any, Endpoint], Any]] = {
+        self.methods: dict[str, Callable[..., Any]] = ExtensionMethods({
             "initialize": self.initialize,
             "session/new": self.new_session,
             "session/prompt": self.prompt,
@@ -189,7 +190,7 @@ class AcpServer:
             "session/update": self.client_event,
             "session/event": self.client_event,
             "status": self.status,
-        }
+        }, self.extension)
         for method, handler in (("session/load", self.load), ("session/resume", self.resume),
                                 ("session/list", self.list), ("session/close", self.close),
                                 ("session/delete", self.delete)):
@@ -375,6 +376,19 @@ class AcpServer:
             kind = str(update.get("sessionUpdate") or "event")
         await (await self.sessions()).client_event(sid, kind or "event", dict(params))
         return {"sessionId": sid, "type": kind or "event", "status": "processed"}
+
+    async def extension(self, method: str, params: Any, endpoint: Endpoint) -> Any:
+        """A ``_``-prefixed request: forwarded to the hosted agent of the session it
+        names (:mod:`supervisor.agent_calls`); it adopts a session nobody holds, as a
+        prompt does."""
+        if not isinstance(params, Mapping):
+            raise InvalidParams("params must be an object")
+        sid = await self._visible(params, endpoint)
+        peer = endpoint.state["peer"]
+        with self.host.owners.adopting(sid, peer):
+            sessions = await self.sessions()
+            route = await sessions.live_route(sid, peer)
+            return await sessions.host.agent_calls.call(route, method, dict(params))
 
     async def status(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
         from supervisor.status import host_status

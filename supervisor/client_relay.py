@@ -1,5 +1,5 @@
-"""A hosted ACP agent's requests for its client (``fs/*``, ``terminal/*``), relayed by
-the host to the client connection that holds the session.
+"""A hosted ACP agent's requests for its client (``fs/*``, ``terminal/*``, extension
+methods ``_name``), relayed by the host to the client connection that holds the session.
 
 Runs on the host's asyncio loop thread. A worker sends a
 :class:`ipc.worker_wire.ClientCall`; :class:`ClientRelay` decides when it arrives,
@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ipc.errors import InternalError, InvalidParams
+from ipc.extensions import is_extension
 from ipc.jsonrpc import ConnectionLost, RemoteError
 from ipc.worker_wire import ClientCall, ClientReply, EncodeError
 
@@ -43,7 +44,10 @@ _TERMINAL = ("terminal",)
 
 
 def advertises(capabilities: Any, method: str) -> bool:
-    """Whether ``capabilities`` (a client's ``clientCapabilities``) offer ``method``."""
+    """Whether ``capabilities`` (a client's ``clientCapabilities``) offer ``method``;
+    an ACP client takes any extension method (``_name``), or says it does not."""
+    if is_extension(method):
+        return True
     path = _CAPABILITY.get(method, _TERMINAL if method.startswith("terminal/") else None)
     value = capabilities
     for key in path or ():

@@ -26,6 +26,7 @@ from ipc.errors import InternalError, SessionNotFound
 from ipc.events import SessionInfo, TurnRecord, event_from_wire, iso_utc
 from ipc.worker_wire import (
     TOOL_RULES_META,
+    AgentReply,
     ClientCall,
     CloseSession,
     HostMessage,
@@ -43,6 +44,7 @@ from ipc.worker_wire import (
     WorkerMessage,
 )
 from storage.store import Store, open_store
+from supervisor.agent_calls import AgentCalls
 from supervisor.client_relay import ClientRelay
 from supervisor.closings import Closings
 from supervisor.config import Settings
@@ -82,6 +84,7 @@ class Host:
         self._closings = Closings()
         self.turns = TurnBook(self)
         self.client_relay = ClientRelay(self)
+        self.agent_calls = AgentCalls(self)
         self.usage = UsageTotals()
         self.turn_stats = TurnStats()  # for /metrics
 
@@ -206,6 +209,7 @@ class Host:
 
     def _on_worker_exit(self, worker_id: str) -> None:
         end_orphans()
+        self.agent_calls.worker_gone(worker_id)
         self.spawn(self._fail_worker_sessions(worker_id))
 
     async def _fail_worker_sessions(self, worker_id: str) -> None:
@@ -255,6 +259,8 @@ class Host:
                 self._ask_user(worker_id, message)
             case ClientCall():
                 self.client_relay.on_call(worker_id, message)
+            case AgentReply():
+                self.agent_calls.settle(message)
             case PermissionRules(sid=sid, rules=rules):
                 self.persist("update_meta", sid, {TOOL_RULES_META: rules}).add_done_callback(
                     _log_write_failure)

@@ -35,6 +35,7 @@ import zmq
 
 from ipc.worker_wire import (
     AgentProcessEntry,
+    AgentReply,
     ClientCall,
     Credit,
     Heartbeat,
@@ -69,7 +70,7 @@ _DRAIN_BATCH = 1000
 _SHUTDOWN_GRACE_SECS = 1.0
 _PROJECT_ROOT = Path(__file__).resolve().parent.parent
 _FORWARDED = (SessionOpened, OpenFailed, TurnEvent, PermissionAsk, UserAsk, ClientCall,
-              PermissionRules, TurnEnded, TurnFailed, SessionClosed)
+              AgentReply, PermissionRules, TurnEnded, TurnFailed, SessionClosed)
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,7 @@ requests are served on its process's loop thread (:mod:`actors.agents.acp_client
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import os
 import re
@@ -221,6 +222,16 @@ def _restore_method(result: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _settle_from(answer: concurrent.futures.Future[Any],
+                 done: concurrent.futures.Future[Any]) -> None:
+    if done.cancelled():
+        answer.set_exception(AgentFailure("the request was withdrawn"))
+    elif done.exception() is not None:
+        answer.set_exception(done.exception())
+    else:
+        answer.set_result(done.result())
+
+
 def _summary(result: Mapping[str, Any]) -> str:
     caps = result.get("agentCapabilities")
     methods = [m.get("id") for m in result.get("authMethods") or [] if isinstance(m, Mapping)]
@@ -252,6 +263,7 @@ class AcpAgent(Agent):
         self._context_lost = False
         self._new_agent_session = False  # its id is not stored yet
         self._restorable: str | None = None  # the agent session to reopen, if the agent can
+        self._opened: concurrent.futures.Future[None] = concurrent.futures.Future()
 
     def open(self, setup: SessionSetup) -> None:
         """Start the agent (if this worker has none yet) and its session, ahead of a turn."""
@@ -265,6 +277,25 @@ class AcpAgent(Agent):
         except AgentFailure as exc:
             log.warning("session %s: %s", setup.sid, exc)
             self._start_error = str(exc)  # the first prompt says so; the next tries again
+        finally:
+            self._opened.set_result(None)
+
+    def extension(self, method: str, params: dict[str, Any]) -> concurrent.futures.Future[Any]:
+        """Forward a client's extension request to the agent, for this session (the
+        worker's IO thread; it does not wait: an early request goes out once the
+        session's agent session is there)."""
+        answer: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+        def forward(_opened: object) -> None:
+            process, link = self._process, self._link
+            if process is None or link is None or not process.alive:
+                answer.set_exception(AgentFailure(f"agent {self.alias} is not running"))
+                return
+            sent = process.call(method, {**params, "sessionId": link.agent_session_id})
+            sent.add_done_callback(lambda done: _settle_from(answer, done))
+
+        self._opened.add_done_callback(forward)
+        return answer
 
     def close(self) -> None:
         """Drop this session's agent session (``session/close`` where the agent offers

@@ -8,7 +8,8 @@ thread); ``fs/read_text_file``, ``fs/write_text_file`` and ``terminal/*`` go to 
 client that holds the session when it offers them (:mod:`actors.agents.acp_relay`),
 else zeroclaw serves them: its file tools under the session's path policy on a
 worker thread, its own sandboxed terminals (:mod:`actors.agents.acp_terminals`).
-Anything else gets -32601 from the endpoint.
+An extension request (``_name``) goes to the client holding the session (-32601
+when none takes it). Anything else gets -32601 from the endpoint.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from typing import Any
 from actors.agents.acp_process import AgentProcess, SessionLink
 from actors.agents.acp_relay import relay_or_serve
 from actors.tools import FileReadTool, FileWriteTool, ToolEnv, ToolError
-from ipc.errors import InvalidParams
+from ipc.errors import InvalidParams, MethodNotFound
+from ipc.extensions import ExtensionMethods
 
 __all__ = ["CANCELLED_OUTCOME", "HANDLERS", "TERMINAL_METHODS"]
 
@@ -140,10 +142,21 @@ def _positive(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
-HANDLERS: dict[str, Callable[[AgentProcess, Any], Any]] = {
+def _on_extension(method: str, process: AgentProcess, params: Any) -> Any:
+    """An extension request (``_name``) about one of its sessions goes to the client
+    holding it; nothing here serves one (-32601)."""
+    link = _required_link(process, params)
+
+    async def missing() -> Any:
+        raise MethodNotFound(f"Method not found: {method}")
+
+    return relay_or_serve(link, method, params, missing)
+
+
+HANDLERS: dict[str, Callable[..., Any]] = ExtensionMethods({
     "session/update": _on_update,
     "session/request_permission": _on_permission,
     "fs/read_text_file": _on_read,
     "fs/write_text_file": _on_write,
     **{method: _terminal_handler(method) for method in TERMINAL_METHODS},
-}
+}, _on_extension)

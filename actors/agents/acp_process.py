@@ -37,6 +37,8 @@ from typing import Any
 from actors.agents.acp_terminals import Terminals
 from actors.agents.base import AgentFailure, ClientChannel
 from actors.tools import PathPolicy
+from ipc.errors import MethodNotFound
+from ipc.extensions import ExtensionMethods
 from ipc.framing import OVERSIZED, FrameReader, new_stream_reader
 from ipc.jsonrpc import ConnectionLost, Endpoint, RemoteError
 
@@ -257,11 +259,20 @@ class AgentProcess:
         log.info("agent %s started (pid %d)", self.alias, proc.pid)
         return proc
 
-    def _bound_methods(self) -> dict[str, Callable[[Any, Endpoint], Any]]:
+    def _bound_methods(self) -> dict[str, Callable[..., Any]]:
+        """The handlers bound to this process; an extension method (``_name``) is looked
+        up in the given table when it has a fallback for them (an ExtensionMethods)."""
         def bind(handler: Callable[..., Any]) -> Callable[[Any, Endpoint], Any]:
             return lambda params, _endpoint: handler(self, params)
 
-        return {name: bind(handler) for name, handler in self._methods.items()}
+        def extension(name: str, params: Any, _endpoint: Endpoint) -> Any:
+            handler = self._methods.get(name)
+            if handler is None:
+                raise MethodNotFound(f"Method not found: {name}")
+            return handler(self, params)
+
+        bound = {name: bind(handler) for name, handler in self._methods.items()}
+        return ExtensionMethods(bound, extension)
 
     async def _request(self, method: str, params: Any) -> Any:
         if self._endpoint is None:

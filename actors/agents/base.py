@@ -168,6 +168,13 @@ class Agent(ABC):
         """The session's actor stops (its thread); the default does nothing."""
         return None
 
+    def extension(self, method: str, params: dict[str, Any]) -> Future[Any] | None:
+        """A client's ``_``-prefixed extension request, for an agent that takes them:
+        the future of its result (RpcError or AgentFailure for an error), or None (the
+        default: this agent has none, -32601). The worker's IO thread calls it: it must
+        not block."""
+        return None
+
     @abstractmethod
     def run_turn(self, prompt: str, ctx: TurnContext) -> TurnResult | None:
         """Produce one turn for ``prompt``; return early when ``ctx.cancelled`` is set.

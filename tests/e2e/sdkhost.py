@@ -170,6 +170,11 @@ class RecordingClient:
                                    terminal_id=terminal_id)
         return KillTerminalResponse()
 
+    async def ext_method(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        """An extension request (the SDK drops its leading ``_``)."""
+        await self._client_request(f"_{method}", **params)
+        return {"answeredBy": "the client", "method": method}
+
     # -- queries -------------------------------------------------------------
 
     def mark(self) -> int:

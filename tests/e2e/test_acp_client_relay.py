@@ -1,8 +1,8 @@
 """A hosted ACP agent's requests for its client (``fs/*``, ``terminal/*``) over stdio:
 relayed to an SDK client that advertised them, served by zeroclaw itself for one that
 did not (files under the path policy, commands in its sandboxed terminals), and
-answered with a clear error when the client does not answer in time (issue "Real
-agents 1", point 4). The agent is ``tests/fixtures/acp_fixture_agent.py``.
+answered with a clear error when the client does not answer in time; and extension
+methods (``_name``) forwarded both ways (issue "Real agents 1", points 3 and 4). The agent is ``tests/fixtures/acp_fixture_agent.py``.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pathlib import Path
 from acp.schema import ClientCapabilities, FileSystemCapabilities
 
 from .conftest import SdkHostFactory
+from .sdkhost import expect_error
 from .test_acp_hosting import acp_config, fixture_command, prompt_text
 
 OFFERING = ClientCapabilities(
@@ -83,3 +84,23 @@ async def test_a_relayed_request_the_client_never_answers_fails_after_the_timeou
         host.client.client_gate.set()
         text, _ = await prompt_text(host, sid, "read /again")
         assert text == "read: the client's copy of /again"
+
+
+async def test_extension_methods_are_forwarded_both_ways(
+    sdk_hosts: SdkHostFactory, config_dir: Path, workspace: Path
+) -> None:
+    acp_config(config_dir, fixture_command(), extra='[agents.plain]\nprovider = "echo"')
+    async with sdk_hosts() as host:
+        await host.initialize()
+        sid = await host.new_session(workspace)
+        answer = await host.raw("_vendor/ping", {"sessionId": sid, "n": 1})
+        assert answer["method"] == "_vendor/ping" and answer["params"]["n"] == 1
+        assert answer["params"]["sessionId"].startswith("fx-session-")  # the agent's own id
+        await expect_error(host.raw("_vendor/ping", {"n": 1}), -32602)  # which session?
+        plain = (await host.raw("session/new", {"cwd": str(workspace),
+                                                "agentAlias": "plain"}))["sessionId"]
+        await expect_error(host.raw("_vendor/ping", {"sessionId": plain}), -32601)
+        text, _ = await prompt_text(host, sid, "ext _editor/hello")
+        assert json.loads(text) == {"answeredBy": "the client", "method": "editor/hello"}
+        assert host.client.client_requests == [
+            ("_editor/hello", {"sessionId": sid, "from": "agent"})]
