@@ -2,7 +2,8 @@
 relayed to an SDK client that advertised them, served by zeroclaw itself for one that
 did not (files under the path policy, commands in its sandboxed terminals), and
 answered with a clear error when the client does not answer in time; and extension
-methods (``_name``) forwarded both ways (issue "Real agents 1", points 3 and 4). The agent is ``tests/fixtures/acp_fixture_agent.py``.
+methods (``_name``) forwarded both ways (issue "Real agents 1", points 3 and 4). The
+agent is ``tests/fixtures/acp_fixture_agent.py``.
 """
 
 from __future__ import annotations
