@@ -1,7 +1,8 @@
-"""A client's extension request (``_``-prefixed) for a session's agent, inside a worker.
+"""A client's request for a session's agent itself (an extension method ``_name``, the
+agent's own ``session/set_mode``), inside a worker.
 
 The IO thread hands an :class:`ipc.worker_wire.AgentCall` to the session's agent
-(:meth:`actors.agents.base.Agent.extension`, which does not block) and the
+(:meth:`actors.agents.base.Agent.forward`, which does not block) and the
 agent's answer goes back as an :class:`ipc.worker_wire.AgentReply` from whatever
 thread settles it (the agent process's loop thread), through the worker's outbox.
 """
@@ -24,7 +25,7 @@ def forward_agent_call(call: AgentCall, agent: Agent | None,
                        put: Callable[[WorkerMessage], Any]) -> None:
     """Start ``call`` on ``agent`` (None: the session is not open here); ``put`` gets
     the reply (IO thread; the reply may come from another thread later)."""
-    future = agent.extension(call.method, call.params) if agent is not None else None
+    future = agent.forward(call.method, call.params) if agent is not None else None
     if future is None:
         missing = MethodNotFound(f"Method not found: {call.method}")
         put(AgentReply(call.sid, call.request_id, error=missing.to_error()))

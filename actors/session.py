@@ -36,6 +36,7 @@ from actors.turn import ActorTurnContext, TurnRecorder
 from ipc.events import TurnItem, TurnRecord, item_from_wire
 from ipc.worker_wire import (
     STREAM_WINDOW_BYTES,
+    AgentOpened,
     ClientCall,
     EncodeError,
     OpenSession,
@@ -300,6 +301,8 @@ class SessionActor(SimpleInboxActor):
             ))
         except Exception:  # the first turn reports what is wrong
             logger.exception("session %s: agent could not open", config.sid)
+        if self.agent.reports_open:  # the host waits for it (the agent's own modes)
+            self.send(AgentOpened(sid=config.sid, modes=self.agent.own_modes()))
 
     def _call_client(self, method: str, params: dict[str, Any]) -> Future[Any]:
         """Send a :class:`ClientCall` for the host to relay (any thread: a hosted agent's

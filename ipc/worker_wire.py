@@ -20,6 +20,7 @@ __all__ = [
     "STREAM_WINDOW_BYTES",
     "TOOL_RULES_META",
     "AgentCall",
+    "AgentOpened",
     "AgentProcessEntry",
     "AgentReply",
     "CancelTurn",
@@ -310,6 +311,17 @@ class AgentReply:
     error: dict[str, Any] | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class AgentOpened:
+    """A hosted agent's session is there (or could not be had: it is then retried at the
+    first prompt): ``modes`` is the agent's own ``{currentModeId, availableModes}``
+    when it offers modes, else None."""
+
+    T: ClassVar[str] = "agent_opened"
+    sid: str
+    modes: dict[str, Any] | None = None
+
+
 #: Where a stored session's ``meta`` keeps its remembered permission answers.
 TOOL_RULES_META = "toolPermissions"
 _TOOL_RULES = ("allow_always", "reject_always")
@@ -388,6 +400,7 @@ WorkerMessage: TypeAlias = (
     | UserAsk
     | ClientCall
     | AgentReply
+    | AgentOpened
     | PermissionRules
     | TurnEnded
     | TurnFailed
@@ -418,6 +431,7 @@ _TYPES: dict[str, type[Any]] = {
         UserAsk,
         ClientCall,
         AgentReply,
+        AgentOpened,
         PermissionRules,
         TurnEnded,
         TurnFailed,

@@ -28,6 +28,7 @@ from ipc import acp_handshake
 from ipc.errors import InvalidParams, SessionNotFound
 from ipc.extensions import ExtensionMethods
 from ipc.jsonrpc import ConnectionLost, Endpoint, RemoteError
+from supervisor.agent_modes import session_modes, set_agent_mode
 from supervisor.host_handle import HostHandle
 
 if TYPE_CHECKING:
@@ -286,12 +287,9 @@ class AcpServer:
         else:
             route = await scope.new_session(sessions, peer, request)
         self.host.owners.join(route.sid, peer)  # a no-op if the client left meanwhile
+        modes = await session_modes(sessions, route)
         _announce_commands(peer, route.sid)
-        return {
-            "sessionId": route.sid,
-            "workspaceDir": route.workspace_dir,
-            "modes": acp_handshake.modes_state(route.mode),
-        }
+        return {"sessionId": route.sid, "workspaceDir": route.workspace_dir, "modes": modes}
 
     async def prompt(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
         request = acp.prompt_request(params)
@@ -332,9 +330,9 @@ class AcpServer:
             scope.check_capacity(sessions, sid)
         route = await sessions.restore(peer, sid, replay=replay)
         self.host.owners.join(sid, peer)  # a no-op if the client left meanwhile
+        modes = await session_modes(sessions, route)
         _announce_commands(peer, sid)
-        return _with_agent_fallback({"modes": acp_handshake.modes_state(route.mode)},
-                                    route.agent_fallback)
+        return _with_agent_fallback({"modes": modes}, route.agent_fallback)
 
     async def load(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
         return await self._restore(params, endpoint, replay=True)
@@ -365,7 +363,10 @@ class AcpServer:
         mode = acp.optional_str(params, "modeId", "mode_id")
         if mode is None:
             raise InvalidParams("missing modeId")
-        await (await self.sessions()).set_mode(endpoint.state["peer"], sid, mode)
+        sessions, peer = await self.sessions(), endpoint.state["peer"]
+        route = sessions.host.routes.get(sid)
+        if route is None or not await set_agent_mode(sessions, route, mode, peer):
+            await sessions.set_mode(peer, sid, mode)  # zeroclaw's autonomy level
         return {}
 
     async def client_event(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:

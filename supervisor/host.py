@@ -26,6 +26,7 @@ from ipc.errors import InternalError, SessionNotFound
 from ipc.events import SessionInfo, TurnRecord, event_from_wire, iso_utc
 from ipc.worker_wire import (
     TOOL_RULES_META,
+    AgentOpened,
     AgentReply,
     ClientCall,
     CloseSession,
@@ -261,6 +262,11 @@ class Host:
                 self.client_relay.on_call(worker_id, message)
             case AgentReply():
                 self.agent_calls.settle(message)
+            case AgentOpened(sid=sid, modes=modes):
+                route = self.routes.get(sid)
+                if route is not None:
+                    route.agent_modes = modes
+                    route.agent_opened.set()
             case PermissionRules(sid=sid, rules=rules):
                 self.persist("update_meta", sid, {TOOL_RULES_META: rules}).add_done_callback(
                     _log_write_failure)

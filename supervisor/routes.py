@@ -76,6 +76,9 @@ class Route:
     fallback_from: str | None = None  # its stored agent, disabled or removed since
     tenant: str | None = None  # the gateway tenant it belongs to (None: the host's owner)
     status: dict[str, Any] = field(init=False)
+    #: A hosted agent's own modes, once its session is open (:mod:`supervisor.agent_modes`).
+    agent_modes: dict[str, Any] | None = None
+    agent_opened: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self, turns: int, tokens: int) -> None:
         self.status = {"sessionId": self.sid, "agentAlias": self.agent_alias, "state": "idle",

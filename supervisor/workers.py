@@ -34,6 +34,7 @@ from typing import Any, cast
 import zmq
 
 from ipc.worker_wire import (
+    AgentOpened,
     AgentProcessEntry,
     AgentReply,
     ClientCall,
@@ -70,7 +71,7 @@ _DRAIN_BATCH = 1000
 _SHUTDOWN_GRACE_SECS = 1.0
 _PROJECT_ROOT = Path(__file__).resolve().parent.parent
 _FORWARDED = (SessionOpened, OpenFailed, TurnEvent, PermissionAsk, UserAsk, ClientCall,
-              AgentReply, PermissionRules, TurnEnded, TurnFailed, SessionClosed)
+              AgentReply, AgentOpened, PermissionRules, TurnEnded, TurnFailed, SessionClosed)
 
 
 @dataclass(frozen=True, slots=True)

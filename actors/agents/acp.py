@@ -222,6 +222,19 @@ def _restore_method(result: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _modes_of(result: Any) -> dict[str, Any] | None:
+    """The agent's ``modes`` in a session answer, when it is a usable SessionModeState."""
+    modes = result.get("modes") if isinstance(result, Mapping) else None
+    if not isinstance(modes, Mapping) or not isinstance(modes.get("currentModeId"), str):
+        return None
+    available = modes.get("availableModes")
+    if not isinstance(available, list) or not available:
+        return None
+    return {"currentModeId": modes["currentModeId"], "availableModes": [
+        dict(mode) for mode in available if isinstance(mode, Mapping)
+        and isinstance(mode.get("id"), str) and isinstance(mode.get("name"), str)]}
+
+
 def _settle_from(answer: concurrent.futures.Future[Any],
                  done: concurrent.futures.Future[Any]) -> None:
     if done.cancelled():
@@ -245,6 +258,7 @@ class AcpAgent(Agent):
     """One zeroclaw session's view of a hosted ACP agent (its actor thread)."""
 
     provider: ClassVar[str] = "acp"
+    reports_open: ClassVar[bool] = True
 
     @classmethod
     def config_problem(cls, config: Mapping[str, Any], env: Mapping[str, str]) -> str | None:
@@ -264,6 +278,7 @@ class AcpAgent(Agent):
         self._new_agent_session = False  # its id is not stored yet
         self._restorable: str | None = None  # the agent session to reopen, if the agent can
         self._opened: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._modes: dict[str, Any] | None = None  # the agent's own, when it offers modes
 
     def open(self, setup: SessionSetup) -> None:
         """Start the agent (if this worker has none yet) and its session, ahead of a turn."""
@@ -280,10 +295,15 @@ class AcpAgent(Agent):
         finally:
             self._opened.set_result(None)
 
-    def extension(self, method: str, params: dict[str, Any]) -> concurrent.futures.Future[Any]:
-        """Forward a client's extension request to the agent, for this session (the
-        worker's IO thread; it does not wait: an early request goes out once the
-        session's agent session is there)."""
+    def own_modes(self) -> dict[str, Any] | None:
+        """The agent's own modes for this session (from its ``session/new``, ``load`` or
+        ``resume`` answer), None when it offers none."""
+        return self._modes
+
+    def forward(self, method: str, params: dict[str, Any]) -> concurrent.futures.Future[Any]:
+        """Forward a client's request to the agent, for this session (the worker's IO
+        thread; it does not wait: an early request goes out once the session's agent
+        session is there)."""
         answer: concurrent.futures.Future[Any] = concurrent.futures.Future()
 
         def forward(_opened: object) -> None:
@@ -377,10 +397,11 @@ class AcpAgent(Agent):
         if agent_sid is None or method is None:
             return None
         try:
-            process.call_and_wait(method, {
+            result = process.call_and_wait(method, {
                 "sessionId": agent_sid, "cwd": str(setup.paths.cwd),
                 "mcpServers": list(setup.mcp_servers),
             })
+            self._modes = _modes_of(result)
         except AgentFailure as exc:
             log.warning("session %s: %s; starting a fresh agent session", setup.sid, exc)
             return None
@@ -400,6 +421,7 @@ class AcpAgent(Agent):
         agent_sid = result.get("sessionId") if isinstance(result, Mapping) else None
         if not isinstance(agent_sid, str) or not agent_sid:
             raise AgentFailure(f"agent {self.alias} answered session/new without a sessionId")
+        self._modes = _modes_of(result)
         log.info("session %s: agent %s session %s (modes: %r)", setup.sid, self.alias,
-                 agent_sid, result.get("modes"))
+                 agent_sid, self._modes)
         return agent_sid

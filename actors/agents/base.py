@@ -147,6 +147,9 @@ class Agent(ABC):
     """A conversational agent. ``config`` is the agent's config section plus ``alias``."""
 
     provider: ClassVar[str]
+    #: The host waits at ``session/new`` for this agent's session to open (it may have
+    #: modes of its own: :meth:`own_modes`).
+    reports_open: ClassVar[bool] = False
 
     def __init__(self, config: dict[str, Any]) -> None:
         self.config = config
@@ -168,11 +171,16 @@ class Agent(ABC):
         """The session's actor stops (its thread); the default does nothing."""
         return None
 
-    def extension(self, method: str, params: dict[str, Any]) -> Future[Any] | None:
-        """A client's ``_``-prefixed extension request, for an agent that takes them:
-        the future of its result (RpcError or AgentFailure for an error), or None (the
-        default: this agent has none, -32601). The worker's IO thread calls it: it must
-        not block."""
+    def forward(self, method: str, params: dict[str, Any]) -> Future[Any] | None:
+        """A client's request for the agent itself (an extension method ``_name``, the
+        agent's own ``session/set_mode``), for an agent that takes them: the future of
+        its result (RpcError or AgentFailure for an error), or None (the default: this
+        agent takes none, -32601). The worker's IO thread calls it: it must not block."""
+        return None
+
+    def own_modes(self) -> dict[str, Any] | None:
+        """The agent's own session modes (``{currentModeId, availableModes}``) once
+        :meth:`open` returned, for an agent that has them; None (the default) else."""
         return None
 
     @abstractmethod

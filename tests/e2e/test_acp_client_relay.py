@@ -105,3 +105,27 @@ async def test_extension_methods_are_forwarded_both_ways(
         assert json.loads(text) == {"answeredBy": "the client", "method": "editor/hello"}
         assert host.client.client_requests == [
             ("_editor/hello", {"sessionId": sid, "from": "agent"})]
+
+
+async def test_the_agents_own_modes_are_offered_and_set_mode_is_forwarded(
+    sdk_hosts: SdkHostFactory, config_dir: Path, workspace: Path
+) -> None:
+    acp_config(config_dir, fixture_command(), extra='env = {FIXTURE_MODE = "modes"}')
+    async with sdk_hosts() as host:
+        await host.initialize()
+        created = await host.conn.new_session(cwd=str(workspace))
+        sid = created.session_id
+        assert created.modes is not None and created.modes.current_mode_id == "ask"
+        assert [m.id for m in created.modes.available_modes] == ["ask", "code"]
+        await host.conn.set_session_mode(session_id=sid, mode_id="code")
+        text, _ = await prompt_text(host, sid, "mode")
+        assert text == "code"
+        assert [u.current_mode_id for u in host.client.of(sid, "current_mode_update")] == [
+            "code"]
+        await host.conn.set_session_mode(session_id=sid, mode_id="read_only")  # zeroclaw's
+        text, _ = await prompt_text(host, sid, f"write {workspace / 'x.txt'} no")
+        assert "read_only" in text and not (workspace / "x.txt").exists()
+        await expect_error(host.conn.set_session_mode(session_id=sid, mode_id="nonsense"),
+                           -32602)
+        resumed = await host.conn.resume_session(cwd=str(workspace), session_id=sid)
+        assert resumed.modes is not None and resumed.modes.current_mode_id == "code"
