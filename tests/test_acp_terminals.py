@@ -57,7 +57,7 @@ async def test_a_session_holds_a_bounded_number_and_its_end_kills_them(tmp_path:
         await terminals.create({"command": "true"})
     sleepers = await _processes(["sleep", marker], MAX_TERMINALS)
     await asyncio.to_thread(terminals.close_all)
-    gone, alive = await asyncio.to_thread(psutil.wait_procs, sleepers, 10)
+    _, alive = await asyncio.to_thread(psutil.wait_procs, sleepers, 10)
     assert not alive
     with pytest.raises(InternalError):
         await terminals.create({"command": "true"})
