@@ -217,6 +217,8 @@ class Host:
         sids = await self.supervise("worker_exited", worker_id)
         for sid in sids:
             route = self.routes.pop(sid, None)
+            if route is not None:
+                route.agent_opened.set()  # nobody waits for its agent any more
             turn = self.turns.get(sid)
             if turn is not None and turn.route is route and self.turns.worker_exited(turn):
                 # the record says so until the next load or resume; nobody waits on it
@@ -338,6 +340,8 @@ class Host:
 
     async def _drop_broken(self, sid: str, text: str) -> None:
         route = self.routes.pop(sid, None)
+        if route is not None:
+            route.agent_opened.set()  # nobody waits for its agent any more
         turn = self.turns.get(sid)
         if route is not None and turn is not None and turn.route is route:
             self.turns.settle(turn, error=InternalError(f"session could not start: {text}"))
