@@ -57,6 +57,7 @@ class _Terminal:
         self._output = bytearray()
         self._truncated = False
         self._lock = threading.Lock()
+        self._reaping = threading.Lock()  # a reaped pid may name another process: no kill
         self._cleanup = cleanup
         self._exited = exited
         self._loop = exited.get_loop()
@@ -77,7 +78,9 @@ class _Terminal:
 
     def kill(self) -> None:
         """End the command and all it started (blocks up to half a second; any thread)."""
-        end_command(self.proc)
+        with self._reaping:
+            if self.exit_status is None:
+                end_command(self.proc)
 
     def _read(self) -> None:
         """Reader thread: copy output until the command exits and its pipe is drained,
@@ -95,12 +98,13 @@ class _Terminal:
                     self._keep(chunk)
                 elif exited:
                     break  # background children may hold the pipe open
-        end_command(self.proc)
-        self.proc.stdout.close()
-        code = self.proc.wait()
+        with self._reaping:
+            end_command(self.proc)
+            self.proc.stdout.close()
+            code = self.proc.wait()
+            self.exit_status = {"exitCode": code if code >= 0 else None,
+                                "signal": signal.Signals(-code).name if code < 0 else None}
         self._cleanup.close()
-        self.exit_status = {"exitCode": code if code >= 0 else None,
-                            "signal": signal.Signals(-code).name if code < 0 else None}
         with contextlib.suppress(RuntimeError):  # the agent's loop is already closed
             self._loop.call_soon_threadsafe(_settle, self._exited, self.exit_status)
 
@@ -146,10 +150,14 @@ class Terminals:
         terminal = await asyncio.to_thread(self._start, command_line, cwd, env, limit, exited)
         terminal_id = f"zc-term-{secrets.token_hex(8)}"
         with self._lock:
-            if self._closed:
-                await asyncio.to_thread(terminal.kill)
-                raise InternalError("terminal/create refused: the session has ended")
-            self._live[terminal_id] = terminal
+            refusal = ("the session has ended" if self._closed else
+                       "too many terminals started at once" if len(self._live) >= MAX_TERMINALS
+                       else None)
+            if refusal is None:
+                self._live[terminal_id] = terminal
+        if refusal is not None:
+            await asyncio.to_thread(terminal.kill)
+            raise InternalError(f"terminal/create refused: {refusal}")
         return {"terminalId": terminal_id}
 
     async def serve(self, method: str, params: Mapping[str, Any]) -> dict[str, Any]:
