@@ -1,8 +1,8 @@
-"""A hosted ACP agent's ``fs/*`` requests behind the daemon's ``acp.sock``: one agent
-process serves the sessions of two SDK editors, and each request goes to the editor
-that holds its session when it arrives (when that editor offers ``fs``), else
-zeroclaw serves it; an editor that goes away with a request pending leaves the
-agent an error, not a hang (issue "Real agents 1", point 4).
+"""A hosted ACP agent's ``fs/*`` and ``terminal/*`` requests behind the daemon's
+``acp.sock``: one agent process serves the sessions of two SDK editors, and each
+request goes to the editor that holds its session when it arrives (when that editor
+offers the capability), else zeroclaw serves it; an editor that goes away with a
+request pending leaves the agent an error, not a hang (issue "Real agents 1", point 4).
 """
 
 from __future__ import annotations
@@ -61,6 +61,10 @@ async def test_each_request_goes_to_the_editor_holding_its_session_when_it_arriv
         assert said == [f"read: the client's copy of {notes}", "read: on disk"]
         assert [(m, p["session_id"]) for m, p in offering_client.client_requests] == [
             ("fs/read_text_file", first)]
+        said = await asyncio.gather(_said(offering, offering_client, first, "term true"),
+                                    _said(plain, plain_client, second, "term echo own"))
+        assert said == ["exit=7 output=the client's terminal", "exit=0 output=own\n"]
+        del offering_client.client_requests[1:]  # its terminal's create, wait, output, release
         await plain.load_session(cwd=str(workspace), session_id=first, mcp_servers=[])
         assert await _said(plain, plain_client, first, f"read {notes}") == "read: on disk"
         assert await _said(offering, offering_client, first, f"read {notes}") == (
