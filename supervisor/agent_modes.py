@@ -19,7 +19,6 @@ import contextlib
 from typing import TYPE_CHECKING, Any
 
 from ipc import acp_handshake
-from ipc.events import CurrentMode
 
 if TYPE_CHECKING:
     from supervisor.routes import Peer, Route
@@ -52,6 +51,8 @@ async def set_agent_mode(sessions: Sessions, route: Route, mode_id: str, peer: P
     modes = route.agent_modes
     if modes is None or mode_id not in {mode.get("id") for mode in modes["availableModes"]}:
         return False
+    from ipc.events import CurrentMode  # off the way to the first initialize
+
     await sessions.host.agent_calls.call(route, "session/set_mode", {"modeId": mode_id})
     modes["currentModeId"] = mode_id
     peer.send_event(route.sid, CurrentMode(mode_id))
