@@ -16,12 +16,20 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors.agents.base import Agent, AgentFailure, SessionSetup, TurnResult, history_tokens
+from actors.agents.base import (
+    Agent,
+    AgentFailure,
+    ClientChannel,
+    SessionSetup,
+    TurnResult,
+    history_tokens,
+)
 from actors.bridge import SimpleInboxActor
 from actors.tools import PathPolicy, Tool, default_tools
 from actors.turn import ActorTurnContext, TurnRecorder
@@ -29,6 +37,8 @@ from ipc.events import TurnItem, TurnRecord, item_from_wire
 from ipc.modes import MODE_IDS
 from ipc.worker_wire import (
     STREAM_WINDOW_BYTES,
+    AgentOpened,
+    ClientCall,
     EncodeError,
     OpenSession,
     SessionClosed,
@@ -284,10 +294,27 @@ class SessionActor(SimpleInboxActor):
             self.agent.open(SessionSetup(
                 sid=config.sid, paths=config.paths, mode=lambda: self.state.mode,
                 mcp_servers=config.mcp_servers, has_history=bool(config.history),
-                meta=config.meta,
+                meta=config.meta, client=ClientChannel(self._call_client,
+                                                       config.permission_timeout),
             ))
         except Exception:  # the first turn reports what is wrong
             logger.exception("session %s: agent could not open", config.sid)
+        if self.agent.reports_open:  # the host waits for it (the agent's own modes)
+            self.send(AgentOpened(sid=config.sid, modes=self.agent.own_modes()))
+
+    def _call_client(self, method: str, params: dict[str, Any]) -> Future[Any]:
+        """Send a :class:`ClientCall` for the host to relay (any thread: a hosted agent's
+        loop thread); the future settles when the IO thread gets its ClientReply, or
+        with None when the session's waits are withdrawn. Raises EncodeError."""
+        request_id = f"client-{uuid.uuid4().hex[:16]}"
+        future = self.permissions.open(self.config.sid, request_id)
+        try:
+            self.send(ClientCall(sid=self.config.sid, request_id=request_id, method=method,
+                                 params=params))
+        except EncodeError:
+            self.permissions.discard(request_id)
+            raise
+        return future
 
     def on_stop(self) -> None:
         try:

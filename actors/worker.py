@@ -38,7 +38,8 @@ from dataclasses import dataclass
 import pykka
 import zmq
 
-from actors.agents import agent_processes, create_agent, stop_agent_processes
+from actors.agent_calls import forward_agent_call
+from actors.agents import Agent, agent_processes, create_agent, stop_agent_processes
 from actors.session import (
     CloseActor,
     PermissionBoard,
@@ -48,7 +49,9 @@ from actors.session import (
     SessionState,
 )
 from ipc.worker_wire import (
+    AgentCall,
     CancelTurn,
+    ClientReply,
     CloseSession,
     Credit,
     Heartbeat,
@@ -133,6 +136,7 @@ class Outbox:
 class _LiveSession:
     actor: pykka.ActorRef[SessionActor]
     state: SessionState
+    agent: Agent
 
 
 class WorkerProcess:
@@ -247,6 +251,11 @@ class WorkerProcess:
                 self.permissions.resolve(request_id, answer)
             case PermissionReply(request_id=request_id, option_id=option_id):
                 self.permissions.resolve(request_id, option_id)
+            case ClientReply(request_id=request_id):
+                self.permissions.resolve(request_id, message)
+            case AgentCall(sid=sid):
+                live = self.sessions.get(sid)
+                forward_agent_call(message, live.agent if live else None, self.outbox.put)
             case SetMode(sid=sid, mode=mode):
                 self._set_mode(sid, mode)
             case CloseSession(sid=sid, close_id=close_id):
@@ -273,7 +282,7 @@ class WorkerProcess:
             return
         actor = SessionActor.start(config=config, state=state, agent=agent,
                                    send=self.outbox.put, permissions=self.permissions)
-        self.sessions[sid] = _LiveSession(actor, state)
+        self.sessions[sid] = _LiveSession(actor, state, agent)
         self.outbox.put(SessionOpened(sid=sid))
 
     def _start_turn(self, message: StartTurn) -> None:

@@ -19,8 +19,13 @@ import orjson
 __all__ = [
     "STREAM_WINDOW_BYTES",
     "TOOL_RULES_META",
+    "AgentCall",
+    "AgentOpened",
     "AgentProcessEntry",
+    "AgentReply",
     "CancelTurn",
+    "ClientCall",
+    "ClientReply",
     "CloseSession",
     "Credit",
     "EncodeError",
@@ -141,6 +146,34 @@ class UserAnswer:
 
 
 @dataclass(frozen=True, slots=True)
+class ClientReply:
+    """The answer to a :class:`ClientCall`. ``relayed`` False: the session's holder did
+    not advertise the capability (or there is none), so the worker serves the request
+    itself; else ``error`` (``{code, message}``: the client's error, or why no answer
+    came: the client went away, timed out) or ``result``. None to the worker's wait
+    means withdrawn (the turn was cancelled)."""
+
+    T: ClassVar[str] = "client_reply"
+    sid: str
+    request_id: str
+    relayed: bool
+    result: Any = None
+    error: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AgentCall:
+    """A client's ``_``-prefixed extension request for the session's hosted agent;
+    answered by an :class:`AgentReply` with the same ``request_id``."""
+
+    T: ClassVar[str] = "agent_call"
+    sid: str
+    request_id: str
+    method: str
+    params: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
 class SetMode:
     T: ClassVar[str] = "set_mode"
     sid: str
@@ -253,6 +286,42 @@ class UserAsk:
     schema: dict[str, Any]
 
 
+@dataclass(frozen=True, slots=True)
+class ClientCall:
+    """A hosted agent's request for its client (``fs/*``, ``terminal/*``), for the host
+    to relay to the connection that holds the session now, when that connection
+    advertised the capability. ``params`` carry zeroclaw's session id."""
+
+    T: ClassVar[str] = "client_call"
+    sid: str
+    request_id: str
+    method: str
+    params: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class AgentReply:
+    """The hosted agent's answer to an :class:`AgentCall`: ``error`` (``{code,
+    message}``) or ``result``."""
+
+    T: ClassVar[str] = "agent_reply"
+    sid: str
+    request_id: str
+    result: Any = None
+    error: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AgentOpened:
+    """A hosted agent's session is there (or could not be had: it is then retried at the
+    first prompt): ``modes`` is the agent's own ``{currentModeId, availableModes}``
+    when it offers modes, else None."""
+
+    T: ClassVar[str] = "agent_opened"
+    sid: str
+    modes: dict[str, Any] | None = None
+
+
 #: Where a stored session's ``meta`` keeps its remembered permission answers.
 TOOL_RULES_META = "toolPermissions"
 _TOOL_RULES = ("allow_always", "reject_always")
@@ -313,6 +382,8 @@ HostMessage: TypeAlias = (
     | CancelTurn
     | PermissionReply
     | UserAnswer
+    | ClientReply
+    | AgentCall
     | SetMode
     | CloseSession
     | Credit
@@ -327,6 +398,9 @@ WorkerMessage: TypeAlias = (
     | TurnEvent
     | PermissionAsk
     | UserAsk
+    | ClientCall
+    | AgentReply
+    | AgentOpened
     | PermissionRules
     | TurnEnded
     | TurnFailed
@@ -341,6 +415,8 @@ _TYPES: dict[str, type[Any]] = {
         CancelTurn,
         PermissionReply,
         UserAnswer,
+        ClientReply,
+        AgentCall,
         SetMode,
         CloseSession,
         Credit,
@@ -353,6 +429,9 @@ _TYPES: dict[str, type[Any]] = {
         TurnEvent,
         PermissionAsk,
         UserAsk,
+        ClientCall,
+        AgentReply,
+        AgentOpened,
         PermissionRules,
         TurnEnded,
         TurnFailed,

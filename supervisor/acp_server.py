@@ -26,7 +26,9 @@ from typing import TYPE_CHECKING, Any
 from actors.sandbox import detect as detect_sandbox
 from ipc import acp_handshake
 from ipc.errors import InvalidParams, SessionNotFound
+from ipc.extensions import ExtensionMethods
 from ipc.jsonrpc import ConnectionLost, Endpoint, RemoteError
+from supervisor.agent_modes import session_modes, set_agent_mode
 from supervisor.host_handle import HostHandle
 
 if TYPE_CHECKING:
@@ -135,6 +137,15 @@ class AcpPeer:
         return acp.selected_option(result)
 
 
+    def offers(self, method: str) -> bool:
+        from supervisor.client_relay import advertises  # off the way to initialize
+
+        return advertises(self.endpoint.state.get("client"), method)
+
+    async def call_client(self, sid: str, method: str, params: dict[str, Any],
+                          timeout: float) -> Any:
+        return await self.endpoint.request(method, params, timeout=timeout)
+
     async def ask_user(
         self, sid: str, message: str, schema: dict[str, Any], timeout: float
     ) -> dict[str, Any] | None:
@@ -170,7 +181,7 @@ class AcpServer:
         self.owns_host = host is None
         self.host = host if host is not None else HostHandle(settings)
         self._advertise(probe_store(settings.store_path))
-        self.methods: dict[str, Callable[[Any, Endpoint], Any]] = {
+        self.methods: dict[str, Callable[..., Any]] = ExtensionMethods({
             "initialize": self.initialize,
             "session/new": self.new_session,
             "session/prompt": self.prompt,
@@ -180,7 +191,7 @@ class AcpServer:
             "session/update": self.client_event,
             "session/event": self.client_event,
             "status": self.status,
-        }
+        }, self.extension)
         for method, handler in (("session/load", self.load), ("session/resume", self.resume),
                                 ("session/list", self.list), ("session/close", self.close),
                                 ("session/delete", self.delete)):
@@ -276,12 +287,9 @@ class AcpServer:
         else:
             route = await scope.new_session(sessions, peer, request)
         self.host.owners.join(route.sid, peer)  # a no-op if the client left meanwhile
+        modes = await session_modes(sessions, route)
         _announce_commands(peer, route.sid)
-        return {
-            "sessionId": route.sid,
-            "workspaceDir": route.workspace_dir,
-            "modes": acp_handshake.modes_state(route.mode),
-        }
+        return {"sessionId": route.sid, "workspaceDir": route.workspace_dir, "modes": modes}
 
     async def prompt(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
         request = acp.prompt_request(params)
@@ -322,9 +330,9 @@ class AcpServer:
             scope.check_capacity(sessions, sid)
         route = await sessions.restore(peer, sid, replay=replay)
         self.host.owners.join(sid, peer)  # a no-op if the client left meanwhile
+        modes = await session_modes(sessions, route)
         _announce_commands(peer, sid)
-        return _with_agent_fallback({"modes": acp_handshake.modes_state(route.mode)},
-                                    route.agent_fallback)
+        return _with_agent_fallback({"modes": modes}, route.agent_fallback)
 
     async def load(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
         return await self._restore(params, endpoint, replay=True)
@@ -355,7 +363,10 @@ class AcpServer:
         mode = acp.optional_str(params, "modeId", "mode_id")
         if mode is None:
             raise InvalidParams("missing modeId")
-        await (await self.sessions()).set_mode(endpoint.state["peer"], sid, mode)
+        sessions, peer = await self.sessions(), endpoint.state["peer"]
+        route = sessions.host.routes.get(sid)
+        if route is None or not await set_agent_mode(sessions, route, mode, peer):
+            await sessions.set_mode(peer, sid, mode)  # zeroclaw's autonomy level
         return {}
 
     async def client_event(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
@@ -366,6 +377,19 @@ class AcpServer:
             kind = str(update.get("sessionUpdate") or "event")
         await (await self.sessions()).client_event(sid, kind or "event", dict(params))
         return {"sessionId": sid, "type": kind or "event", "status": "processed"}
+
+    async def extension(self, method: str, params: Any, endpoint: Endpoint) -> Any:
+        """A ``_``-prefixed request: forwarded to the hosted agent of the session it
+        names (:mod:`supervisor.agent_calls`); it adopts a session nobody holds, as a
+        prompt does."""
+        if not isinstance(params, Mapping):
+            raise InvalidParams("params must be an object")
+        sid = await self._visible(params, endpoint)
+        peer = endpoint.state["peer"]
+        with self.host.owners.adopting(sid, peer):
+            sessions = await self.sessions()
+            route = await sessions.live_route(sid, peer)
+            return await sessions.host.agent_calls.call(route, method, dict(params))
 
     async def status(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
         from supervisor.status import host_status

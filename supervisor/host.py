@@ -32,6 +32,9 @@ from ipc.errors import InternalError, SessionNotFound
 from ipc.events import SessionInfo, TurnRecord, event_from_wire, iso_utc
 from ipc.worker_wire import (
     TOOL_RULES_META,
+    AgentOpened,
+    AgentReply,
+    ClientCall,
     CloseSession,
     HostMessage,
     OpenFailed,
@@ -48,6 +51,8 @@ from ipc.worker_wire import (
     WorkerMessage,
 )
 from storage.store import Store, open_store
+from supervisor.agent_calls import AgentCalls
+from supervisor.client_relay import ClientRelay
 from supervisor.closings import Closings
 from supervisor.config import Settings
 from supervisor.orphans import become_subreaper, end_orphans
@@ -86,6 +91,8 @@ class Host:
         self._orphan_sweeper: asyncio.Task[None] | None = None
         self._closings = Closings()
         self.turns = TurnBook(self)
+        self.client_relay = ClientRelay(self)
+        self.agent_calls = AgentCalls(self)
         self.usage = UsageTotals()
         self.turn_stats = TurnStats()  # for /metrics
 
@@ -210,12 +217,15 @@ class Host:
 
     def _on_worker_exit(self, worker_id: str) -> None:
         end_orphans()
+        self.agent_calls.worker_gone(worker_id)
         self.spawn(self._fail_worker_sessions(worker_id))
 
     async def _fail_worker_sessions(self, worker_id: str) -> None:
         sids = await self.supervise("worker_exited", worker_id)
         for sid in sids:
             route = self.routes.pop(sid, None)
+            if route is not None:
+                route.agent_opened.set()  # nobody waits for its agent any more
             turn = self.turns.get(sid)
             if turn is not None and turn.route is route and self.turns.worker_exited(turn):
                 # the record says so until the next load or resume; nobody waits on it
@@ -257,6 +267,15 @@ class Host:
                 self._ask_permission(worker_id, message)
             case UserAsk():
                 self._ask_user(worker_id, message)
+            case ClientCall():
+                self.client_relay.on_call(worker_id, message)
+            case AgentReply():
+                self.agent_calls.settle(message)
+            case AgentOpened(sid=sid, modes=modes):
+                route = self.routes.get(sid)
+                if route is not None:
+                    route.agent_modes = modes
+                    route.agent_opened.set()
             case PermissionRules(sid=sid, rules=rules):
                 self.persist(UpdateMeta(sid, {TOOL_RULES_META: rules})).add_done_callback(
                     _log_write_failure)
@@ -328,6 +347,8 @@ class Host:
 
     async def _drop_broken(self, sid: str, text: str) -> None:
         route = self.routes.pop(sid, None)
+        if route is not None:
+            route.agent_opened.set()  # nobody waits for its agent any more
         turn = self.turns.get(sid)
         if route is not None and turn is not None and turn.route is route:
             self.turns.settle(turn, error=InternalError(f"session could not start: {text}"))

@@ -44,6 +44,15 @@ class Peer(Protocol):
     ) -> dict[str, Any] | None:
         """Ask the user a question (``elicitation/create``); None if it cannot be asked."""
 
+    def offers(self, method: str) -> bool:
+        """Whether this client advertised what a hosted agent's ``method`` (``fs/*``,
+        ``terminal/*``) needs, so it can be relayed to it."""
+
+    async def call_client(self, sid: str, method: str, params: dict[str, Any],
+                          timeout: float) -> Any:
+        """Send a hosted agent's request; its result. Raises TimeoutError,
+        :class:`ipc.jsonrpc.ConnectionLost` or :class:`ipc.jsonrpc.RemoteError`."""
+
 
 @dataclass(slots=True)
 class Route:
@@ -70,6 +79,9 @@ class Route:
     tenant: str | None = None  # the gateway tenant it belongs to (None: the host's owner)
     title: InitVar[str | None] = None
     status: dict[str, Any] = field(init=False)
+    #: A hosted agent's own modes, once its session is open (:mod:`supervisor.agent_modes`).
+    agent_modes: dict[str, Any] | None = None
+    agent_opened: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self, turns: int, tokens: int, title: str | None) -> None:
         self.status = {"sessionId": self.sid, "agentAlias": self.agent_alias, "state": "idle",
@@ -82,6 +94,10 @@ class Route:
         if self.fallback_from is None:
             return None
         return {"from": self.fallback_from, "to": self.agent_alias}
+
+    def holder_offering(self, method: str) -> Peer | None:
+        """The connection that holds the session now, when it offers ``method``."""
+        return self.peer if self.peer.offers(method) else None
 
     def touch(self) -> None:
         self.status["lastActivity"] = time.time()

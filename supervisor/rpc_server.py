@@ -121,6 +121,14 @@ class DaemonPeer:
             log.warning("%s: invalid elicitation answer for %s ignored", self.name, sid)
         return reply
 
+    def offers(self, method: str) -> bool:
+        """The RPC dialect has no ``fs/*`` or ``terminal/*``: zeroclaw serves them."""
+        return False
+
+    async def call_client(self, sid: str, method: str, params: dict[str, Any],
+                          timeout: float) -> Any:
+        raise ConnectionLost(f"{self.name}: {method} cannot be sent in the RPC dialect")
+
     def answer(self, approval: rpc.Approval) -> bool:
         """Settle a pending approval of this connection; False if there is none."""
         pending = self._approvals.get(approval.request_id)

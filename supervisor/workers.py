@@ -34,7 +34,10 @@ from typing import Any, cast
 import zmq
 
 from ipc.worker_wire import (
+    AgentOpened,
     AgentProcessEntry,
+    AgentReply,
+    ClientCall,
     Credit,
     Heartbeat,
     HostMessage,
@@ -67,8 +70,8 @@ _HWM = 10_000
 _DRAIN_BATCH = 1000
 _SHUTDOWN_GRACE_SECS = 1.0
 _PROJECT_ROOT = Path(__file__).resolve().parent.parent
-_FORWARDED = (SessionOpened, OpenFailed, TurnEvent, PermissionAsk, UserAsk, PermissionRules,
-              TurnEnded, TurnFailed, SessionClosed)
+_FORWARDED = (SessionOpened, OpenFailed, TurnEvent, PermissionAsk, UserAsk, ClientCall,
+              AgentReply, AgentOpened, PermissionRules, TurnEnded, TurnFailed, SessionClosed)
 
 
 @dataclass(frozen=True, slots=True)

@@ -127,3 +127,16 @@ def test_a_cwd_of_thousands_of_entries_around_a_forbidden_one_still_runs(
     result = ShellTool(sandbox=detect(backend)).run(
         {"command": "cat file-with-a-rather-long-name-02499.txt"}, env)
     assert result.ok and result.text == "x"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_forbidden_file_inside_a_forbidden_directory_still_lets_commands_run(
+    tmp_path: Path, backend: str
+) -> None:
+    """The daemon hides its data dir and its socket inside it: a command must still run."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "daemon.sock").write_text("")
+    env = session(tmp_path, forbidden=(str(tmp_path / "data"), str(tmp_path / "data" /
+                                                                   "daemon.sock")))
+    result = ShellTool(sandbox=detect(backend)).run({"command": "echo ran"}, env)
+    assert result.ok and result.text == "ran\n"

@@ -18,8 +18,10 @@ otherwise a fresh agent session, and the next prompt result says
 text block, relays the agent's ``session/update``s as zeroclaw events (so they
 are recorded and replayed like any turn), relays its permission requests to the
 client under the session's autonomy mode, forwards ``session/cancel``, and
-serves ``fs/read_text_file`` / ``fs/write_text_file`` with zeroclaw's own file
-tools under the session's path policy. ``terminal/*`` is not offered.
+relays ``fs/read_text_file`` / ``fs/write_text_file`` and ``terminal/*`` to the
+client that holds the session when it advertised them, else serves them itself
+(:mod:`actors.agents.acp_relay`): files under the session's path policy, commands
+in zeroclaw's sandboxed terminals.
 
 Threads: :class:`AcpAgent` runs on its session's actor thread; the agent's
 requests are served on its process's loop thread (:mod:`actors.agents.acp_client`,
@@ -28,6 +30,7 @@ requests are served on its process's loop thread (:mod:`actors.agents.acp_client
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import os
 import re
@@ -40,6 +43,7 @@ from actors.agents.acp_client import HANDLERS
 from actors.agents.acp_process import AgentProcess, LaunchSpec, SessionLink, clean_env
 from actors.agents.acp_turn import AcpTurn
 from actors.agents.base import Agent, AgentFailure, SessionSetup, TurnContext, TurnResult
+from actors.tools import ShellTool
 from ipc.worker_wire import AgentProcessEntry
 
 __all__ = [
@@ -54,10 +58,20 @@ log = logging.getLogger("zeroclaw.agent")
 
 DEFAULT_START_TIMEOUT = 30.0
 DEFAULT_CANCEL_GRACE = 5.0  # after session/cancel, how long the agent has to end the turn
-#: What zeroclaw offers an agent: file access under the session's path policy; no terminal.
+#: What zeroclaw offers an agent: files and terminals, the client's when the client that
+#: holds the session offers them, else zeroclaw's own (see :mod:`actors.agents.acp_relay`).
 CLIENT_CAPABILITIES: dict[str, Any] = {
-    "fs": {"readTextFile": True, "writeTextFile": True}, "terminal": False,
+    "fs": {"readTextFile": True, "writeTextFile": True}, "terminal": True,
 }
+
+
+def client_capabilities() -> dict[str, Any]:
+    """:data:`CLIENT_CAPABILITIES`, less ``terminal`` when zeroclaw could not run one
+    itself (no sandbox, and unconfined commands are not allowed): a terminal the
+    client may not offer is not promised."""
+    if ShellTool().unavailable() is None:
+        return CLIENT_CAPABILITIES
+    return {**CLIENT_CAPABILITIES, "terminal": False}
 
 
 # --- config --------------------------------------------------------------------
@@ -142,7 +156,7 @@ class _Processes:
                 restarts = self._restarts.get(key)
                 self._restarts[key] = 0 if restarts is None else restarts + 1
             process = AgentProcess(spec, HANDLERS)
-            process.start(CLIENT_CAPABILITIES)
+            process.start(client_capabilities())
             log.info("agent %s initialized: %s", spec.alias, _summary(process.initialize_result))
             with self._lock:
                 self._running[key] = process
@@ -208,6 +222,29 @@ def _restore_method(result: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _modes_of(result: Any) -> dict[str, Any] | None:
+    """The agent's ``modes`` in a session answer, when it is a usable SessionModeState."""
+    modes = result.get("modes") if isinstance(result, Mapping) else None
+    if not isinstance(modes, Mapping) or not isinstance(modes.get("currentModeId"), str):
+        return None
+    available = modes.get("availableModes")
+    if not isinstance(available, list) or not available:
+        return None
+    return {"currentModeId": modes["currentModeId"], "availableModes": [
+        dict(mode) for mode in available if isinstance(mode, Mapping)
+        and isinstance(mode.get("id"), str) and isinstance(mode.get("name"), str)]}
+
+
+def _settle_from(answer: concurrent.futures.Future[Any],
+                 done: concurrent.futures.Future[Any]) -> None:
+    if done.cancelled():
+        answer.set_exception(AgentFailure("the request was withdrawn"))
+    elif done.exception() is not None:
+        answer.set_exception(done.exception())
+    else:
+        answer.set_result(done.result())
+
+
 def _summary(result: Mapping[str, Any]) -> str:
     caps = result.get("agentCapabilities")
     methods = [m.get("id") for m in result.get("authMethods") or [] if isinstance(m, Mapping)]
@@ -221,6 +258,7 @@ class AcpAgent(Agent):
     """One zeroclaw session's view of a hosted ACP agent (its actor thread)."""
 
     provider: ClassVar[str] = "acp"
+    reports_open: ClassVar[bool] = True
 
     @classmethod
     def config_problem(cls, config: Mapping[str, Any], env: Mapping[str, str]) -> str | None:
@@ -239,6 +277,8 @@ class AcpAgent(Agent):
         self._context_lost = False
         self._new_agent_session = False  # its id is not stored yet
         self._restorable: str | None = None  # the agent session to reopen, if the agent can
+        self._opened: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._modes: dict[str, Any] | None = None  # the agent's own, when it offers modes
 
     def open(self, setup: SessionSetup) -> None:
         """Start the agent (if this worker has none yet) and its session, ahead of a turn."""
@@ -252,6 +292,30 @@ class AcpAgent(Agent):
         except AgentFailure as exc:
             log.warning("session %s: %s", setup.sid, exc)
             self._start_error = str(exc)  # the first prompt says so; the next tries again
+        finally:
+            self._opened.set_result(None)
+
+    def own_modes(self) -> dict[str, Any] | None:
+        """The agent's own modes for this session (from its ``session/new``, ``load`` or
+        ``resume`` answer), None when it offers none."""
+        return self._modes
+
+    def forward(self, method: str, params: dict[str, Any]) -> concurrent.futures.Future[Any]:
+        """Forward a client's request to the agent, for this session (the worker's IO
+        thread; it does not wait: an early request goes out once the session's agent
+        session is there)."""
+        answer: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+        def forward(_opened: object) -> None:
+            process, link = self._process, self._link
+            if process is None or link is None or not process.alive:
+                answer.set_exception(AgentFailure(f"agent {self.alias} is not running"))
+                return
+            sent = process.call(method, {**params, "sessionId": link.agent_session_id})
+            sent.add_done_callback(lambda done: _settle_from(answer, done))
+
+        self._opened.add_done_callback(forward)
+        return answer
 
     def close(self) -> None:
         """Drop this session's agent session (``session/close`` where the agent offers
@@ -267,6 +331,7 @@ class AcpAgent(Agent):
         if process is None or link is None:
             return
         process.links.pop(link.agent_session_id, None)
+        link.terminals.close_all()
         if process.alive and _offers(process.initialize_result, "close"):
             process.call("session/close", {"sessionId": link.agent_session_id})
 
@@ -319,7 +384,7 @@ class AcpAgent(Agent):
                 self._context_lost = True
                 log.warning("session %s: agent %s has a fresh session %s; the context of the "
                             "earlier turns was not restored", setup.sid, self.alias, agent_sid)
-        link = SessionLink(agent_sid, setup.paths, setup.mode)
+        link = SessionLink(agent_sid, setup.paths, setup.mode, setup.sid, setup.client)
         process.links[agent_sid] = link
         self._process, self._link = process, link
         self._agent_sessions += 1
@@ -332,10 +397,11 @@ class AcpAgent(Agent):
         if agent_sid is None or method is None:
             return None
         try:
-            process.call_and_wait(method, {
+            result = process.call_and_wait(method, {
                 "sessionId": agent_sid, "cwd": str(setup.paths.cwd),
                 "mcpServers": list(setup.mcp_servers),
             })
+            self._modes = _modes_of(result)
         except AgentFailure as exc:
             log.warning("session %s: %s; starting a fresh agent session", setup.sid, exc)
             return None
@@ -355,6 +421,7 @@ class AcpAgent(Agent):
         agent_sid = result.get("sessionId") if isinstance(result, Mapping) else None
         if not isinstance(agent_sid, str) or not agent_sid:
             raise AgentFailure(f"agent {self.alias} answered session/new without a sessionId")
+        self._modes = _modes_of(result)
         log.info("session %s: agent %s session %s (modes: %r)", setup.sid, self.alias,
-                 agent_sid, result.get("modes"))
+                 agent_sid, self._modes)
         return agent_sid

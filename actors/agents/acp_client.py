@@ -4,9 +4,12 @@ and notifications, by method.
 Runs on the agent process's loop thread (:mod:`actors.agents.acp_process`).
 ``session/update`` and ``session/request_permission`` are handed to the
 session's turn (its :class:`SessionLink` inbox, read on the session's actor
-thread); ``fs/read_text_file`` and ``fs/write_text_file`` run zeroclaw's file
-tools under the session's path policy on a worker thread. Anything else gets
--32601 from the endpoint.
+thread); ``fs/read_text_file``, ``fs/write_text_file`` and ``terminal/*`` go to the
+client that holds the session when it offers them (:mod:`actors.agents.acp_relay`),
+else zeroclaw serves them: its file tools under the session's path policy on a
+worker thread, its own sandboxed terminals (:mod:`actors.agents.acp_terminals`).
+An extension request (``_name``) goes to the client holding the session (-32601
+when none takes it). Anything else gets -32601 from the endpoint.
 """
 
 from __future__ import annotations
@@ -18,13 +21,17 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from actors.agents.acp_process import AgentProcess, SessionLink
+from actors.agents.acp_relay import relay_or_serve
 from actors.tools import FileReadTool, FileWriteTool, ToolEnv, ToolError
-from ipc.errors import InvalidParams
+from ipc.errors import InvalidParams, MethodNotFound
+from ipc.extensions import ExtensionMethods
 
-__all__ = ["CANCELLED_OUTCOME", "HANDLERS"]
+__all__ = ["CANCELLED_OUTCOME", "HANDLERS", "TERMINAL_METHODS"]
 
 log = logging.getLogger("zeroclaw.agent")
 
+TERMINAL_METHODS = ("terminal/create", "terminal/output", "terminal/wait_for_exit",
+                    "terminal/kill", "terminal/release")
 #: The answer to a permission request nobody can decide (no turn, cancelled, no option).
 CANCELLED_OUTCOME: dict[str, Any] = {"outcome": {"outcome": "cancelled"}}
 
@@ -62,16 +69,43 @@ def _settle(future: asyncio.Future[Any], value: Any) -> None:
 
 def _on_read(process: AgentProcess, params: Any) -> Any:
     link = _required_link(process, params)
-    args = {"path": params.get("path")}
-    return asyncio.to_thread(_read_text, link, args, params.get("line"), params.get("limit"))
+
+    def local() -> Any:
+        args = {"path": params.get("path")}
+        return asyncio.to_thread(_read_text, link, args, params.get("line"), params.get("limit"))
+
+    return relay_or_serve(link, "fs/read_text_file", params, local)
 
 
 def _on_write(process: AgentProcess, params: Any) -> Any:
     link = _required_link(process, params)
     if link.mode() == "read_only":
         raise InvalidParams("fs/write_text_file refused: the session's autonomy is read_only")
-    args = {"path": params.get("path"), "content": params.get("content")}
-    return asyncio.to_thread(_write_text, link, args)
+
+    def local() -> Any:
+        args = {"path": params.get("path"), "content": params.get("content")}
+        return asyncio.to_thread(_write_text, link, args)
+
+    return relay_or_serve(link, "fs/write_text_file", params, local)
+
+
+def _terminal_handler(method: str) -> Callable[[AgentProcess, Any], Any]:
+    """``terminal/*``: a terminal zeroclaw runs is served here; anything else goes
+    to the session's client when it offers terminals, else to zeroclaw's own."""
+
+    def handle(process: AgentProcess, params: Any) -> Any:
+        link = _required_link(process, params)
+        terminals = link.terminals
+        if method == "terminal/create":
+            if link.mode() == "read_only":
+                raise InvalidParams("terminal/create refused: the session's autonomy is "
+                                    "read_only")
+            return relay_or_serve(link, method, params, lambda: terminals.create(params))
+        if terminals.has(params.get("terminalId")):
+            return terminals.serve(method, params)
+        return relay_or_serve(link, method, params, lambda: terminals.serve(method, params))
+
+    return handle
 
 
 def _required_link(process: AgentProcess, params: Any) -> SessionLink:
@@ -108,9 +142,21 @@ def _positive(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
-HANDLERS: dict[str, Callable[[AgentProcess, Any], Any]] = {
+def _on_extension(method: str, process: AgentProcess, params: Any) -> Any:
+    """An extension request (``_name``) about one of its sessions goes to the client
+    holding it; nothing here serves one (-32601)."""
+    link = _required_link(process, params)
+
+    async def missing() -> Any:
+        raise MethodNotFound(f"Method not found: {method}")
+
+    return relay_or_serve(link, method, params, missing)
+
+
+HANDLERS: dict[str, Callable[..., Any]] = ExtensionMethods({
     "session/update": _on_update,
     "session/request_permission": _on_permission,
     "fs/read_text_file": _on_read,
     "fs/write_text_file": _on_write,
-}
+    **{method: _terminal_handler(method) for method in TERMINAL_METHODS},
+}, _on_extension)

@@ -34,8 +34,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors.agents.base import AgentFailure
+from actors.agents.acp_terminals import Terminals
+from actors.agents.base import AgentFailure, ClientChannel
 from actors.tools import PathPolicy
+from ipc.errors import MethodNotFound
+from ipc.extensions import ExtensionMethods
 from ipc.framing import OVERSIZED, FrameReader, new_stream_reader
 from ipc.jsonrpc import ConnectionLost, Endpoint, RemoteError
 
@@ -82,15 +85,22 @@ class SessionLink:
     """What the agent sends about one of its sessions goes here (from the loop thread).
 
     ``inbox`` is read by the session's actor thread during a turn; ``turn_open``
-    says whether one is reading it. ``paths`` and ``mode`` serve the agent's
-    ``fs/*`` requests.
+    says whether one is reading it. The agent's ``fs/*`` and ``terminal/*``
+    requests go to the session's client through ``client`` (zeroclaw's session
+    ``sid``), or are served here under ``paths`` and ``mode``, with ``terminals``.
     """
 
     agent_session_id: str
     paths: PathPolicy
     mode: Callable[[], str]
+    sid: str = ""
+    client: ClientChannel | None = None
     inbox: queue.SimpleQueue[tuple[str, Any]] = field(default_factory=queue.SimpleQueue)
     turn_open: threading.Event = field(default_factory=threading.Event)
+    terminals: Terminals = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.terminals = Terminals(self.paths, self.mode)
 
 
 class AgentProcess:
@@ -168,6 +178,8 @@ class AgentProcess:
                 _signal_group(proc, signal.SIGKILL)
                 proc.wait()
         self.exited.set()
+        for link in list(self.links.values()):
+            link.terminals.close_all()
         if self._thread.is_alive():
             with contextlib.suppress(RuntimeError):
                 self._loop.call_soon_threadsafe(self._loop.stop)
@@ -247,11 +259,20 @@ class AgentProcess:
         log.info("agent %s started (pid %d)", self.alias, proc.pid)
         return proc
 
-    def _bound_methods(self) -> dict[str, Callable[[Any, Endpoint], Any]]:
+    def _bound_methods(self) -> dict[str, Callable[..., Any]]:
+        """The handlers bound to this process; an extension method (``_name``) is looked
+        up in the given table when it has a fallback for them (an ExtensionMethods)."""
         def bind(handler: Callable[..., Any]) -> Callable[[Any, Endpoint], Any]:
             return lambda params, _endpoint: handler(self, params)
 
-        return {name: bind(handler) for name, handler in self._methods.items()}
+        def extension(name: str, params: Any, _endpoint: Endpoint) -> Any:
+            handler = self._methods.get(name)
+            if handler is None:
+                raise MethodNotFound(f"Method not found: {name}")
+            return handler(self, params)
+
+        bound = {name: bind(handler) for name, handler in self._methods.items()}
+        return ExtensionMethods(bound, extension)
 
     async def _request(self, method: str, params: Any) -> Any:
         if self._endpoint is None:
@@ -283,8 +304,11 @@ class AgentProcess:
         endpoint.close()
         log.warning("agent %s (pid %d) ended with status %s", self.alias, self._proc.pid,
                     self.exit_status)
-        for link in list(self.links.values()):
+        links = list(self.links.values())
+        for link in links:
             link.inbox.put(("exited", None))
+        for link in links:  # what it ran in zeroclaw's terminals ends with it
+            await asyncio.to_thread(link.terminals.close_all)
 
     def _copy_stderr(self, stream: Any) -> None:
         """Stderr thread: each line to the log (prefixed) and to the kept tail."""

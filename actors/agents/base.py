@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol, TypeAlias
@@ -22,6 +23,7 @@ from ipc.events import Event, TextItem, ToolItem, TurnItem
 __all__ = [
     "Agent",
     "AgentFailure",
+    "ClientChannel",
     "SessionSetup",
     "ToolCallOutcome",
     "TurnContext",
@@ -52,12 +54,25 @@ class ToolCallOutcome:
 
 
 @dataclass(frozen=True, slots=True)
+class ClientChannel:
+    """Requests to the client that holds the session, through the host (a hosted ACP
+    agent's ``fs/*`` and ``terminal/*``). ``call(method, params)`` may run on any
+    thread; its future holds the host's :class:`ipc.worker_wire.ClientReply`, or None
+    when the wait was withdrawn (the turn was cancelled or ended). The host gives the
+    client ``timeout`` seconds; a caller waits a little longer, never forever."""
+
+    call: Callable[[str, dict[str, Any]], Future[Any]]
+    timeout: float
+
+
+@dataclass(frozen=True, slots=True)
 class SessionSetup:
     """What an agent may know about its session when it opens (see :meth:`Agent.open`).
 
     ``mode`` reads the session's current autonomy level (thread-safe);
     ``mcp_servers`` is the client's list from ``session/new``, as sent; ``meta`` the
-    stored session's meta (what earlier turns' :attr:`TurnResult.session_meta` kept).
+    stored session's meta (what earlier turns' :attr:`TurnResult.session_meta` kept);
+    ``client`` reaches the session's client (None: no host to ask, as in unit tests).
     """
 
     sid: str
@@ -66,6 +81,7 @@ class SessionSetup:
     mcp_servers: tuple[Any, ...] = ()
     has_history: bool = False
     meta: Mapping[str, Any] = field(default_factory=dict)
+    client: ClientChannel | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +147,9 @@ class Agent(ABC):
     """A conversational agent. ``config`` is the agent's config section plus ``alias``."""
 
     provider: ClassVar[str]
+    #: The host waits at ``session/new`` for this agent's session to open (it may have
+    #: modes of its own: :meth:`own_modes`).
+    reports_open: ClassVar[bool] = False
 
     def __init__(self, config: dict[str, Any]) -> None:
         self.config = config
@@ -150,6 +169,18 @@ class Agent(ABC):
 
     def close(self) -> None:
         """The session's actor stops (its thread); the default does nothing."""
+        return None
+
+    def forward(self, method: str, params: dict[str, Any]) -> Future[Any] | None:
+        """A client's request for the agent itself (an extension method ``_name``, the
+        agent's own ``session/set_mode``), for an agent that takes them: the future of
+        its result (RpcError or AgentFailure for an error), or None (the default: this
+        agent takes none, -32601). The worker's IO thread calls it: it must not block."""
+        return None
+
+    def own_modes(self) -> dict[str, Any] | None:
+        """The agent's own session modes (``{currentModeId, availableModes}``) once
+        :meth:`open` returned, for an agent that has them; None (the default) else."""
         return None
 
     @abstractmethod

@@ -111,7 +111,10 @@ def _bwrap_argv(policy: PathPolicy, masked: tuple[Path, ...], command: str) -> l
             argv += ["--ro-bind", kernel, kernel]
     if os.path.exists("/proc/sysrq-trigger"):
         argv += ["--ro-bind", "/dev/null", "/proc/sysrq-trigger"]
+    masked_dirs = [path for path in masked if path.is_dir()]
     for forbidden in masked:
+        if any(forbidden != d and forbidden.is_relative_to(d) for d in masked_dirs):
+            continue  # already hidden by a masked directory above it (now read-only)
         if forbidden.is_dir():
             argv += ["--tmpfs", str(forbidden), "--remount-ro", str(forbidden)]
         elif forbidden.exists():

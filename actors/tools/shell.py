@@ -34,7 +34,9 @@ from actors.tools.base import Tool, ToolEnv, ToolError, ToolResult, require_str
 from actors.tools.paths import PathDenied
 from actors.tools.sandbox import confined
 
-__all__ = ["INHERITED_VARIABLES", "ShellTool", "command_environment"]
+__all__ = [
+    "INHERITED_VARIABLES", "ShellTool", "command_environment", "end_command", "has_exited",
+]
 
 #: The host's variables a command sees; nothing else of the host's environment is passed.
 INHERITED_VARIABLES = frozenset(
@@ -104,7 +106,7 @@ class ShellTool(Tool):
             try:
                 collected = self._collect(proc, env, time.monotonic() + timeout)
             finally:
-                _end_command(proc)
+                end_command(proc)
                 assert proc.stdout is not None
                 proc.stdout.close()
                 exit_code = proc.wait()
@@ -136,6 +138,12 @@ class ShellTool(Tool):
             raise ToolError(refusal)
         return self._sandbox_settings()
 
+    def confinement(self) -> tuple[SandboxInfo, tuple[Path, ...]]:
+        """The sandbox a command runs in and the host paths it must not see, for
+        another runner of commands (a hosted agent's terminals); ToolError when
+        there is no sandbox and running unconfined is not allowed."""
+        return self._usable_sandbox(), self._hidden
+
     def _timeout(self, args: dict[str, Any]) -> float:
         value = args.get("timeout", self.default_timeout)
         if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
@@ -158,7 +166,7 @@ class ShellTool(Tool):
                 if remaining <= 0:
                     collected.stopped_by = "timeout"
                     break
-                exited = _has_exited(proc)
+                exited = has_exited(proc)
                 if selector.select(0 if exited else min(_POLL_SECS, remaining)):
                     eof = not self._read_into(fd, collected)
                 elif exited:
@@ -207,7 +215,7 @@ def command_environment(
     return environment
 
 
-def _has_exited(proc: subprocess.Popen[bytes]) -> bool:
+def has_exited(proc: subprocess.Popen[bytes]) -> bool:
     """True once the shell has exited, without reaping it (its pid still names the group)."""
     try:
         info = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
@@ -216,15 +224,15 @@ def _has_exited(proc: subprocess.Popen[bytes]) -> bool:
     return info is not None
 
 
-def _end_command(proc: subprocess.Popen[bytes]) -> None:
+def end_command(proc: subprocess.Popen[bytes]) -> None:
     """End the command and everything it started. A Landlock launcher that is still
     running is asked first (SIGTERM): it kills the descendants that left the process
     group, which were re-parented to it. Then SIGKILL to the whole group."""
-    if not _has_exited(proc):
+    if not has_exited(proc):
         with contextlib.suppress(ProcessLookupError):
             os.kill(proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + _LAUNCHER_GRACE_SECS
-        while not _has_exited(proc) and time.monotonic() < deadline:
+        while not has_exited(proc) and time.monotonic() < deadline:
             time.sleep(0.005)
     _kill_group(proc)
 

@@ -19,7 +19,7 @@ from typing import Any
 import psutil
 from acp import connect_to_agent
 from acp.client.connection import ClientSideConnection
-from acp.schema import TextContentBlock
+from acp.schema import ClientCapabilities, TextContentBlock
 
 from tests.e2e.procs import write_config
 from tests.e2e.sdkhost import RecordingClient
@@ -31,14 +31,15 @@ STREAM_LIMIT = 64 * 1024 * 1024
 
 
 @asynccontextmanager
-async def sdk_editor(socket_path: Path) -> AsyncIterator[tuple[ClientSideConnection,
-                                                               RecordingClient]]:
-    """One editor: the SDK's client connection over the daemon's ``acp.sock``."""
+async def sdk_editor(socket_path: Path, capabilities: ClientCapabilities | None = None
+                     ) -> AsyncIterator[tuple[ClientSideConnection, RecordingClient]]:
+    """One editor: the SDK's client connection over the daemon's ``acp.sock``, offering
+    ``capabilities`` (none by default)."""
     reader, writer = await asyncio.open_unix_connection(str(socket_path), limit=STREAM_LIMIT)
     client = RecordingClient()
     conn = connect_to_agent(client, writer, reader)  # type: ignore[arg-type]
     try:
-        await conn.initialize(protocol_version=1)
+        await conn.initialize(protocol_version=1, client_capabilities=capabilities)
         yield conn, client
     finally:
         await conn.close()

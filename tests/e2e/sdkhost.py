@@ -27,13 +27,20 @@ from acp.connection import StreamEvent
 from acp.schema import (
     AllowedOutcome,
     ClientCapabilities,
+    CreateTerminalResponse,
     DeniedOutcome,
     Implementation,
     InitializeResponse,
+    KillTerminalResponse,
     PermissionOption,
     PromptResponse,
+    ReadTextFileResponse,
+    ReleaseTerminalResponse,
     RequestPermissionResponse,
+    TerminalOutputResponse,
     ToolCallUpdate,
+    WaitForTerminalExitResponse,
+    WriteTextFileResponse,
 )
 
 from .procs import descendants, host_argv, host_env, reap_leaks, tail
@@ -82,6 +89,9 @@ class RecordingClient:
         self.choose_option_named: str | None = None  # else the first of the policy's kind
         self.permission_gate = asyncio.Event()  # cleared: answers wait until it is set
         self.permission_gate.set()
+        self.client_requests: list[tuple[str, dict[str, Any]]] = []  # fs/*, terminal/*
+        self.client_gate = asyncio.Event()  # cleared: those answers wait until it is set
+        self.client_gate.set()
         self._changed = asyncio.Event()
 
     def _touch(self) -> None:
@@ -109,6 +119,61 @@ class RecordingClient:
         return RequestPermissionResponse(
             outcome=AllowedOutcome(outcome="selected", option_id=chosen.option_id)
         )
+
+    # -- fs/* and terminal/* (only asked when initialize advertised them) -----------
+
+    async def _client_request(self, method: str, **params: Any) -> None:
+        """Record one ``fs/*`` or ``terminal/*`` request; wait while the gate is shut."""
+        self.client_requests.append((method, params))
+        self._touch()
+        await self.client_gate.wait()
+
+    async def read_text_file(self, session_id: str, path: str, line: int | None = None,
+                             limit: int | None = None, **kwargs: Any) -> ReadTextFileResponse:
+        await self._client_request("fs/read_text_file", session_id=session_id, path=path)
+        return ReadTextFileResponse(content=f"the client's copy of {path}")
+
+    async def write_text_file(self, session_id: str, path: str, content: str,
+                              **kwargs: Any) -> WriteTextFileResponse:
+        await self._client_request("fs/write_text_file", session_id=session_id, path=path,
+                                   content=content)
+        return WriteTextFileResponse()
+
+    async def create_terminal(self, session_id: str, command: str, args: Any = None,
+                              env: Any = None, cwd: str | None = None,
+                              output_byte_limit: int | None = None,
+                              **kwargs: Any) -> CreateTerminalResponse:
+        await self._client_request("terminal/create", session_id=session_id, command=command)
+        return CreateTerminalResponse(terminal_id=f"client-term-{len(self.client_requests)}")
+
+    async def wait_for_terminal_exit(self, session_id: str, terminal_id: str,
+                                     **kwargs: Any) -> WaitForTerminalExitResponse:
+        await self._client_request("terminal/wait_for_exit", session_id=session_id,
+                                   terminal_id=terminal_id)
+        return WaitForTerminalExitResponse(exit_code=7)
+
+    async def terminal_output(self, session_id: str, terminal_id: str,
+                              **kwargs: Any) -> TerminalOutputResponse:
+        await self._client_request("terminal/output", session_id=session_id,
+                                   terminal_id=terminal_id)
+        return TerminalOutputResponse(output="the client's terminal", truncated=False)
+
+    async def release_terminal(self, session_id: str, terminal_id: str,
+                               **kwargs: Any) -> ReleaseTerminalResponse:
+        await self._client_request("terminal/release", session_id=session_id,
+                                   terminal_id=terminal_id)
+        return ReleaseTerminalResponse()
+
+    async def kill_terminal(self, session_id: str, terminal_id: str,
+                            **kwargs: Any) -> KillTerminalResponse:
+        await self._client_request("terminal/kill", session_id=session_id,
+                                   terminal_id=terminal_id)
+        return KillTerminalResponse()
+
+    async def ext_method(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        """An extension request (the SDK drops its leading ``_``)."""
+        await self._client_request(f"_{method}", **params)
+        return {"answeredBy": "the client", "method": method}
 
     # -- queries -------------------------------------------------------------
 
@@ -186,10 +251,11 @@ class SdkHost:
         """A request the SDK has no method for, through the SDK's own JSON-RPC connection."""
         return await self.conn._conn.send_request(method, params)
 
-    async def initialize(self) -> InitializeResponse:
+    async def initialize(self, capabilities: ClientCapabilities | None = None
+                         ) -> InitializeResponse:
         return await self.conn.initialize(
             protocol_version=1,
-            client_capabilities=ClientCapabilities(),
+            client_capabilities=capabilities or ClientCapabilities(),
             client_info=Implementation(name="zeroclaw-e2e", title="zeroclaw e2e", version="1.0"),
         )
 

@@ -5,12 +5,13 @@ Agents: the ACP Python SDK's example agent (from its sdist, see scripts/test:
 ``ZEROCLAW_ACP_PY_EXAMPLES``), the ACP TypeScript SDK's example agent (it streams
 tool calls and asks permission; ``ZEROCLAW_ACP_TS_AGENT``, run with ``node`` from
 PATH), and ``tests/fixtures/acp_fixture_agent.py`` for what they lack (fs
-requests, a crash, a hang, garbage on stdout).
+and terminal requests, a crash, a hang, garbage on stdout).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import signal
@@ -197,8 +198,11 @@ async def test_capabilities_advertised_and_unknown_agent_requests_refused(
     async with sdk_hosts(env_extra={"ZEROCLAW_LOG": "info"}) as host:
         await host.initialize()
         sid = await host.new_session(workspace)
-        text, _ = await prompt_text(host, sid, "terminal")
-        assert text == "terminal error -32601"
+        text, _ = await prompt_text(host, sid, "caps")
+        assert json.loads(text) == {"fs": {"readTextFile": True, "writeTextFile": True},
+                                    "terminal": True}  # zeroclaw serves both itself
+        text, _ = await prompt_text(host, sid, "ask elicitation/create")
+        assert text == "elicitation/create error -32601"
     stderr = host.stderr_path.read_text()
     assert "agent hosted initialized: agentCapabilities={'loadSession': False" in stderr
 

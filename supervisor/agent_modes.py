@@ -1,0 +1,59 @@
+"""A hosted ACP agent's own session modes (``provider = "acp"``), when it offers them.
+
+Runs on the host's asyncio loop thread. The worker says when a hosted agent's
+session is open, with the agent's ``modes`` from its ``session/new`` (or
+``load``/``resume``) answer (:class:`ipc.worker_wire.AgentOpened`, kept on the
+session's :class:`supervisor.routes.Route`). ``session/new``, ``load`` and
+``resume`` then answer the agent's modes in place of zeroclaw's autonomy levels
+(they wait for the agent's session, as long as its start may take), and
+``session/set_mode`` with one of the agent's mode ids is forwarded to the agent
+as its own ``session/set_mode`` (:mod:`supervisor.agent_calls`); an autonomy
+level still sets zeroclaw's autonomy. An agent that offers no modes, or any
+other provider, keeps zeroclaw's autonomy levels as the session's modes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import TYPE_CHECKING, Any
+
+from ipc import acp_handshake
+
+if TYPE_CHECKING:
+    from supervisor.routes import Peer, Route
+    from supervisor.sessions import Sessions
+
+__all__ = ["session_modes", "set_agent_mode"]
+
+_DEFAULT_START_TIMEOUT = 30.0
+_OPEN_STEPS = 2  # the agent's initialize, then its session/new (or load, resume)
+
+
+async def session_modes(sessions: Sessions, route: Route) -> dict[str, Any]:
+    """The ``modes`` of a session answer: the hosted agent's own when it offers them,
+    else zeroclaw's autonomy levels."""
+    agent = sessions.settings.agents.get(route.agent_alias)
+    if agent is not None and agent.provider == "acp" and not route.agent_opened.is_set():
+        start = agent.raw.get("agent_start_timeout_secs", _DEFAULT_START_TIMEOUT)
+        timeout = float(start) * _OPEN_STEPS + 1.0
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await route.agent_opened.wait()
+    if route.agent_modes is not None:
+        return route.agent_modes
+    return acp_handshake.modes_state(route.mode)
+
+
+async def set_agent_mode(sessions: Sessions, route: Route, mode_id: str, peer: Peer) -> bool:
+    """Switch the hosted agent to its own mode ``mode_id`` (announced to ``peer`` as a
+    ``current_mode_update``); False when that is not one of the agent's modes."""
+    modes = route.agent_modes
+    if modes is None or mode_id not in {mode.get("id") for mode in modes["availableModes"]}:
+        return False
+    from ipc.events import CurrentMode  # off the way to the first initialize
+
+    await sessions.host.agent_calls.call(route, "session/set_mode", {"modeId": mode_id})
+    modes["currentModeId"] = mode_id
+    peer.send_event(route.sid, CurrentMode(mode_id))
+    return True

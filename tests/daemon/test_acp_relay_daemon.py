@@ -1,0 +1,96 @@
+"""A hosted ACP agent's ``fs/*`` and ``terminal/*`` requests behind the daemon's
+``acp.sock``: one agent process serves the sessions of two SDK editors, and each
+request goes to the editor that holds its session when it arrives (when that editor
+offers the capability), else zeroclaw serves it; an editor that goes away with a
+request pending leaves the agent an error, not a hang (issue "Real agents 1", point 4).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from acp.client.connection import ClientSideConnection
+
+from tests.e2e.procs import write_config
+from tests.e2e.sdkhost import RecordingClient
+from tests.e2e.test_acp_client_relay import OFFERING
+from tests.e2e.test_acp_hosting import _toml_list, fixture_command
+
+from .helpers import DaemonProc, wait_session_idle
+from .test_acp_hosted_daemon import sdk_editor, text_block
+
+
+def _hosted_fixture(scratch_dir: Path) -> Path:
+    workspace = scratch_dir / "ws"
+    workspace.mkdir()
+    (workspace / "notes.txt").write_text("on disk")
+    write_config(scratch_dir, f"""
+[acp]
+default_agent = "hosted"
+[agents.hosted]
+provider = "acp"
+command = {_toml_list(fixture_command())}
+[workers]
+max = 1
+""")
+    return workspace
+
+
+async def _said(conn: ClientSideConnection, client: RecordingClient, sid: str,
+                text: str) -> str:
+    mark = client.mark()
+    await conn.prompt(session_id=sid, prompt=[text_block(text)])
+    return client.text(sid, start=mark)
+
+
+async def test_each_request_goes_to_the_editor_holding_its_session_when_it_arrives(
+    daemons: Any, scratch_dir: Path
+) -> None:
+    workspace = _hosted_fixture(scratch_dir)
+    daemon: DaemonProc = daemons(scratch_dir)
+    notes = workspace / "notes.txt"
+    acp_path = daemon.socket_path.parent / "acp.sock"
+    async with sdk_editor(acp_path, OFFERING) as (offering, offering_client), \
+            sdk_editor(acp_path) as (plain, plain_client):
+        first = (await offering.new_session(cwd=str(workspace), mcp_servers=[])).session_id
+        second = (await plain.new_session(cwd=str(workspace), mcp_servers=[])).session_id
+        said = await asyncio.gather(_said(offering, offering_client, first, f"read {notes}"),
+                                    _said(plain, plain_client, second, f"read {notes}"))
+        assert said == [f"read: the client's copy of {notes}", "read: on disk"]
+        assert [(m, p["session_id"]) for m, p in offering_client.client_requests] == [
+            ("fs/read_text_file", first)]
+        said = await asyncio.gather(_said(offering, offering_client, first, "term true"),
+                                    _said(plain, plain_client, second, "term echo own"))
+        assert said == ["exit=7 output=the client's terminal", "exit=0 output=own\n"]
+        del offering_client.client_requests[1:]  # its terminal's create, wait, output, release
+        await plain.load_session(cwd=str(workspace), session_id=first, mcp_servers=[])
+        assert await _said(plain, plain_client, first, f"read {notes}") == "read: on disk"
+        assert await _said(offering, offering_client, first, f"read {notes}") == (
+            f"read: the client's copy of {notes}")  # its prompt made it the holder again
+        assert len(offering_client.client_requests) == 2
+        assert not plain_client.client_requests
+
+
+async def test_an_editor_gone_with_a_relayed_request_pending_leaves_the_agent_an_error(
+    daemons: Any, scratch_dir: Path
+) -> None:
+    workspace = _hosted_fixture(scratch_dir)
+    daemon: DaemonProc = daemons(scratch_dir)
+    acp_path = daemon.socket_path.parent / "acp.sock"
+    async with sdk_editor(acp_path, OFFERING) as (leaving, leaving_client):
+        sid = (await leaving.new_session(cwd=str(workspace), mcp_servers=[])).session_id
+        leaving_client.client_gate.clear()  # the request stays unanswered
+        prompt = asyncio.create_task(leaving.prompt(session_id=sid,
+                                                    prompt=[text_block("read /any")]))
+        await leaving_client.wait_until(lambda: bool(leaving_client.client_requests),
+                                        "the relayed fs/read_text_file")
+    prompt.cancel()
+    with daemon.client() as ops:
+        await asyncio.to_thread(wait_session_idle, ops, sid, 1)
+    async with sdk_editor(acp_path) as (after, after_client):
+        await after.load_session(cwd=str(workspace), session_id=sid, mcp_servers=[])
+        replayed = after_client.text(sid)
+        assert replayed.startswith("read: {'code': -32603, "), replayed
+        assert await _said(after, after_client, sid, "still served") == "still served"
