@@ -15,7 +15,8 @@ chunked) shaped like OpenAI's: a role chunk, text deltas, a finish chunk, a usag
   when they have that delta: the same clock, so "server's first byte to client's first
   chunk" is measured alike by every client.
 - ``stream <n>``: ``n`` deltas of ``"x "``, written as fast as the connection takes
-  them (pre-encoded, in large writes).
+  them: each event its own HTTP chunk (as servers that flush per token send them),
+  pre-encoded and written :data:`BATCH_EVENTS` chunks at a time.
 
 HTTP is parsed by h11 (the library under httpcore/httpx); asyncio on one thread.
 Connections are kept alive between requests.
@@ -55,6 +56,7 @@ def openai_event(delta: dict[str, Any] | None = None, finish: str | None = None,
 
 _ROLE = openai_event({"role": "assistant", "content": "", "refusal": None})
 _X = openai_event({"content": "x "})
+_X_CHUNK = b"%x\r\n%s\r\n" % (len(_X), _X)  # one event as one HTTP/1.1 chunk
 _HEAD = h11.Response(status_code=200, headers=[
     ("content-type", "text/event-stream"), ("transfer-encoding", "chunked"),
     ("cache-control", "no-cache")])
@@ -128,7 +130,7 @@ class _Connection:
         left = count
         while left:
             batch = min(left, BATCH_EVENTS)
-            self.writer.write(self._send(h11.Data(_X * batch)))
+            self.writer.write(_X_CHUNK * batch)  # h11 would frame them the same way
             left -= batch
             await self.writer.drain()
         self.writer.write(self._send(h11.Data(_ending(count)), h11.EndOfMessage()))
@@ -138,8 +140,8 @@ class _Connection:
 async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     try:
         await _Connection(reader, writer).serve()
-    except (ConnectionError, h11.ProtocolError):
-        pass
+    except (ConnectionError, h11.ProtocolError, asyncio.CancelledError):
+        pass  # a client that went, or a kept-alive connection at shutdown
     finally:
         writer.close()
 

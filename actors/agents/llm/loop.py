@@ -133,13 +133,18 @@ class ModelAgent(Agent):
         return [*kept, *turn]
 
     def _ask(self, system: str, messages: list[Message], ctx: TurnContext) -> ModelReply:
-        """One streamed request; its text reaches the client as it comes."""
+        """One streamed request; its text reaches the client as it comes: the deltas
+        that arrived together (one network read) as one chunk."""
         reply = ReplyBuilder(ctx.emit)
         body = self.request_body(system, messages)
         stream = self.http.stream(self.endpoint(), self.request_headers(), body, ctx.cancelled)
         with contextlib.closing(stream):
-            for payload in stream:
-                self.read_payload(payload, reply)
+            for payloads in stream:
+                try:
+                    for payload in payloads:
+                        self.read_payload(payload, reply)
+                finally:  # also when an error event fails the turn: what came before it
+                    reply.flush()
                 if ctx.cancelled.is_set():
                     break
         return reply.build()
