@@ -267,8 +267,8 @@ class ActorTurnContext:
             logger.info("session %s: %s timed out", self._sid, request_id)
             return None
 
-    def run_tool(self, name: str, raw_input: Any) -> ToolCallOutcome:
-        call_id = f"call_{uuid.uuid4().hex[:16]}"
+    def run_tool(self, name: str, raw_input: Any, call_id: str | None = None) -> ToolCallOutcome:
+        call_id = call_id or f"call_{uuid.uuid4().hex[:16]}"
         tool = self._session.tools.get(name)
         args = raw_input if isinstance(raw_input, dict) else {}
         title = tool.title(args) if tool else name

@@ -57,9 +57,11 @@ def script_first_turn(server: ModelServer) -> None:
     server.script(
         openai_reply({"content": "Reading it."},
                      call("r1", "file_read", {"path": "greet.py"}), finish="tool_calls"),
-        openai_reply(call("e1", "file_edit", {"path": "greet.py", "old_string": "helo",
+        openai_reply({"content": "Editing."},
+                     call("e1", "file_edit", {"path": "greet.py", "old_string": "helo",
                                               "new_string": "hello"}), finish="tool_calls"),
-        openai_reply(call("s1", "shell", {"command": "cat greet.py"}), finish="tool_calls"),
+        openai_reply({"content": "Checking."},
+                     call("s1", "shell", {"command": "cat greet.py"}), finish="tool_calls"),
         openai_reply({"content": "Fixed the "}, {"content": "typo and checked it."}),
     )
 
@@ -84,13 +86,16 @@ def check_first_turn(frames: list[dict[str, Any]], target: Path) -> list[str]:
     assert [(d["path"], d["oldText"], d["newText"]) for d in diffs] == [
         (str(target), "print('helo')\n", "print('hello')\n")]
     assert "print('hello')" in json.dumps(finals[2]["rawOutput"])  # the shell saw the edit
-    assert agent_text(frames) == "Reading it.Fixed the typo and checked it."
+    assert agent_text(frames) == "Reading it.Editing.Checking.Fixed the typo and checked it."
     assert stop_reasons(frames) == ["end_turn"]
     return ids
 
 
-def check_context(body: dict[str, Any], ids: list[str]) -> None:
-    """The second turn's request: the whole first turn, then the new prompt."""
+def check_context(first_turn: dict[str, Any], body: dict[str, Any], ids: list[str]) -> None:
+    """The second turn's request: the whole first turn, then the new prompt. It extends
+    the first turn's last request as it was sent (the same tool call ids, arguments and
+    results), so a server's prompt cache still matches it."""
+    assert body["messages"][:len(first_turn["messages"])] == first_turn["messages"]
     messages = body["messages"][1:]
     assert messages[0] == {"role": "user", "content": "fix the typo in greet.py"}
     calls = [(c["id"], c["function"]["name"]) for m in messages if m["role"] == "assistant"
@@ -134,4 +139,4 @@ def test_acpx_model_conversation_edits_runs_a_command_and_continues_in_a_new_pro
     assert agent_text(frames) == "I fixed helo to hello."
     requests = model_server.requests
     assert len(requests) == 5
-    check_context(requests[4].body, ids)
+    check_context(requests[3].body, requests[4].body, ids)
