@@ -120,6 +120,7 @@ class ToolCallStarted:
     kind: str
     raw_input: Any
     locations: tuple[ToolLocation, ...] = ()
+    step: int = 0  # which model reply of the turn asked for it (see ToolItem.step)
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,7 +296,10 @@ class TextItem:
 
 @dataclass(frozen=True, slots=True)
 class ToolItem:
-    """A tool call of a turn with its outcome: ``completed``, ``failed`` or ``denied``."""
+    """A tool call of a turn with its outcome: ``completed``, ``failed`` or ``denied``.
+
+    ``step`` numbers the model replies of a turn (1, 2, ...): calls of one step were
+    asked for together, a later step after their results. 0: the agent has no steps."""
 
     tool_call_id: str
     name: str
@@ -304,6 +308,7 @@ class ToolItem:
     outcome: str
     title: str = ""
     kind: str = "other"
+    step: int = 0
 
 
 TurnItem: TypeAlias = TextItem | ToolItem
@@ -321,6 +326,7 @@ def item_to_wire(item: TurnItem) -> dict[str, Any]:
         "outcome": item.outcome,
         "title": item.title,
         "kind": item.kind,
+        "step": item.step,
     }
 
 

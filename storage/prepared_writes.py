@@ -92,7 +92,7 @@ _SESSION_FIELDS = [
 _MESSAGE_FIELDS = ["session", "turn", "seq", "role", "content", "reasoning", "created_at"]
 _TOOL_FIELDS = [
     "session", "turn", "seq", "tool_call_id", "name", "arguments", "result", "outcome",
-    "title", "kind",
+    "title", "kind", "step",
 ]
 
 
@@ -193,7 +193,7 @@ class PreparedWrites:
                 arguments = None if item.arguments is None else orjson.dumps(item.arguments)
                 tools.append((sid, turn, seq, item.tool_call_id, item.name,
                               arguments.decode() if arguments is not None else None,
-                              item.result, item.outcome, item.title, item.kind))
+                              item.result, item.outcome, item.title, item.kind, item.step))
             seq += 1
         if messages:
             self._insert_messages.run(messages)

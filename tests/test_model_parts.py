@@ -90,6 +90,24 @@ def test_history_becomes_messages_by_turn_without_thoughts() -> None:
     assert second == (UserMessage("second"), AssistantMessage("ok"))
 
 
+def test_history_keeps_the_model_replies_of_a_turn_apart_even_without_text() -> None:
+    read = ToolItem("c1", "file_read", {"path": "x"}, "X", "completed", step=1)
+    edit = ToolItem("c2", "file_edit", {"path": "x"}, "edited", "completed", step=2)
+    run = ToolItem("c3", "shell", {"command": "t"}, "ok", "completed", step=2)
+    [turn] = history_turns([TextItem("user", "fix x"), read, edit, run,
+                            TextItem("assistant", "Done.")])
+    assert turn == (
+        UserMessage("fix x"),
+        AssistantMessage("", (ToolCallRequest("c1", "file_read", '{"path":"x"}'),)),
+        ToolResultMessage("c1", "file_read", "X", False),
+        AssistantMessage("", (ToolCallRequest("c2", "file_edit", '{"path":"x"}'),
+                              ToolCallRequest("c3", "shell", '{"command":"t"}'))),
+        ToolResultMessage("c2", "file_edit", "edited", False),
+        ToolResultMessage("c3", "shell", "ok", False),
+        AssistantMessage("Done."),
+    )
+
+
 def test_fit_history_drops_whole_oldest_turns() -> None:
     turns = [(UserMessage("a" * 400), AssistantMessage("b" * 400)),
              (UserMessage("c" * 40), AssistantMessage("d" * 40))]

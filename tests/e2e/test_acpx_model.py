@@ -57,8 +57,7 @@ def script_first_turn(server: ModelServer) -> None:
     server.script(
         openai_reply({"content": "Reading it."},
                      call("r1", "file_read", {"path": "greet.py"}), finish="tool_calls"),
-        openai_reply({"content": "Editing."},
-                     call("e1", "file_edit", {"path": "greet.py", "old_string": "helo",
+        openai_reply(call("e1", "file_edit", {"path": "greet.py", "old_string": "helo",
                                               "new_string": "hello"}), finish="tool_calls"),
         openai_reply({"content": "Checking."},
                      call("s1", "shell", {"command": "cat greet.py"}), finish="tool_calls"),
@@ -86,7 +85,7 @@ def check_first_turn(frames: list[dict[str, Any]], target: Path) -> list[str]:
     assert [(d["path"], d["oldText"], d["newText"]) for d in diffs] == [
         (str(target), "print('helo')\n", "print('hello')\n")]
     assert "print('hello')" in json.dumps(finals[2]["rawOutput"])  # the shell saw the edit
-    assert agent_text(frames) == "Reading it.Editing.Checking.Fixed the typo and checked it."
+    assert agent_text(frames) == "Reading it.Checking.Fixed the typo and checked it."
     assert stop_reasons(frames) == ["end_turn"]
     return ids
 

@@ -119,7 +119,7 @@ class ModelAgent(Agent):
                                       f"{rounds} rounds of tool calls (max_tool_rounds)]"))
                 return None
             rounds += 1
-            calls, results = self._run_tools(reply.tool_calls, ctx, used_ids)
+            calls, results = self._run_tools(reply.tool_calls, ctx, used_ids, rounds)
             turn.append(AssistantMessage(reply.text, calls))
             turn.extend(results)
             if ctx.cancelled.is_set():
@@ -165,13 +165,14 @@ class ModelAgent(Agent):
         ctx.emit(UsageUpdate(used=used, size=self.settings.context_window))
 
     def _run_tools(self, calls: Sequence[ToolCallRequest], ctx: TurnContext, used_ids: set[str],
-                   ) -> tuple[tuple[ToolCallRequest, ...], list[ToolResultMessage]]:
+                   step: int) -> tuple[tuple[ToolCallRequest, ...], list[ToolResultMessage]]:
         """Run the calls; each as the session stores it (its tool call id, its arguments
         as JSON text) and its result. The rest of the turn goes to the model in that
         form, the one later turns rebuild from the store (:func:`history_turns`), so
         every request of a session extends the one before it and a server's prompt
         cache keeps matching. A call keeps the model's id unless the session already
-        has it (a server that numbers calls per reply) or it is not a plain token."""
+        has it (a server that numbers calls per reply) or it is not a plain token;
+        ``step`` (this reply's number in the turn) keeps the replies apart in the store."""
         ran: list[ToolCallRequest] = []
         results = []
         for call in calls:
@@ -180,7 +181,7 @@ class ModelAgent(Agent):
             arguments = _arguments(call.arguments)
             own_id = call.call_id if (_PLAIN_ID.fullmatch(call.call_id)
                                       and call.call_id not in used_ids) else None
-            outcome = ctx.run_tool(call.name, arguments, own_id)
+            outcome = ctx.run_tool(call.name, arguments, own_id, step)
             used_ids.add(outcome.tool_call_id)
             ran.append(ToolCallRequest(outcome.tool_call_id, call.name,
                                        arguments_text(arguments)))
