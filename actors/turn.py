@@ -170,6 +170,7 @@ class TurnRecorder:
             outcome=part.outcome or "failed",
             title=started.title,
             kind=started.kind,
+            step=started.step,
         )
 
 
@@ -318,14 +319,15 @@ class ActorTurnContext:
             logger.info("session %s: %s timed out", self._sid, request_id)
             return None
 
-    def run_tool(self, name: str, raw_input: Any) -> ToolCallOutcome:
-        call_id = f"call_{uuid.uuid4().hex[:16]}"
+    def run_tool(self, name: str, raw_input: Any, call_id: str | None = None,
+                 step: int = 0) -> ToolCallOutcome:
+        call_id = call_id or f"call_{uuid.uuid4().hex[:16]}"
         tool = self._session.tools.get(name)
         args = raw_input if isinstance(raw_input, dict) else {}
         title = tool.title(args) if tool else name
         kind = tool.kind if tool else "other"
         locations = tool.locations(args, self._session.config.paths) if tool else ()
-        self.emit(ToolCallStarted(call_id, name, title, kind, raw_input, locations))
+        self.emit(ToolCallStarted(call_id, name, title, kind, raw_input, locations, step))
         if tool is None:
             known = ", ".join(sorted(self._session.tools))
             return self._finish(call_id, name, "failed", f"unknown tool {name!r} (known: {known})")

@@ -124,6 +124,7 @@ class ToolCallStarted:
     kind: str
     raw_input: Any
     locations: tuple[ToolLocation, ...] = ()
+    step: int = 0  # which model reply of the turn asked for it (see ToolItem.step)
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,7 +300,10 @@ class TextItem:
 
 @dataclass(frozen=True, slots=True)
 class ToolItem:
-    """A tool call of a turn with its outcome: ``completed``, ``failed`` or ``denied``."""
+    """A tool call of a turn with its outcome: ``completed``, ``failed`` or ``denied``.
+
+    ``step`` numbers the model replies of a turn (1, 2, ...): calls of one step were
+    asked for together, a later step after their results. 0: the agent has no steps."""
 
     tool_call_id: str
     name: str
@@ -308,6 +312,7 @@ class ToolItem:
     outcome: str
     title: str = ""
     kind: str = "other"
+    step: int = 0
 
 
 TurnItem: TypeAlias = TextItem | ToolItem
@@ -325,6 +330,7 @@ def item_to_wire(item: TurnItem) -> dict[str, Any]:
         "outcome": item.outcome,
         "title": item.title,
         "kind": item.kind,
+        "step": item.step,
     }
 
 

@@ -134,7 +134,7 @@ class MetricSpec:
     """What a metric is called and how it is judged; ``better`` says which way is good."""
 
     name: str
-    section: Literal["stdio", "daemon", "hosted", "gateway"]
+    section: Literal["stdio", "daemon", "hosted", "gateway", "model"]
     title: str
     unit: str
     better: Literal["higher", "lower"] = "higher"

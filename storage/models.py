@@ -34,7 +34,7 @@ __all__ = [
 ]
 
 #: Stored in ``PRAGMA user_version``; bump it when the tables change.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 database_proxy = peewee.DatabaseProxy()
 
@@ -121,6 +121,8 @@ class ToolCallRow(_BaseModel):
     outcome = peewee.TextField()
     title = peewee.TextField(default="")
     kind = peewee.TextField(default="other")
+    # added in schema 2; the SQL default lets an older zeroclaw still write the table
+    step = peewee.IntegerField(default=0, constraints=[peewee.SQL("DEFAULT 0")])
 
     class Meta:
         table_name = "tool_calls"

@@ -266,7 +266,8 @@ class PreparedWrites:
                 tools.append({"session": sid, "turn": turn, "seq": seq,
                               "tool_call_id": item.tool_call_id, "name": item.name,
                               "arguments": item.arguments, "result": item.result,
-                              "outcome": item.outcome, "title": item.title, "kind": item.kind})
+                              "outcome": item.outcome, "title": item.title, "kind": item.kind,
+                              "step": item.step})
             seq += 1
         if messages:
             self._insert_messages.run(messages)

@@ -294,9 +294,22 @@ def _create_schema(db: peewee.SqliteDatabase) -> None:
         version = int(db.execute_sql("PRAGMA user_version").fetchone()[0])
         for model in MODELS:
             peewee.SchemaManager(model, database=db).create_all(safe=True)
+            _add_missing_columns(db, model)
         if version > SCHEMA_VERSION:
             logger.warning("session store has schema %d, newer than %d", version, SCHEMA_VERSION)
         db.execute_sql(f"PRAGMA user_version = {max(version, SCHEMA_VERSION)}")
+
+
+def _add_missing_columns(db: peewee.SqliteDatabase, model: type[peewee.Model]) -> None:
+    """Add the columns a newer schema gave a table an older version made (each has an
+    SQL default, so older versions can still write rows, and ignore them)."""
+    table = model._meta.table_name
+    present = {column.name for column in db.get_columns(table)}
+    for field in model._meta.sorted_fields:
+        if field.column_name not in present:
+            context = db.get_sql_context()
+            column, params = context.sql(field.ddl(context)).query()
+            db.execute_sql(f'ALTER TABLE "{table}" ADD COLUMN {column}', params)
 
 
 def _make_private_dirs(directory: Path) -> None:
@@ -373,6 +386,7 @@ class StoreReader:
                 ToolCallRow.outcome,
                 ToolCallRow.title,
                 ToolCallRow.kind,
+                ToolCallRow.step,
             )
             .where(ToolCallRow.session == session_id)
             .order_by(ToolCallRow.seq)

@@ -15,7 +15,7 @@ from actors.agents.llm.conversation import (
     history_turns,
     system_prompt,
 )
-from actors.agents.llm.http import _sse_data, redact
+from actors.agents.llm.http import SseDecoder, redact
 from actors.agents.llm.reply import ReplyBuilder, ThinkSplitter
 from actors.agents.llm.tool_specs import TOOL_SCHEMAS, model_tools
 from actors.tools import default_tools
@@ -53,15 +53,20 @@ def test_tool_call_fragments_by_index_with_or_without_ids() -> None:
     assert [(c.call_id, c.arguments) for c in unindexed] == [("a", "{}"), ("b", "{}")]
 
 
-def test_reply_streams_text_and_thoughts_as_they_come() -> None:
+def test_reply_streams_text_and_thoughts_at_each_flush_merged_by_kind() -> None:
     events: list[Event] = []
     reply = ReplyBuilder(events.append)
     reply.thought("hmm")
     reply.text("<think>x</think>Hi")
+    reply.text(" there")
+    assert events == []
+    reply.flush()
+    assert events == [ThoughtChunk("hmmx"), MessageChunk("Hi there")]
+    reply.text("!")
     reply.finish("end")
     built = reply.build()
-    assert events == [ThoughtChunk("hmm"), ThoughtChunk("x"), MessageChunk("Hi")]
-    assert (built.text, built.finish) == ("Hi", "end")
+    assert events[2:] == [MessageChunk("!")]
+    assert (built.text, built.finish) == ("Hi there!", "end")
 
 
 def test_history_becomes_messages_by_turn_without_thoughts() -> None:
@@ -83,6 +88,24 @@ def test_history_becomes_messages_by_turn_without_thoughts() -> None:
         AssistantMessage("Done."),
     )
     assert second == (UserMessage("second"), AssistantMessage("ok"))
+
+
+def test_history_keeps_the_model_replies_of_a_turn_apart_even_without_text() -> None:
+    read = ToolItem("c1", "file_read", {"path": "x"}, "X", "completed", step=1)
+    edit = ToolItem("c2", "file_edit", {"path": "x"}, "edited", "completed", step=2)
+    run = ToolItem("c3", "shell", {"command": "t"}, "ok", "completed", step=2)
+    [turn] = history_turns([TextItem("user", "fix x"), read, edit, run,
+                            TextItem("assistant", "Done.")])
+    assert turn == (
+        UserMessage("fix x"),
+        AssistantMessage("", (ToolCallRequest("c1", "file_read", '{"path":"x"}'),)),
+        ToolResultMessage("c1", "file_read", "X", False),
+        AssistantMessage("", (ToolCallRequest("c2", "file_edit", '{"path":"x"}'),
+                              ToolCallRequest("c3", "shell", '{"command":"t"}'))),
+        ToolResultMessage("c2", "file_edit", "edited", False),
+        ToolResultMessage("c3", "shell", "ok", False),
+        AssistantMessage("Done."),
+    )
 
 
 def test_fit_history_drops_whole_oldest_turns() -> None:
@@ -107,10 +130,17 @@ def test_every_registered_tool_has_a_schema() -> None:
         assert spec.parameters["type"] == "object" and spec.description
 
 
-def test_sse_data_joins_lines_and_skips_comments_and_event_names() -> None:
-    lines = [": keep-alive", "event: message_start", "data: {\"a\":", "data:1}", "",
-             "data: [DONE]", ""]
-    assert list(_sse_data(iter(lines))) == ['{"a":\n1}', "[DONE]"]
+def test_sse_events_join_lines_and_skip_comments_and_event_names_cut_anywhere() -> None:
+    body = (': keep-alive\r\nevent: message_start\r\ndata: {"a":\r\ndata:"\u00e9"}\r\n\r\n'
+            "data: [DONE]").encode()
+    for cut in range(len(body) + 1):  # also inside the two bytes of the é
+        decoder = SseDecoder()
+        events = decoder.feed(body[:cut]) + decoder.feed(body[cut:]) + decoder.end()
+        assert events == ['{"a":\n"\u00e9"}'.encode(), b"[DONE]"], cut
+    decoder = SseDecoder()  # an event is handed over as soon as its blank line is read
+    assert decoder.feed(b"data: a\n\ndata: b\n") == [b"a"]
+    assert decoder.feed(b"\n") == [b"b"]
+    assert decoder.feed(b"data: c\r\rdata: d") == [b"c"]  # bare CR line ends too
 
 
 @pytest.mark.parametrize(("config", "problem"), [

@@ -26,7 +26,7 @@ from actors.persistence import (
     WriteTurn,
 )
 from ipc.events import TextItem, ToolItem, TurnRecord
-from storage import SCHEMA_VERSION, Store, StoredSession, open_store
+from storage import SCHEMA_VERSION, Store, StoredSession, StoreReader, open_store
 from storage.store import encode_cursor
 
 
@@ -116,6 +116,31 @@ def assert_ephemeral_store_works(store: Store) -> None:
     assert ref.proxy().perform(WriteTurn(turn)).get(timeout=10) == 1
     ref.stop()
     assert store.reader.load_items("tmp") == [TextItem("user", "hi")]
+
+
+SCHEMA_1_TOOL_CALLS = (
+    'CREATE TABLE "tool_calls" ("id" INTEGER NOT NULL PRIMARY KEY, "session_id" TEXT NOT NULL,'
+    ' "turn" INTEGER NOT NULL, "seq" INTEGER NOT NULL, "tool_call_id" TEXT NOT NULL,'
+    ' "name" TEXT NOT NULL, "arguments" TEXT NOT NULL, "result" TEXT NOT NULL,'
+    ' "outcome" TEXT NOT NULL, "title" TEXT NOT NULL, "kind" TEXT NOT NULL)')
+
+
+def test_a_schema_1_store_gets_the_step_column_and_keeps_its_rows(tmp_path: Path) -> None:
+    path = tmp_path / "store.db"
+    with sqlite3.connect(path) as old:
+        old.execute(SCHEMA_1_TOOL_CALLS)
+        old.execute("INSERT INTO tool_calls (session_id, turn, seq, tool_call_id, name,"
+                    " arguments, result, outcome, title, kind) VALUES"
+                    " ('s1', 1, 1, 'c1', 'shell', '{}', 'ok', 'completed', 't', 'execute')")
+        old.execute("PRAGMA user_version = 1")
+    for _ in range(2):  # the second open finds nothing to add
+        open_store(path).close()
+    with sqlite3.connect(path) as check:
+        assert check.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+        columns = {r[1]: r[4] for r in check.execute("PRAGMA table_info(tool_calls)")}
+        assert columns["step"] == "0"  # an SQL default: older versions can still insert
+    [item] = StoreReader(path).load_items("s1")
+    assert (item.tool_call_id, item.step) == ("c1", 0)
 
 
 def test_fallback_when_parent_is_a_regular_file(

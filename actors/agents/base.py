@@ -138,8 +138,13 @@ class TurnContext(Protocol):
         """
         ...
 
-    def run_tool(self, name: str, raw_input: Any) -> ToolCallOutcome:
-        """Announce, authorise (session mode), run and report one tool call."""
+    def run_tool(self, name: str, raw_input: Any, call_id: str | None = None,
+                 step: int = 0) -> ToolCallOutcome:
+        """Announce, authorise (session mode), run and report one tool call.
+
+        ``call_id`` is its id for the client and the store; the caller makes sure no
+        other call of the session has it. None: a new one. ``step``: which model reply
+        of the turn asked for it (stored, see :class:`ipc.events.ToolItem`)."""
         ...
 
 

@@ -411,6 +411,33 @@ async def test_a_resumed_session_continues_with_its_stored_history(
     assert [m["role"] for m in restored] == ["user", "assistant", "tool", "assistant", "user"]
     assert restored[2]["content"] == live[2]["content"] == "file body"
     assert restored[3]["content"] == "It says file body."
+    assert restored[:3] == live  # as sent: the same ids and arguments (prompt caches match)
+
+
+async def test_a_tool_call_id_the_session_already_has_gets_a_new_one_everywhere(
+    sdk_hosts: SdkHostFactory, config_dir: Path, tmp_path: Path, workspace: Path,
+    model_server: ModelServer,
+) -> None:
+    """A server that numbers tool calls per reply sends ``call_0`` every turn: the
+    editor, the store and the model all see one id per call."""
+    (workspace / "f.txt").write_text("body")
+    call = {"tool_calls": [{"index": 0, "id": "call_0", "function": {
+        "name": "file_read", "arguments": '{"path": "f.txt"}'}}]}
+    model_server.script(openai_reply(call, finish="tool_calls"), openai_reply({"content": "A"}),
+                        openai_reply(call, finish="tool_calls"), openai_reply({"content": "B"}))
+    async with start(sdk_hosts, config_dir, openai_config(model_server, tmp_path / "aws")) as host:
+        await host.initialize()
+        sid = await host.new_session(workspace)
+        await host.prompt(sid, "read it")
+        await host.prompt(sid, "read it again")
+        first, second = [c.tool_call_id for c in host.client.of(sid, "tool_call")]
+    assert first == "call_0" and second not in ("call_0", "")
+    messages = model_server.requests[3].body["messages"]
+    ids = [c["id"] for m in messages if m["role"] == "assistant" for c in m.get("tool_calls", [])]
+    results = [m["tool_call_id"] for m in messages if m["role"] == "tool"]
+    assert ids == results == [first, second]
+    assert messages[:len(model_server.requests[1].body["messages"])] == (
+        model_server.requests[1].body["messages"])
 
 
 async def test_cancel_is_prompt_while_waiting_to_retry_or_for_the_response(

@@ -85,9 +85,13 @@ class _TurnBuilder:
         self.text: list[str] = []
         self.calls: list[ToolCallRequest] = []
         self.results: list[ToolResultMessage] = []
+        self.step = 0  # the model reply the pending calls came from
 
     def add(self, item: TurnItem) -> None:
         if isinstance(item, ToolItem):
+            if self.calls and item.step != self.step:  # the next reply, even with no text
+                self.flush()
+            self.step = item.step
             self.calls.append(ToolCallRequest(item.tool_call_id, item.name,
                                               arguments_text(item.arguments)))
             self.results.append(ToolResultMessage(item.tool_call_id, item.name, item.result,

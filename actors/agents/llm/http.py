@@ -1,13 +1,16 @@
 """Streaming a model API request over HTTP: retries, Server-Sent Events, prompt cancel.
 
-:class:`ModelHttp` posts a JSON body and yields each SSE ``data:`` payload parsed as
-JSON. Until the first payload has arrived, a connection error, a 429 or a 5xx is
-retried with backoff (``Retry-After`` honoured); after it, a broken stream fails the
-turn (:class:`~actors.agents.base.AgentFailure`) because the client has already
-seen part of the reply.
+:class:`ModelHttp` posts a JSON body and yields the SSE ``data:`` payloads parsed as
+JSON, in batches: the events that one network read completed. Until the first
+payload has arrived, a connection error, a 429 or a 5xx is retried with backoff
+(``Retry-After`` honoured); after it, a broken stream fails the turn
+(:class:`~actors.agents.base.AgentFailure`) because the client has already seen
+part of the reply.
 
 The request is sent and its body read on a helper thread (:class:`_Pump`) that
-hands lines to the session actor's thread through a queue; the actor thread waits
+splits it into events and hands each read's events to the session actor's thread
+through a queue (one hand-over per read, not per line: a fast stream costs a
+thread wake-up per network read); the actor thread waits
 at most :data:`POLL_SECS` at a time, so a cancel is noticed promptly in every
 phase (connect, waiting for headers, a stalled stream); it then shuts the agent's
 connections down, which wakes the helper at once and tells the server. httpx is
@@ -25,6 +28,7 @@ import itertools
 import logging
 import queue
 import random
+import re
 import socket
 import threading
 import time
@@ -38,9 +42,11 @@ from actors.agents.base import AgentFailure
 from actors.agents.llm.config import ModelSettings
 
 if TYPE_CHECKING:
+    import ssl
+
     import httpx
 
-__all__ = ["POLL_SECS", "ModelHttp", "model_failure", "redact"]
+__all__ = ["POLL_SECS", "ModelHttp", "SseDecoder", "model_failure", "redact"]
 
 logger = logging.getLogger("zeroclaw.model")
 
@@ -85,23 +91,25 @@ class _Broken(Exception):
 
 @dataclass(slots=True)
 class _Opened:
-    """A response whose first event arrived: ``first`` is its data (None: the body
-    ended without any), ``data`` the events still to read."""
+    """A response whose first events arrived: ``first`` is their data (empty: the body
+    ended without any), ``batches`` the events still to read, a list per read."""
 
     pump: _Pump
-    data: Iterator[str]
-    first: str | None
+    batches: Iterator[list[bytes]]
+    first: list[bytes]
 
 
 class _Pump:
     """Sends one request and reads its body on a helper thread (see the module doc).
 
-    Queue items: ``("status", _Status)``, ``("open", None)``, ``("line", str)``,
-    ``("end", None)``, ``("error", Exception)``.
+    Queue items: ``("status", _Status)``, ``("open", None)``, ``("events", list[bytes])``
+    (the data of the events one read completed), ``("end", None)``, ``("error",
+    Exception)``.
     """
 
     def __init__(self, client: httpx.Client, request: httpx.Request) -> None:
         self._queue: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._held: tuple[str, Any] | None = None  # taken from the queue, not yet returned
         self._stop = threading.Event()
         self._response: httpx.Response | None = None
         self._finished = False
@@ -138,20 +146,43 @@ class _Pump:
             retry = _retry_after(response.headers.get("retry-after"))
             return ("status", _Status(response.status_code, retry, body))
         self._queue.put(("open", None))
-        for line in response.iter_lines():
+        events = SseDecoder()
+        for chunk in response.iter_bytes():
             if self._stop.is_set():
                 return ("error", RuntimeError("stopped"))
-            self._queue.put(("line", line))
+            batch = events.feed(chunk)
+            if batch:
+                self._queue.put(("events", batch))
+        batch = events.end()
+        if batch:
+            self._queue.put(("events", batch))
         return ("end", None)
 
     def next(self, cancelled: threading.Event) -> tuple[str, Any] | None:
-        """The next item; None once ``cancelled`` is set (checked every POLL_SECS)."""
-        while not cancelled.is_set():
+        """The next item; None once ``cancelled`` is set (checked every POLL_SECS).
+
+        Events are merged with every event item already queued behind them (what
+        arrived while the caller was busy), so a caller that falls behind a fast
+        stream catches up in one step rather than one per HTTP chunk."""
+        item = self._held
+        self._held = None
+        while item is None and not cancelled.is_set():
             try:
-                return self._queue.get(timeout=POLL_SECS)
+                item = self._queue.get(timeout=POLL_SECS)
             except queue.Empty:
                 continue
-        return None
+        if item is None or item[0] != "events":
+            return item
+        events: list[bytes] = item[1]
+        while True:
+            try:
+                later = self._queue.get_nowait()
+            except queue.Empty:
+                return ("events", events)
+            if later[0] != "events":
+                self._held = later
+                return ("events", events)
+            events.extend(later[1])  # the helper made a new list for each item
 
     def abort(self) -> None:
         """Stop the exchange (any thread): the helper's blocked read returns at once."""
@@ -164,13 +195,15 @@ class _Pump:
     def drain(self, cancelled: threading.Event) -> None:
         """After the last event: let the helper read the body's end (briefly), so the
         connection can be reused."""
+        if self._held is not None:  # the body's end came with the last events
+            return
         deadline = time.monotonic() + DRAIN_SECS
         while time.monotonic() < deadline and not cancelled.is_set():
             try:
                 kind, _ = self._queue.get(timeout=POLL_SECS)
             except queue.Empty:
                 continue
-            if kind != "line":
+            if kind != "events":
                 return
 
 
@@ -219,19 +252,48 @@ def _retry_after(value: str | None) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
-def _sse_data(lines: Iterator[str]) -> Iterator[str]:
-    """The ``data`` of each Server-Sent Event (multi-line data joined with newlines)."""
-    data: list[str] = []
-    for line in lines:
-        if not line:
-            if data:
-                yield "\n".join(data)
-                data = []
-        elif line.startswith("data:"):
-            value = line[5:]
-            data.append(value[1:] if value.startswith(" ") else value)
-    if data:
-        yield "\n".join(data)
+class SseDecoder:
+    """Server-Sent Events from a body as it arrives: :meth:`feed` returns the ``data``
+    of each event the bytes completed (multi-line data joined with newlines), still
+    UTF-8 (a line break byte is never part of a multi-byte character, and orjson
+    parses bytes). Lines end at CRLF, LF or CR, also when a CRLF is cut between two
+    reads; ``event:``, ``id:`` and comment lines are skipped (the payloads say what
+    they are)."""
+
+    def __init__(self) -> None:
+        self._partial = b""  # an unfinished line
+        self._data: list[bytes] = []  # the data lines of the event being read
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        chunk = self._partial + chunk
+        if chunk.endswith(b"\r"):  # maybe half of a CRLF: wait for the next read
+            chunk, self._partial = chunk[:-1], b"\r"
+        else:
+            self._partial = b""
+        lines = _LINE_END.split(chunk) if b"\r" in chunk else chunk.split(b"\n")
+        self._partial = lines.pop() + self._partial
+        return self._events(lines)
+
+    def end(self) -> list[bytes]:
+        """The body ended: its last line and event, even without a blank line after."""
+        partial, self._partial = self._partial.rstrip(b"\r"), b""
+        return self._events([partial, b""])
+
+    def _events(self, lines: list[bytes]) -> list[bytes]:
+        events = []
+        data = self._data
+        for line in lines:
+            if not line:
+                if data:
+                    events.append(b"\n".join(data))
+                    data.clear()
+            elif line.startswith(b"data:"):
+                value = line[5:]
+                data.append(value[1:] if value.startswith(b" ") else value)
+        return events
+
+
+_LINE_END = re.compile(rb"\r\n|\r|\n")
 
 
 def _provider_message(body: str) -> str:
@@ -261,12 +323,14 @@ class ModelHttp:
             import httpx  # here, not at import: a worker without model agents never loads it
 
             timeout = self.settings.request_timeout_secs
-            self._client = httpx.Client(timeout=httpx.Timeout(timeout, connect=min(10.0, timeout)))
+            self._client = httpx.Client(timeout=httpx.Timeout(timeout, connect=min(10.0, timeout)),
+                                        verify=_tls_context())
         return self._client
 
     def stream(self, url: str, headers: Mapping[str, str], body: dict[str, Any],
-               cancelled: threading.Event) -> Generator[dict[str, Any], None, None]:
-        """Each SSE payload of the response as a dict; stops early when ``cancelled``."""
+               cancelled: threading.Event) -> Generator[list[dict[str, Any]], None, None]:
+        """The response's SSE payloads as dicts, a list per network read (what arrived
+        together); stops early when ``cancelled``."""
         opened = self._connect(url, headers, body, cancelled)
         if opened is None:
             return
@@ -331,33 +395,45 @@ class ModelHttp:
             if _is_local_mistake(value):
                 raise self._failure(self._describe(value))
             raise _Retry(self._describe(value))
-        data = _sse_data(self._lines(pump, cancelled))
+        batches = self._batches(pump, cancelled)
         try:
-            first = next(data, None)
+            first = next(batches, [])
         except _Broken as exc:
             raise _Retry(f"the stream broke before its first event: {exc}") from None
-        return _Opened(pump, data, first)
+        return _Opened(pump, batches, first)
 
-    def _payloads(self, opened: _Opened, cancelled: threading.Event) -> Iterator[dict[str, Any]]:
-        first = [] if opened.first is None else [opened.first]
+    def _payloads(self, opened: _Opened,
+                  cancelled: threading.Event) -> Iterator[list[dict[str, Any]]]:
         try:
-            for data in itertools.chain(first, opened.data):
-                if data.strip() == "[DONE]":
+            for batch in itertools.chain([opened.first], opened.batches):
+                payloads, done = self._parse(batch)
+                if payloads:
+                    yield payloads
+                if done:
                     opened.pump.drain(cancelled)
                     return
-                try:
-                    payload = orjson.loads(data)
-                except orjson.JSONDecodeError:
-                    raise self._failure(f"the stream sent invalid JSON: {data[:200]!r}") from None
-                if isinstance(payload, dict):
-                    yield payload
         except _Broken as exc:
             raise self._failure(f"the stream broke: {exc}") from None
 
-    def _lines(self, pump: _Pump, cancelled: threading.Event) -> Iterator[str]:
+    def _parse(self, batch: list[bytes]) -> tuple[list[dict[str, Any]], bool]:
+        """The JSON objects among ``batch``'s events, and whether ``[DONE]`` came."""
+        payloads: list[dict[str, Any]] = []
+        for data in batch:
+            if data.strip() == b"[DONE]":
+                return payloads, True
+            try:
+                payload = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                start = data[:200].decode("utf-8", "replace")
+                raise self._failure(f"the stream sent invalid JSON: {start!r}") from None
+            if isinstance(payload, dict):
+                payloads.append(payload)
+        return payloads, False
+
+    def _batches(self, pump: _Pump, cancelled: threading.Event) -> Iterator[list[bytes]]:
         while (item := pump.next(cancelled)) is not None:
             kind, value = item
-            if kind == "line":
+            if kind == "events":
                 yield value
             elif kind == "end":
                 return
@@ -370,6 +446,22 @@ class ModelHttp:
 
     def _failure(self, message: str) -> AgentFailure:
         return model_failure(self.settings, message)
+
+
+_tls_lock = threading.Lock()
+_tls: ssl.SSLContext | None = None
+
+
+def _tls_context() -> ssl.SSLContext:
+    """The process's one TLS context with the default CA bundle (any thread): loading
+    the bundle costs ~50 ms of CPU, too much to pay for every session's client."""
+    global _tls
+    with _tls_lock:
+        if _tls is None:
+            import httpx
+
+            _tls = httpx.create_ssl_context()
+        return _tls
 
 
 def _is_local_mistake(exc: Exception) -> bool:

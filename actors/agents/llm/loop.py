@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
@@ -35,6 +36,7 @@ from actors.agents.llm.conversation import (
     ToolCallRequest,
     ToolResultMessage,
     UserMessage,
+    arguments_text,
     fit_history,
     history_turns,
     messages_tokens,
@@ -43,12 +45,14 @@ from actors.agents.llm.conversation import (
 from actors.agents.llm.http import ModelHttp, model_failure
 from actors.agents.llm.reply import ModelReply, ReplyBuilder
 from actors.agents.llm.tool_specs import ToolSpec, model_tools
-from ipc.events import MessageChunk, UsageUpdate
+from ipc.events import MessageChunk, ToolItem, UsageUpdate
 
 __all__ = ["ModelAgent"]
 
 logger = logging.getLogger("zeroclaw.model")
 
+#: A model's tool call id that the session may use as its own.
+_PLAIN_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 #: Tokens kept free for the reply when ``max_tokens`` is not set.
 DEFAULT_REPLY_RESERVE = 4096
 
@@ -97,6 +101,7 @@ class ModelAgent(Agent):
         """Ask the model, run the tools it calls, feed them back, until it answers."""
         system = system_prompt(self.settings.alias, ctx.workspace, self.settings.workspace)
         history = history_turns(ctx.history)
+        used_ids = {item.tool_call_id for item in ctx.history if isinstance(item, ToolItem)}
         turn: list[Message] = [UserMessage(prompt)]
         rounds = 0
         while True:
@@ -114,8 +119,9 @@ class ModelAgent(Agent):
                                       f"{rounds} rounds of tool calls (max_tool_rounds)]"))
                 return None
             rounds += 1
-            turn.append(AssistantMessage(reply.text, reply.tool_calls))
-            turn.extend(self._run_tools(reply.tool_calls, ctx))
+            calls, results = self._run_tools(reply.tool_calls, ctx, used_ids, rounds)
+            turn.append(AssistantMessage(reply.text, calls))
+            turn.extend(results)
             if ctx.cancelled.is_set():
                 return None
 
@@ -133,13 +139,18 @@ class ModelAgent(Agent):
         return [*kept, *turn]
 
     def _ask(self, system: str, messages: list[Message], ctx: TurnContext) -> ModelReply:
-        """One streamed request; its text reaches the client as it comes."""
+        """One streamed request; its text reaches the client as it comes: the deltas
+        that arrived together (one network read) as one chunk."""
         reply = ReplyBuilder(ctx.emit)
         body = self.request_body(system, messages)
         stream = self.http.stream(self.endpoint(), self.request_headers(), body, ctx.cancelled)
         with contextlib.closing(stream):
-            for payload in stream:
-                self.read_payload(payload, reply)
+            for payloads in stream:
+                try:
+                    for payload in payloads:
+                        self.read_payload(payload, reply)
+                finally:  # also when an error event fails the turn: what came before it
+                    reply.flush()
                 if ctx.cancelled.is_set():
                     break
         return reply.build()
@@ -153,16 +164,30 @@ class ModelAgent(Agent):
             used += estimate_tokens(reply.text)
         ctx.emit(UsageUpdate(used=used, size=self.settings.context_window))
 
-    def _run_tools(self, calls: Sequence[ToolCallRequest],
-                   ctx: TurnContext) -> list[ToolResultMessage]:
+    def _run_tools(self, calls: Sequence[ToolCallRequest], ctx: TurnContext, used_ids: set[str],
+                   step: int) -> tuple[tuple[ToolCallRequest, ...], list[ToolResultMessage]]:
+        """Run the calls; each as the session stores it (its tool call id, its arguments
+        as JSON text) and its result. The rest of the turn goes to the model in that
+        form, the one later turns rebuild from the store (:func:`history_turns`), so
+        every request of a session extends the one before it and a server's prompt
+        cache keeps matching. A call keeps the model's id unless the session already
+        has it (a server that numbers calls per reply) or it is not a plain token;
+        ``step`` (this reply's number in the turn) keeps the replies apart in the store."""
+        ran: list[ToolCallRequest] = []
         results = []
         for call in calls:
             if ctx.cancelled.is_set():
                 break
-            outcome = ctx.run_tool(call.name, _arguments(call.arguments))
-            results.append(ToolResultMessage(call.call_id, call.name, outcome.text,
+            arguments = _arguments(call.arguments)
+            own_id = call.call_id if (_PLAIN_ID.fullmatch(call.call_id)
+                                      and call.call_id not in used_ids) else None
+            outcome = ctx.run_tool(call.name, arguments, own_id, step)
+            used_ids.add(outcome.tool_call_id)
+            ran.append(ToolCallRequest(outcome.tool_call_id, call.name,
+                                       arguments_text(arguments)))
+            results.append(ToolResultMessage(outcome.tool_call_id, call.name, outcome.text,
                                              outcome.outcome != "completed"))
-        return results
+        return tuple(ran), results
 
     def failure(self, message: str) -> AgentFailure:
         """An AgentFailure naming the API and model, with the key redacted."""

@@ -2,7 +2,9 @@
 
 A provider's stream parser calls :class:`ReplyBuilder` (``text``, ``thought``,
 ``tool_delta``, ``finish``, ``usage``); the builder streams the text and thoughts
-to the client as they come (``<think>…</think>`` in the text becomes thoughts) and
+to the client at each :meth:`~ReplyBuilder.flush` (the agent loop flushes after the
+deltas that arrived together, so a burst of small deltas is one chunk, not one
+update each; ``<think>…</think>`` in the text becomes thoughts) and
 keeps what the agent loop needs afterwards: the answer text, the tool calls
 (assembled from fragments keyed by index or id), how the reply ended, and the
 token counts the provider reported.
@@ -52,6 +54,9 @@ class ThinkSplitter:
 
     def feed(self, text: str) -> list[tuple[bool, str]]:
         buffer = self._pending + text
+        if "<" not in buffer:  # no tag, nor the start of one: the common case, cheaply
+            self._pending = ""
+            return [(self.inside, buffer)] if buffer else []
         pieces: list[tuple[bool, str]] = []
         while buffer:
             tag = _CLOSE if self.inside else _OPEN
@@ -83,12 +88,14 @@ class _PartialCall:
 
 
 class ReplyBuilder:
-    """Collects one reply; ``emit`` streams events to the client (the turn context's)."""
+    """Collects one reply; ``emit`` streams events to the client (the turn context's)
+    at each :meth:`flush`, consecutive pieces of one kind merged."""
 
     def __init__(self, emit: Callable[[Event], None]) -> None:
         self._emit = emit
         self._splitter = ThinkSplitter()
         self._text: list[str] = []
+        self._unsent: list[tuple[bool, list[str]]] = []  # (is_thought, parts) since a flush
         self._calls: list[_PartialCall] = []
         self._by_index: dict[int, _PartialCall] = {}
         self._finish: Finish | None = None
@@ -107,14 +114,23 @@ class ReplyBuilder:
 
     def thought(self, text: str) -> None:
         if text:
-            self._emit(ThoughtChunk(text))
+            self._say(True, text)
 
     def _say(self, is_thought: bool, text: str) -> None:
-        if is_thought:
-            self._emit(ThoughtChunk(text))
-        else:
+        if not is_thought:
             self._text.append(text)
-            self._emit(MessageChunk(text))
+        unsent = self._unsent
+        if unsent and unsent[-1][0] == is_thought:
+            unsent[-1][1].append(text)
+        else:
+            unsent.append((is_thought, [text]))
+
+    def flush(self) -> None:
+        """Stream what came since the last flush: one chunk per run of one kind."""
+        unsent, self._unsent = self._unsent, []
+        for is_thought, parts in unsent:
+            text = "".join(parts)
+            self._emit(ThoughtChunk(text) if is_thought else MessageChunk(text))
 
     def tool_delta(self, key: int | None, call_id: str | None, name: str | None,
                    arguments: str) -> None:
@@ -158,6 +174,7 @@ class ReplyBuilder:
     def build(self) -> ModelReply:
         for is_thought, piece in self._splitter.flush():
             self._say(is_thought, piece)
+        self.flush()
         calls = tuple(ToolCallRequest(c.call_id, c.name, "".join(c.arguments))
                       for c in self._calls)
         finish = self._finish or "end"
