@@ -109,9 +109,9 @@ class WorkerPool:
     WorkerReady and Heartbeat; TurnEvents go to ``on_event(worker_id, message,
     nbytes)`` instead when it is given (``nbytes``: its encoded size, which the
     stream credit counts, see :meth:`grant`); ``on_worker_exit(worker_id)`` is called once per
-    dead worker (not during :meth:`close`). ``env`` holds extra environment
-    variables for the workers; of the host's own they get only what
-    :func:`supervisor.worker_env.worker_environment` keeps, plus ``inherit``.
+    dead worker (not during :meth:`close`), ``on_worker_ready()`` each time one becomes
+    ready. ``env`` holds extra environment variables for the workers; of the host's own
+    they get only what :func:`supervisor.worker_env.worker_environment` keeps, plus ``inherit``.
     """
 
     def __init__(
@@ -122,6 +122,7 @@ class WorkerPool:
         on_worker_exit: Callable[[str], None],
         max_workers: int,
         on_event: Callable[[str, TurnEvent, int], None] | None = None,
+        on_worker_ready: Callable[[], None] | None = None,
         heartbeat_secs: float = 1.0,
         env: dict[str, str] | None = None,
         inherit: frozenset[str] = frozenset(),
@@ -134,6 +135,7 @@ class WorkerPool:
         self._on_message = on_message
         self._on_event = on_event
         self._on_worker_exit = on_worker_exit
+        self._on_worker_ready = on_worker_ready
         self._env = env or {}
         self._inherit = inherit
         self._workers: dict[str, _Worker] = {}
@@ -489,6 +491,8 @@ class WorkerPool:
         worker.ready = True
         self._early_deaths = 0
         self._ready_changed.set()
+        if self._on_worker_ready is not None:
+            self._on_worker_ready()
         log.info("worker %s (pid %d) ready after %.0f ms", worker.worker_id, message.pid,
                  (time.monotonic() - worker.started_at) * 1000)
 
