@@ -14,12 +14,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import subprocess
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from actors.agents import agent_config_problem
-from actors.bridge import loop_reply, tell
+from actors.bridge import ask, loop_reply, tell
 from actors.persistence import PersistenceActor, PersistRequest
 from actors.sandbox import SandboxInfo, worker_sandbox_environment
 from actors.sandbox import detect as detect_sandbox
@@ -49,7 +50,7 @@ from supervisor.live import Eviction, Limits, LiveTable, workers_wanted
 from supervisor.orphans import become_subreaper
 from supervisor.pacing import TurnStream
 from supervisor.routes import Peer, Route
-from supervisor.supervisor import EndOrphans, SupervisorActor
+from supervisor.supervisor import EndOrphans, StartWorker, SupervisorActor
 from supervisor.turn_stats import TurnStats
 from supervisor.turns import TurnBook
 from supervisor.usage import UsageTotals
@@ -102,6 +103,7 @@ class Host:
             on_event=self._on_turn_event,
             on_worker_exit=self._on_worker_exit,
             on_worker_ready=self.live.pulse,
+            start_process=self._start_worker_process,
             max_workers=settings.workers_max,
             inherit=agent_variables(settings.agents.values()),
             env=worker_sandbox_environment(self.sandbox, settings.allow_unsandboxed_shell,
@@ -144,6 +146,10 @@ class Host:
         return future
 
     # --- workers ------------------------------------------------------------------------
+
+    def _start_worker_process(self, argv: list[str],
+                              env: dict[str, str]) -> asyncio.Future[subprocess.Popen[bytes]]:
+        return ask(self.supervisor, StartWorker(tuple(argv), env))
 
     async def worker_with_room(self) -> str:
         """The ready worker to open a session on (the least loaded with room); waits

@@ -41,8 +41,9 @@ __all__ = [
 class SessionState(enum.Enum):
     """Where a session stands; derived from its entry's fields (see :class:`LiveSession`)."""
 
-    OPENING = "opening"  # admitted (holds a place under max_sessions), being opened
-    IDLE = "idle"  # open on a worker, no turn: the only state eviction takes
+    OPENING = "opening"  # being opened: its history read, a worker found, then (admitted,
+    #                      placed) its row written; evictable once placed, as IDLE is
+    IDLE = "idle"  # open on a worker, no turn: what eviction takes
     BUSY = "busy"  # open on a worker, running a turn
     CLOSING = "closing"  # a close or delete is under way: nothing may revive it
     DETACHED = "detached"  # not open: a turn that has not settled yet (its worker died,
@@ -90,8 +91,14 @@ class LiveSession:
 
     @property
     def holds_place(self) -> bool:
-        """Counts under ``max_sessions``: admitted and not yet dropped."""
-        return self.route is not None or self.opening is not None
+        """Counts under ``max_sessions``: admitted (placed on a worker), not yet dropped."""
+        return self.route is not None
+
+    @property
+    def evictable(self) -> bool:
+        """Open on a worker with no turn and no close under way (IDLE, or OPENING
+        while its row is written, as a session the host just opened)."""
+        return self.route is not None and self.turn is None and self.closing is None
 
     @property
     def empty(self) -> bool:
@@ -139,16 +146,24 @@ class LiveTable:
 
     # --- opening ---------------------------------------------------------------------------
 
-    def admit(self, sid: str) -> tuple[LiveSession, list[Eviction]]:
-        """Make room for ``sid`` (evicting LRU idle sessions) and mark it OPENING.
-
-        -32001 when every live session is busy at the cap; the caller opens the
-        session and ends with :meth:`opened` or :meth:`abandon`."""
+    def begin_opening(self, sid: str) -> LiveSession:
+        """Mark ``sid`` OPENING (no place taken yet): from now on anything else that
+        would open, prompt, close or delete it waits on the entry's ``opening``.
+        The caller ends with :meth:`opened` or :meth:`abandon`."""
         entry = self.entries.get(sid)
         if entry is not None and entry.closing is not None:
             raise SessionNotFound(f"Session not found: {sid} (it is being closed)")
-        if entry is not None and entry.holds_place:
+        if entry is not None and (entry.opening is not None or entry.route is not None):
             raise InvalidParams(f"session {sid} is already active; call session/close first")
+        entry = entry or self.entries.setdefault(sid, LiveSession(sid))
+        entry.opening = asyncio.get_running_loop().create_future()
+        return entry
+
+    def admit(self, entry: LiveSession, route: Route) -> list[Eviction]:
+        """Make room under ``max_sessions`` (evicting least recently used idle
+        sessions) and place the OPENING ``entry`` on ``route.worker_id``; the
+        evicted sessions' actors are the caller's to close. -32001 when every live
+        session is busy."""
         evicted = []
         while len(self._placed) >= self.limits.max_sessions:
             victim = least_recently_used_idle(self.entries.values())
@@ -156,10 +171,10 @@ class LiveTable:
                 raise SessionLimitReached(
                     f"Maximum session limit reached ({self.limits.max_sessions})")
             evicted.append(self._evict(victim))
-        entry = entry or self.entries.setdefault(sid, LiveSession(sid))
-        entry.opening = asyncio.get_running_loop().create_future()
+        self._set_route(entry, route)
+        entry.last_used = time.monotonic()
         self._refresh(entry)
-        return entry, evicted
+        return evicted
 
     def place(self, ready_workers: Sequence[str]) -> str | None:
         """The least-loaded ready worker with room, if any."""
@@ -167,10 +182,6 @@ class LiveTable:
 
     def _load(self, worker_id: str) -> int:
         return len(self.by_worker.get(worker_id, ()))
-
-    def placed(self, entry: LiveSession, route: Route) -> None:
-        """The session's actor is being opened on ``route.worker_id``."""
-        self._set_route(entry, route)
 
     def opened(self, entry: LiveSession) -> None:
         """The open succeeded: OPENING ends; a prompt waiting for it is BUSY now."""
@@ -330,8 +341,8 @@ class LiveTable:
 
 
 def least_recently_used_idle(entries: Iterable[LiveSession]) -> LiveSession | None:
-    """The IDLE session used longest ago (the one admission evicts at the cap)."""
-    idle = [e for e in entries if e.state is SessionState.IDLE]
+    """The evictable session used longest ago (the one admission evicts at the cap)."""
+    idle = [e for e in entries if e.evictable]
     return min(idle, key=lambda e: e.last_used) if idle else None
 
 

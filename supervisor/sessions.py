@@ -168,16 +168,15 @@ class Sessions:
 
     async def _open(self, peer: Peer, info: StoredSession, *, history: bool,
                     commit: Callable[[], Awaitable[Any]] | None = None) -> Route:
-        """Admit (no await: the entry is OPENING from here), place and open a session
-        actor for a stored or new session, then run ``commit`` (its store write).
+        """Open a session actor for a stored or new session (its entry is OPENING from
+        the first line, no await before), then run ``commit`` (its store write).
 
         While OPENING, whatever else would open, prompt, close or delete the session
         waits on the entry's ``opening`` future: a session is never opened twice at
         once, and no row is deleted under a session that goes live after all. A
         failed or cancelled open frees its place and closes what it opened."""
         agent, fallback_from = self.agent_of_stored(info)
-        entry, evicted = self.live.admit(info.id)
-        self.host.close_evicted(evicted)
+        entry = self.live.begin_opening(info.id)
         try:
             route = await self._place_and_open(entry, peer, info, history, agent,
                                                fallback_from)
@@ -196,9 +195,16 @@ class Sessions:
     async def _place_and_open(self, entry: LiveSession, peer: Peer, info: StoredSession,
                               history: bool, agent: AgentConfig,
                               fallback_from: str | None) -> Route:
+        """Everything that waits comes before the admission (as before it, the session
+        takes no place under max_sessions); admission, placement and OpenSession
+        then go together, with no await between them."""
         host = self.host
         items = await asyncio.to_thread(host.reader.load_items, info.id) if history else []
         worker_id = await host.worker_with_room()
+        route = Route(info.id, worker_id, peer, agent.alias, info.workspace_dir,
+                      info.cwd, info.mode, info.turn_count, info.token_count, fallback_from,
+                      info.meta.get(TENANT_META_KEY))
+        host.close_evicted(self.live.admit(entry, route))
         host.pool.send(worker_id, OpenSession(
             sid=info.id, agent=agent.to_wire(), workspace_dir=str(agent.workspace),
             cwd=info.cwd, mode=info.mode, forbidden_paths=list(self.settings.forbidden_paths),
@@ -206,10 +212,6 @@ class Sessions:
             history=[item_to_wire(i) for i in agent_history(items)],
             mcp_servers=list(info.mcp_servers), meta=dict(info.meta),
         ))
-        route = Route(info.id, worker_id, peer, agent.alias, info.workspace_dir,
-                      info.cwd, info.mode, info.turn_count, info.token_count, fallback_from,
-                      info.meta.get(TENANT_META_KEY))
-        self.live.placed(entry, route)
         host.scale_workers()
         return route
 

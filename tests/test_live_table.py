@@ -26,10 +26,18 @@ from supervisor.routes import Route, RunningTurn
 PEER: Any = object()
 
 
+def route(sid: str, worker_id: str = "w1") -> Route:
+    return Route(sid, worker_id, PEER, "main", "/w", "/w", "ask")
+
+
+def admit(table: LiveTable, sid: str, worker_id: str = "w1") -> tuple[LiveSession, list[Any]]:
+    entry = table.begin_opening(sid)
+    return entry, table.admit(entry, route(sid, worker_id))
+
+
 def opened(table: LiveTable, sid: str, worker_id: str = "w1") -> LiveSession:
     """Admit ``sid`` and open it on ``worker_id`` (evictions are the caller's to check)."""
-    entry, _ = table.admit(sid)
-    table.placed(entry, Route(sid, worker_id, PEER, "main", "/w", "/w", "ask"))
+    entry, _ = admit(table, sid, worker_id)
     table.opened(entry)
     return entry
 
@@ -46,8 +54,9 @@ async def test_admission_places_on_the_least_loaded_worker() -> None:
     table = table_of()
     opened(table, "a", table.place(["w1", "w2"]) or "")
     assert table.place(["w1", "w2"]) == "w2"
-    entry, evicted = table.admit("b")
+    entry, evicted = admit(table, "b", "w2")
     assert evicted == [] and entry.state is SessionState.OPENING
+    assert table.place(["w1", "w2"]) in ("w1", "w2") and table.workers_in_use() == 2
 
 
 async def test_lru_idle_session_is_evicted_at_the_cap() -> None:
@@ -56,7 +65,7 @@ async def test_lru_idle_session_is_evicted_at_the_cap() -> None:
     time.sleep(0.001)
     b_route = opened(table, "b").route
     table.touch("a")  # b is now the least recently used
-    _, evicted = table.admit("c")
+    _, evicted = admit(table, "c")
     assert [(e.sid, e.route) for e in evicted] == [("b", b_route)]
     assert table.get("b") is None and table.route("b") is None
 
@@ -68,10 +77,11 @@ async def test_limit_reached_only_when_every_session_is_busy() -> None:
     turn_a = new_turn("a")
     table.attach_turn(turn_a)
     table.attach_turn(new_turn("b"))
+    entry = table.begin_opening("c")
     with pytest.raises(SessionLimitReached, match=r"\(2\)"):
-        table.admit("c")
+        table.admit(entry, route("c"))
     table.detach_turn(turn_a)
-    _, evicted = table.admit("c")
+    evicted = table.admit(entry, route("c"))
     assert [e.sid for e in evicted] == ["a"]
 
 
@@ -85,36 +95,39 @@ async def test_busy_and_duplicate() -> None:
     with pytest.raises(SessionBusy):
         table.attach_turn(new_turn("a"))
     with pytest.raises(InvalidParams, match="session/close"):
-        table.admit("a")
+        table.begin_opening("a")
     assert table.evict("a") is None  # busy: not evicted
 
 
-async def test_an_opening_session_is_neither_evicted_nor_opened_twice() -> None:
+async def test_an_opening_session_takes_a_place_only_once_placed() -> None:
     table = table_of(max_sessions=1)
-    entry, _ = table.admit("a")
-    with pytest.raises(SessionLimitReached):  # the only place is being opened
-        table.admit("b")
-    with pytest.raises(InvalidParams):
-        table.admit("a")
-    table.abandon(entry)  # the open failed: its place is free again
-    assert table.get("a") is None
-    assert entry.opening is None
-    table.admit("b")
+    entry = table.begin_opening("a")  # reading its history, waiting for a worker
+    with pytest.raises(InvalidParams):  # never opened twice at once
+        table.begin_opening("a")
+    opened(table, "b")  # it takes no place yet
+    assert table.admit(entry, route("a"))[0].sid == "b"  # placed: b, idle, makes room
+    assert entry.state is SessionState.OPENING  # its row is being written
+    other = table.begin_opening("c")  # while it is written it is evictable, as IDLE is
+    assert [e.sid for e in table.admit(other, route("c"))] == ["a"]
+    assert table.abandon(entry) is None and table.get("a") is None  # its open ends
+    assert table.abandon(other) is not None and table.get("c") is None  # place freed
+    assert entry.opening is None and other.opening is None
 
 
 async def test_a_prompt_waiting_for_an_open_is_busy_as_the_open_ends() -> None:
     table = table_of(max_sessions=1)
-    entry, _ = table.admit("a")
+    entry = table.begin_opening("a")
     waiter = entry.opening
     turn = new_turn("a")
     table.attach_turn(turn)
     assert turn.route is None and entry.state is SessionState.OPENING
-    table.placed(entry, Route("a", "w1", PEER, "main", "/w", "/w", "ask"))
+    table.admit(entry, route("a"))
+    with pytest.raises(SessionLimitReached):  # the waiting turn holds it already
+        table.admit(table.begin_opening("b"), route("b"))
     table.opened(entry)
     assert waiter is not None and waiter.done()
     assert entry.state is SessionState.BUSY and turn.route is entry.route
-    with pytest.raises(SessionLimitReached):  # no eviction between the open and the turn
-        table.admit("b")
+    assert turn.route is not None and turn.route.status["state"] == "busy"
 
 
 async def test_closing_refuses_turns_and_opens_until_it_ends() -> None:
@@ -125,7 +138,7 @@ async def test_closing_refuses_turns_and_opens_until_it_ends() -> None:
     with pytest.raises(SessionNotFound, match="being closed"):
         table.attach_turn(new_turn("a"))
     with pytest.raises(SessionNotFound, match="being closed"):
-        table.admit("a")
+        table.begin_opening("a")
     assert table.evict("a") is None
     assert entry.route is not None and table.drop(entry.route)
     closing = entry.closing

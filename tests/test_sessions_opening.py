@@ -40,7 +40,7 @@ async def test_a_cancelled_close_leaves_the_open_and_later_closes_working() -> N
     async def gated_open(entry: Any, *args: Any) -> Route:
         await gate.wait()
         route = Route("S", "w1", args[0], "main", "/w", "/w", "ask")
-        live.placed(entry, route)
+        live.admit(entry, route)
         return route
 
     sessions.agent_of_stored = lambda info: (None, None)  # type: ignore[method-assign,assignment,return-value]

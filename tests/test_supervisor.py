@@ -5,12 +5,13 @@ cannot handle answers the asker with the error and the actor lives on.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import pytest
 
 from actors.bridge import Request, ask, tell
-from supervisor.supervisor import EndOrphans, SupervisorActor
+from supervisor.supervisor import EndOrphans, StartWorker, SupervisorActor
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,3 +35,10 @@ async def test_an_unknown_message_fails_its_asker_not_the_actor(supervisor) -> N
         await ask(supervisor, Unknown())
     tell(supervisor, Unknown())  # logged by the actor
     assert await ask(supervisor, EndOrphans()) == ()
+
+
+async def test_start_worker_answers_the_started_process(supervisor) -> None:
+    proc = await ask(supervisor, StartWorker((sys.executable, "-c", "pass"), {}))
+    assert proc.wait(timeout=10) == 0
+    with pytest.raises(OSError):  # the pool's launch sees the same error as from Popen
+        await ask(supervisor, StartWorker(("/nonexistent/zeroclaw-worker",), {}))
