@@ -3,8 +3,8 @@
 Everything here runs on the asyncio loop thread. The loop owns sockets (clients
 and the zmq ROUTER to workers) and the live-session table
 (:class:`supervisor.live.LiveTable`); the SupervisorActor does the host's slow
-process work (ending what dead workers left behind), told with typed messages
-(:mod:`actors.bridge`); the PersistenceActor is the only writer. Session
+process work (starting workers, ending what dead workers left behind), asked with
+typed messages (:mod:`actors.bridge`); the PersistenceActor is the only writer. Session
 operations live in :mod:`supervisor.sessions`; this module is the lifecycle and
 the routing of worker messages.
 """

@@ -323,16 +323,14 @@ class LiveTable:
                 if not sids:
                     del self.by_worker[old.worker_id]
             self.pulse()
+            self._placed.discard(entry.sid)
         entry.route = route
         if route is not None:
             self.by_worker.setdefault(route.worker_id, set()).add(entry.sid)
+            self._placed.add(entry.sid)
 
     def _refresh(self, entry: LiveSession) -> None:
-        """Keep the place count and the table itself in step with the entry."""
-        if entry.holds_place:
-            self._placed.add(entry.sid)
-        else:
-            self._placed.discard(entry.sid)
+        """Drop the entry once nothing holds it any more."""
         if entry.empty and self.entries.get(entry.sid) is entry:
             del self.entries[entry.sid]
 

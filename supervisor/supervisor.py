@@ -26,7 +26,7 @@ from actors.bridge import MessageActor, Request
 from supervisor.orphans import end_orphans
 from supervisor.workers import start_worker_process
 
-__all__ = ["EndOrphans", "StartWorker", "SupervisorActor", "SupervisorMessage"]
+__all__ = ["EndOrphans", "StartWorker", "SupervisorActor"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,9 +40,6 @@ class StartWorker(Request[subprocess.Popen[bytes]]):
 @dataclass(frozen=True, slots=True)
 class EndOrphans(Request[tuple[int, ...]]):
     """End the host's adopted orphans; answered with the pids ended."""
-
-
-SupervisorMessage = StartWorker | EndOrphans
 
 
 class SupervisorActor(MessageActor):
