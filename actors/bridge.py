@@ -1,9 +1,11 @@
 """Getting an actor's answer back to the asyncio loop without blocking it.
 
-Two shapes: :class:`CallableActor` subclasses (the supervisor) are driven with
-:func:`call`, which ``tell``s a :class:`Call` and awaits the outcome; the
-persistence actor takes typed messages (:class:`actors.persistence.PersistRequest`
-carrying a :class:`actors.persistence.StoreWrite`) with a ``reply`` callback.
+Two shapes: :class:`MessageActor` subclasses (the supervisor) take typed
+messages, frozen dataclasses deriving from :class:`Request` (``Request[R]``:
+answered with an ``R``), which the loop sends with :func:`ask` (await the
+answer) or :func:`tell` (no answer wanted); the persistence actor takes typed
+writes (:class:`actors.persistence.PersistRequest` carrying a
+:class:`actors.persistence.StoreWrite`) with a ``reply`` callback.
 
 Actors that do slow work (the persistence actor's writes) take a ``reply``
 callback, ``reply(error, value)``, which they call on their own thread when the
@@ -19,16 +21,16 @@ import logging
 import queue
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any, Generic, TypeAlias, TypeVar
 
 import pykka
 
 __all__ = [
-    "Call",
-    "CallableActor",
+    "MessageActor",
     "ReplyCallback",
+    "Request",
     "SimpleInboxActor",
-    "call",
+    "ask",
     "loop_reply",
     "tell",
 ]
@@ -37,6 +39,7 @@ logger = logging.getLogger("zeroclaw.actors.bridge")
 
 #: ``reply(error, value)``: ``error`` is ``None`` on success, else the failure.
 ReplyCallback: TypeAlias = Callable[[BaseException | None, Any], None]
+R = TypeVar("R")
 
 
 def loop_reply(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any]) -> ReplyCallback:
@@ -65,12 +68,19 @@ def loop_reply(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any]) -> 
     return reply
 
 
-@dataclass(frozen=True, slots=True)
-class Call:
-    """Run ``method(*args)`` on the actor; ``reply`` gets (error, result) on its thread."""
+class Request(Generic[R]):
+    """The base of a typed actor message answered with an ``R``; each message is a
+    frozen dataclass deriving from ``Request[its answer type]``."""
 
-    method: str
-    args: tuple[Any, ...]
+    __slots__ = ()
+
+
+@dataclass(frozen=True, slots=True)
+class _Envelope:
+    """A message on its way to a :class:`MessageActor`; ``reply`` gets (error, answer)
+    on the actor's thread (None: nobody waits)."""
+
+    message: Request[Any]
     reply: ReplyCallback | None = None
 
 
@@ -87,42 +97,48 @@ class SimpleInboxActor(pykka.ThreadingActor):
         return queue.SimpleQueue()
 
 
-class CallableActor(SimpleInboxActor):
-    """An actor whose public methods the loop runs with :func:`call`.
+class MessageActor(SimpleInboxActor):
+    """An actor that answers typed :class:`Request` messages in :meth:`handle`.
 
-    A method that raises answers the caller with the exception; the actor lives on
-    (a raising ``tell`` handler would otherwise kill it).
+    A message whose handling raises answers the caller with the exception (or is
+    logged, when told); the actor lives on (a raising handler would otherwise
+    kill it).
     """
 
     use_daemon_thread = True
 
+    def handle(self, message: Request[Any]) -> Any:
+        """Answer one message (a ``match`` over the actor's message types); runs on
+        the actor's thread."""
+        raise NotImplementedError
+
     def on_receive(self, message: Any) -> Any:
-        if not isinstance(message, Call):
+        if not isinstance(message, _Envelope):
             return None
         try:
-            result = getattr(self, message.method)(*message.args)
+            answer = self.handle(message.message)
         except Exception as exc:
             if message.reply is None:
-                logger.exception("%s.%s failed", type(self).__name__, message.method)
+                logger.exception("%s failed on %r", type(self).__name__, message.message)
             else:
                 message.reply(exc, None)
             return None
         if message.reply is not None:
-            message.reply(None, result)
+            message.reply(None, answer)
         return None
 
 
-def tell(ref: pykka.ActorRef[Any], method: str, *args: Any) -> None:
-    """From any thread: run ``method`` on a :class:`CallableActor`, no answer wanted.
+def tell(ref: pykka.ActorRef[Any], message: Request[Any]) -> None:
+    """From any thread: send ``message`` to a :class:`MessageActor`, no answer wanted.
 
     A failure is logged by the actor.
     """
-    ref.tell(Call(method, args))
+    ref.tell(_Envelope(message))
 
 
-def call(ref: pykka.ActorRef[Any], method: str, *args: Any) -> asyncio.Future[Any]:
-    """From the loop thread: run ``method`` on the actor; await the returned future."""
+def ask(ref: pykka.ActorRef[Any], message: Request[R]) -> asyncio.Future[R]:
+    """From the loop thread: send ``message``; await the returned future for its answer."""
     loop = asyncio.get_running_loop()
-    future: asyncio.Future[Any] = loop.create_future()
-    ref.tell(Call(method, args, loop_reply(loop, future)))
+    future: asyncio.Future[R] = loop.create_future()
+    ref.tell(_Envelope(message, loop_reply(loop, future)))
     return future

@@ -364,7 +364,7 @@ class AcpServer:
         if mode is None:
             raise InvalidParams("missing modeId")
         sessions, peer = await self.sessions(), endpoint.state["peer"]
-        route = sessions.host.routes.get(sid)
+        route = sessions.host.live.route(sid)
         if route is None or not await set_agent_mode(sessions, route, mode, peer):
             await sessions.set_mode(peer, sid, mode)  # zeroclaw's autonomy level
         return {}

@@ -77,7 +77,7 @@ class ClientRelay:
     def _target(self, call: ClientCall) -> Peer | None:
         if call.method.startswith("terminal/") and call.method != "terminal/create":
             return self._terminals.get((call.sid, str(call.params.get("terminalId"))))
-        route = self.host.routes.get(call.sid)
+        route = self.host.live.route(call.sid)
         return route.holder_offering(call.method) if route is not None else None
 
     async def _relay(self, worker_id: str, call: ClientCall, peer: Peer) -> None:

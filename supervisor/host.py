@@ -1,24 +1,26 @@
 """The Host: assembles the store, the actors and the worker pool behind every transport.
 
 Everything here runs on the asyncio loop thread. The loop owns sockets (clients
-and the zmq ROUTER to workers); the SupervisorActor owns the session table and is
-reached with :func:`actors.bridge.call`; the PersistenceActor is the only
-writer. Session operations live in :mod:`supervisor.sessions`; this module is the
-lifecycle and the routing of worker messages.
+and the zmq ROUTER to workers) and the live-session table
+(:class:`supervisor.live.LiveTable`); the SupervisorActor does the host's slow
+process work (starting workers, ending what dead workers left behind), asked with
+typed messages (:mod:`actors.bridge`); the PersistenceActor is the only writer. Session
+operations live in :mod:`supervisor.sessions`; this module is the lifecycle and
+the routing of worker messages.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
+import subprocess
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from actors.agents import agent_config_problem
-from actors.bridge import call, loop_reply, tell
+from actors.bridge import ask, loop_reply, tell
 from actors.persistence import (
     MarkKilled,
     PersistenceActor,
@@ -28,7 +30,7 @@ from actors.persistence import (
 )
 from actors.sandbox import SandboxInfo, worker_sandbox_environment
 from actors.sandbox import detect as detect_sandbox
-from ipc.errors import InternalError, SessionNotFound
+from ipc.errors import InternalError
 from ipc.events import SessionInfo, TurnRecord, event_from_wire, iso_utc
 from ipc.worker_wire import (
     TOOL_RULES_META,
@@ -55,10 +57,11 @@ from supervisor.agent_calls import AgentCalls
 from supervisor.client_relay import ClientRelay
 from supervisor.closings import Closings
 from supervisor.config import Settings
-from supervisor.orphans import become_subreaper, end_orphans
+from supervisor.live import Eviction, Limits, LiveTable, workers_wanted
+from supervisor.orphans import become_subreaper
 from supervisor.pacing import TurnStream
 from supervisor.routes import Peer, Route
-from supervisor.supervisor import Eviction, Limits, SupervisorActor, workers_wanted
+from supervisor.supervisor import EndOrphans, StartWorker, SupervisorActor
 from supervisor.turn_stats import TurnStats
 from supervisor.turns import TurnBook
 from supervisor.usage import UsageTotals
@@ -82,7 +85,8 @@ class Host:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.started_at = time.time()
-        self.routes: dict[str, Route] = {}
+        self.live = LiveTable(Limits(settings.max_sessions, settings.session_timeout_secs,
+                                     settings.sessions_per_worker))
         self.store: Store
         self.pool: WorkerPool
         self.sandbox: SandboxInfo  # how shell commands are confined (set by start)
@@ -90,7 +94,7 @@ class Host:
         self._sweeper: asyncio.Task[None] | None = None
         self._orphan_sweeper: asyncio.Task[None] | None = None
         self._closings = Closings()
-        self.turns = TurnBook(self)
+        self.turns = TurnBook(self, self.live)
         self.client_relay = ClientRelay(self)
         self.agent_calls = AgentCalls(self)
         self.usage = UsageTotals()
@@ -105,15 +109,15 @@ class Host:
         self.reader = self.store.reader
         self.usage.seed(await asyncio.to_thread(self.reader.usage_totals))
         self.persistence = PersistenceActor.start(self.store)
-        limits = Limits(settings.max_sessions, settings.session_timeout_secs,
-                        settings.sessions_per_worker)
-        self.supervisor = SupervisorActor.start(limits)
+        self.supervisor = SupervisorActor.start()
         self.sandbox = await asyncio.to_thread(detect_sandbox, settings.sandbox)
         self.pool = WorkerPool(
             run_dir=settings.data_dir / "run",
             on_message=self._on_worker_message,
             on_event=self._on_turn_event,
             on_worker_exit=self._on_worker_exit,
+            on_worker_ready=self.live.pulse,
+            start_process=self._start_worker_process,
             max_workers=settings.workers_max,
             inherit=agent_variables(settings.agents.values()),
             env=worker_sandbox_environment(self.sandbox, settings.allow_unsandboxed_shell,
@@ -148,21 +152,6 @@ class Host:
 
     # --- calls to the actors ---------------------------------------------------------
 
-    async def supervise(self, method: str, *args: Any) -> Any:
-        return await call(self.supervisor, method, *args)
-
-    def inform(self, method: str, *args: Any) -> None:
-        """Tell the supervisor something without waiting (a failure is logged there)."""
-        tell(self.supervisor, method, *args)
-
-    def touch(self, sid: str) -> None:
-        """Activity on a session: its LRU place (the supervisor's) and, when it is live,
-        its ``lastActivity`` (its route's)."""
-        self.inform("touch", sid)
-        route = self.routes.get(sid)
-        if route is not None:
-            route.touch()
-
     def persist(self, write: StoreWrite[R]) -> asyncio.Future[R]:
         """Have the PersistenceActor do ``write``; the future settles once it is committed."""
         loop = asyncio.get_running_loop()
@@ -172,33 +161,45 @@ class Host:
 
     # --- workers ------------------------------------------------------------------------
 
-    async def ready_workers(self) -> list[str]:
-        ready = self.pool.ready_workers()
-        if not ready:
-            ready = [await self.pool.wait_ready(WORKER_READY_TIMEOUT)]
-        return ready
+    def _start_worker_process(self, argv: list[str],
+                              env: dict[str, str]) -> asyncio.Future[subprocess.Popen[bytes]]:
+        return ask(self.supervisor, StartWorker(tuple(argv), env))
 
-    def scale_workers(self) -> None:
-        """Grow the pool as the supervisor's rule says, from the loop's own routes."""
-        in_use = len({r.worker_id for r in self.routes.values()})
-        self.pool.scale_to(workers_wanted(in_use, 0, self.settings.sessions_per_worker))
+    async def worker_with_room(self) -> str:
+        """The ready worker to open a session on (the least loaded with room); waits
+        for one to start or to free a place (bounded), growing the pool meanwhile."""
+        deadline = time.monotonic() + WORKER_READY_TIMEOUT
+        while (worker_id := self.live.place(self.pool.ready_workers())) is None:
+            self.scale_workers(unplaced=1)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise InternalError("no worker available")
+            if self.pool.ready_workers():
+                await self.live.room(remaining)  # every ready worker is full
+            else:
+                try:
+                    await self.pool.wait_ready(remaining)
+                except TimeoutError:
+                    raise InternalError("no worker available") from None
+        return worker_id
 
-    def apply_evictions(self, evictions: list[Eviction] | tuple[Eviction, ...]) -> None:
+    def scale_workers(self, unplaced: int = 0) -> None:
+        """Grow the pool as :func:`supervisor.live.workers_wanted` says."""
+        self.pool.scale_to(workers_wanted(self.live.workers_in_use(), unplaced,
+                                          self.settings.sessions_per_worker))
+
+    def close_evicted(self, evictions: list[Eviction]) -> None:
         for eviction in evictions:
-            self.routes.pop(eviction.sid, None)
-            if eviction.worker_id:
-                self._send_close(eviction.worker_id, eviction.sid, wait=False)
+            self.drop_on_worker(eviction.route)
             log.info("evicted idle session %s", eviction.sid)
 
     async def evict(self, sid: str) -> bool:
         """Drop a live idle session from memory, as the LRU rule does (it stays in the
-        store; a prompt restores it). False when it is not live or is running a turn."""
-        route = self.routes.get(sid)
-        if route is None or sid in self.turns.running:
+        store; a prompt restores it). False when it is not live and IDLE."""
+        eviction = self.live.evict(sid)
+        if eviction is None:
             return False
-        self.apply_evictions([Eviction(sid, route.worker_id)])  # before any await
-        with contextlib.suppress(SessionNotFound):
-            await self.supervise("release", sid)
+        self.close_evicted([eviction])
         return True
 
     async def _sweep_idle(self) -> None:
@@ -206,34 +207,29 @@ class Host:
         while True:
             await asyncio.sleep(period)
             try:
-                self.apply_evictions(await self.supervise("sweep"))
+                self.close_evicted(self.live.sweep())
             except Exception:
                 log.exception("idle sweep failed")
 
     async def _sweep_orphans(self) -> None:
         while True:
             await asyncio.sleep(ORPHAN_SWEEP_SECS)
-            end_orphans()
+            tell(self.supervisor, EndOrphans())
 
     def _on_worker_exit(self, worker_id: str) -> None:
-        end_orphans()
+        tell(self.supervisor, EndOrphans())
         self.agent_calls.worker_gone(worker_id)
-        self.spawn(self._fail_worker_sessions(worker_id))
-
-    async def _fail_worker_sessions(self, worker_id: str) -> None:
-        sids = await self.supervise("worker_exited", worker_id)
-        for sid in sids:
-            route = self.routes.pop(sid, None)
-            if route is not None:
-                route.agent_opened.set()  # nobody waits for its agent any more
-            turn = self.turns.get(sid)
+        dropped = self.live.worker_exited(worker_id)
+        for entry, route in dropped:
+            route.agent_opened.set()  # nobody waits for its agent any more
+            turn = entry.turn
             if turn is not None and turn.route is route and self.turns.worker_exited(turn):
                 # the record says so until the next load or resume; nobody waits on it
-                self.persist(MarkKilled(sid)).add_done_callback(_log_write_failure)
+                self.persist(MarkKilled(entry.sid)).add_done_callback(_log_write_failure)
         self._closings.worker_gone(worker_id)
-        if sids:
+        if dropped:
             log.warning("worker %s exited; %d session(s) dropped (restorable)", worker_id,
-                        len(sids))
+                        len(dropped))
 
     # --- messages from workers ----------------------------------------------------------
 
@@ -272,7 +268,7 @@ class Host:
             case AgentReply():
                 self.agent_calls.settle(message)
             case AgentOpened(sid=sid, modes=modes):
-                route = self.routes.get(sid)
+                route = self.live.route(sid)
                 if route is not None:
                     route.agent_modes = modes
                     route.agent_opened.set()
@@ -283,7 +279,7 @@ class Host:
                 self._closings.confirmed(close_id)
             case OpenFailed(sid=sid, message=text):
                 log.error("worker %s could not open session %s: %s", worker_id, sid, text)
-                self.spawn(self._drop_broken(sid, text))
+                self._drop_broken(sid, text)
             case SessionOpened():
                 pass
 
@@ -345,17 +341,21 @@ class Host:
         finally:  # cancelled (session/cancel) or failed: no answer
             self.pool.send(worker_id, reply(answer))
 
-    async def _drop_broken(self, sid: str, text: str) -> None:
-        route = self.routes.pop(sid, None)
-        if route is not None:
-            route.agent_opened.set()  # nobody waits for its agent any more
+    def _drop_broken(self, sid: str, text: str) -> None:
+        route = self.live.route(sid)
+        if route is None:
+            return
+        self.live.drop(route)
+        route.agent_opened.set()  # nobody waits for its agent any more
         turn = self.turns.get(sid)
-        if route is not None and turn is not None and turn.route is route:
+        if turn is not None and turn.route is route:
             self.turns.settle(turn, error=InternalError(f"session could not start: {text}"))
-        with contextlib.suppress(SessionNotFound):
-            await self.supervise("release", sid)
 
     # --- helpers for session operations --------------------------------------------------
+
+    def drop_on_worker(self, route: Route) -> None:
+        """Close the session's actor on its worker without waiting for it."""
+        self._send_close(route.worker_id, route.sid, wait=False)
 
     async def close_on_worker(self, route: Route) -> None:
         """Drop the session's actor and wait (bounded) for the worker to confirm."""

@@ -76,7 +76,7 @@ class HostCollector:
 
 def _session_metrics(sessions: Sessions) -> Iterator[Metric]:
     host = sessions.host
-    states = Counter(route.status["state"] for route in host.routes.values())
+    states = Counter(route.status["state"] for route in host.live.routes())
     live = GaugeMetricFamily("zeroclaw_sessions_live", "Live sessions by state",
                              labels=["state"])
     for state in ("idle", "busy"):
@@ -145,7 +145,7 @@ async def health(host: HostHandle) -> tuple[bool, dict[str, Any]]:
     if silent:
         reasons.append(f"worker(s) not responsive: {', '.join(map(str, silent))}")
     body: dict[str, Any] = {"status": "ok" if not reasons else "unhealthy", "reasons": reasons,
-                            "workers": len(workers), "sessions": len(sessions.host.routes)}
+                            "workers": len(workers), "sessions": len(sessions.host.live.routes())}
     return not reasons, body
 
 

@@ -5,7 +5,8 @@ kill them as a whole) would outlive a worker that is killed mid-turn, re-parente
 to PID 1. The host marks itself a *child subreaper*, so such processes become its
 children instead; :func:`end_orphans` then kills their process groups and reaps
 them (when a worker exits, and every few seconds for stragglers). Runs on the
-asyncio loop thread and never blocks (``WNOHANG`` reaping).
+SupervisorActor's thread (:class:`supervisor.supervisor.EndOrphans`), off the
+loop, and never blocks (``WNOHANG`` reaping).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""Loop-side routing state: which worker hosts a live session, who is watching it,
-and the turn it is running. Owned by the asyncio loop thread only.
+"""What the loop needs to move one live session's frames: which worker hosts it,
+who is watching it, and the turn it is running. Owned by the asyncio loop thread only.
 
-The SupervisorActor keeps the authoritative table (limits, busy/idle, LRU); this
-is just what the loop needs to move frames without crossing threads.
+A session's entry in :class:`supervisor.live.LiveTable` holds its route (once it is
+open on a worker) and its running turn; the table decides their states.
 """
 
 from __future__ import annotations
@@ -137,8 +137,7 @@ class RunningTurn:
     turn_id: str
     peer: Peer
     result: asyncio.Future[tuple[TurnRecord, int]]
-    route: Route | None = None
-    admitted: bool = False  # the supervisor marked the session busy
+    route: Route | None = None  # the session's route once the turn holds it (BUSY)
     started: bool = False  # StartTurn went to the worker
     recorded: bool = False  # the worker's record of the turn arrived: its commit decides
     cancel_requested: bool = False

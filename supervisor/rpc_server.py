@@ -251,7 +251,7 @@ class RpcServer:
         """Drop this connection's idle live sessions of ``alias`` (kept in the store);
         not those other connections hold too (an editor that loaded one uses it)."""
         for sid in self.owners.sessions_of(peer):
-            route = sessions.host.routes.get(sid)
+            route = sessions.host.live.route(sid)
             if route is not None and route.agent_alias == alias and self.owners.count(sid) == 1:
                 await sessions.host.evict(sid)
 
@@ -272,7 +272,7 @@ class RpcServer:
         await ticket.ready
         sid = ticket.sid
         sessions = await self._sessions()
-        while (running := sessions.host.turns.running.get(sid)) is not None:
+        while (running := sessions.host.turns.get(sid)) is not None:
             await running.finished.wait()  # a turn started on another transport (acp.sock)
         if peer.gone:
             raise InternalError("prompt dropped: the client went away")

@@ -1,10 +1,12 @@
 """Session operations shared by every dialect: new, prompt, cancel, close, stop,
 load, resume, list, delete, set_mode, client events.
 
-Runs on the asyncio loop thread. Each operation asks the SupervisorActor for the
-decision (limits, busy, LRU eviction), sends envelopes to the session's worker,
+Runs on the asyncio loop thread. Each operation changes its session's entry in
+the live-session table (:mod:`supervisor.live`: limits, busy, LRU eviction,
+decided there without a thread hop), sends envelopes to the session's worker,
 and writes through the PersistenceActor; a turn's result is returned only after
-its transaction committed.
+its transaction committed. Requests that meet on one session wait on the
+entry's ``opening`` or ``closing`` future, never by polling.
 """
 
 from __future__ import annotations
@@ -16,8 +18,7 @@ import os
 import secrets
 import time
 import uuid
-from collections import Counter
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ from ipc.worker_wire import OpenSession, SetMode, StartTurn
 from storage.models import StoredSession
 from supervisor.config import AUTONOMY_LEVELS, AgentConfig
 from supervisor.host import Host, canonical_dir
+from supervisor.live import LiveSession
 from supervisor.routes import Peer, Route, RunningTurn
 from supervisor.slash_commands import agent_history, parse, run_host_command
 from supervisor.tenants import TENANT_META_KEY
@@ -49,7 +51,6 @@ log = logging.getLogger("zeroclaw.sessions")
 
 INSTALL_ROOT = Path(__file__).resolve().parent.parent
 _INSTALL_ROOT_TEXT = str(INSTALL_ROOT)
-_ADMIT_ATTEMPTS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,9 +67,7 @@ class Sessions:
     def __init__(self, host: Host) -> None:
         self.host = host
         self.settings = host.settings
-        self._creating: set[str] = set()  # client-chosen ids whose session/new is running
-        self._ending: Counter[str] = Counter()  # being closed or deleted: not to be revived
-        self._opening: dict[str, asyncio.Future[None]] = {}  # see _open
+        self.live = host.live
 
     # --- session/new ------------------------------------------------------------------
 
@@ -142,18 +141,14 @@ class Sessions:
         meta = {TENANT_META_KEY: tenant} if tenant else {}
         sid = request.session_id
         if sid is None:
-            return await self._create(peer, str(uuid.uuid4()), agent, cwd, request, meta)
-        self.check_unused(sid)
-        self._creating.add(sid)
-        try:
-            return await self._create(peer, sid, agent, cwd, request, meta)
-        finally:
-            self._creating.discard(sid)
+            sid = str(uuid.uuid4())
+        else:
+            self.check_unused(sid)
+        return await self._create(peer, sid, agent, cwd, request, meta)
 
     def check_unused(self, sid: str) -> None:
-        """-32602 when a client-chosen id is live, being created, or stored."""
-        host = self.host
-        if sid in host.routes or sid in self._creating or host.reader.get_session(sid):
+        """-32602 when a client-chosen id is live, being opened (its entry), or stored."""
+        if self.live.get(sid) is not None or self.host.reader.get_session(sid):
             raise InvalidParams(f"sessionId: session {sid} already exists; "
                                 "use session/load or session/prompt to continue it")
 
@@ -169,53 +164,56 @@ class Sessions:
             mode=self.settings.autonomy_level, created_at=now, last_activity=now,
             mcp_servers=list(request.mcp_servers), meta=meta,
         )
-        route = await self._open(peer, info, history=False)
-        try:
-            await self.host.persist(CreateSession(info))
-        except Exception as exc:
-            await self._forget(route)
-            if isinstance(exc, RpcError):
+
+        async def store_row() -> None:
+            try:
+                await self.host.persist(CreateSession(info))
+            except RpcError:
                 raise
-            raise InternalError(str(exc)) from None  # e.g. "store write failed: ..."
+            except Exception as exc:
+                raise InternalError(str(exc)) from None  # e.g. "store write failed: ..."
+
+        return await self._open(peer, info, history=False, commit=store_row)
+
+    async def _open(self, peer: Peer, info: StoredSession, *, history: bool,
+                    commit: Callable[[], Awaitable[Any]] | None = None) -> Route:
+        """Open a session actor for a stored or new session (its entry is OPENING from
+        the first line, no await before), then run ``commit`` (its store write).
+
+        While OPENING, whatever else would open, prompt, close or delete the session
+        waits on the entry's ``opening`` future: a session is never opened twice at
+        once, and no row is deleted under a session that goes live after all. A
+        failed or cancelled open frees its place and closes what it opened."""
+        agent, fallback_from = self.agent_of_stored(info)
+        entry = self.live.begin_opening(info.id)
+        try:
+            route = await self._place_and_open(entry, peer, info, history, agent,
+                                               fallback_from)
+            if commit is not None:
+                await commit()
+        except BaseException as exc:
+            placed = self.live.abandon(entry)
+            if placed is not None and isinstance(exc, Exception):
+                await self.host.close_on_worker(placed)
+            elif placed is not None:
+                self.host.drop_on_worker(placed)
+            raise
+        self.live.opened(entry)
         return route
 
-    async def _open(self, peer: Peer, info: StoredSession, *, history: bool) -> Route:
-        """Admit, place and open a session actor for a stored or new session.
-
-        While it runs, the id is in ``_opening``: anything else that would open,
-        close or delete the session waits for it (:meth:`_opened`), then finds the
-        route. So a session is never opened twice at once (a second load or prompt
-        uses the first's route), and no row is deleted under a session that goes
-        live after all."""
-        opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._opening[info.id] = opened
-        try:
-            return await self._admit_and_open(peer, info, history=history)
-        finally:
-            if not opened.done():
-                opened.set_result(None)
-            if self._opening.get(info.id) is opened:
-                del self._opening[info.id]
-
-    async def _admit_and_open(self, peer: Peer, info: StoredSession, *,
-                              history: bool) -> Route:
+    async def _place_and_open(self, entry: LiveSession, peer: Peer, info: StoredSession,
+                              history: bool, agent: AgentConfig,
+                              fallback_from: str | None) -> Route:
+        """Everything that waits comes before the admission (as before it, the session
+        takes no place under max_sessions); admission, placement and OpenSession
+        then go together, with no await between them."""
         host = self.host
-        agent, fallback_from = self.agent_of_stored(info)
-        # Everything that waits comes before the admission, so that an admitted
-        # session always has its route (eviction and restore rely on that).
         items = await asyncio.to_thread(host.reader.load_items, info.id) if history else []
-        ready = await host.ready_workers()
-        admission = await host.supervise("admit", info.id, agent.alias, ready)
-        host.apply_evictions(admission.evicted)
-        worker_id = admission.worker_id
-        deadline = time.monotonic() + 30
-        while worker_id is None:
-            host.scale_workers()
-            if time.monotonic() > deadline:
-                await host.supervise("release", info.id)
-                raise InternalError("no worker available")
-            await asyncio.sleep(0.02)
-            worker_id = await host.supervise("place", info.id, host.pool.ready_workers())
+        worker_id = await host.worker_with_room()
+        route = Route(info.id, worker_id, peer, agent.alias, info.workspace_dir,
+                      info.cwd, info.mode, info.turn_count, info.token_count, fallback_from,
+                      info.meta.get(TENANT_META_KEY), info.title)
+        host.close_evicted(self.live.admit(entry, route))
         host.pool.send(worker_id, OpenSession(
             sid=info.id, agent=agent.to_wire(), workspace_dir=str(agent.workspace),
             cwd=info.cwd, mode=info.mode, forbidden_paths=list(self.settings.forbidden_paths),
@@ -223,33 +221,40 @@ class Sessions:
             history=[item_to_wire(i) for i in agent_history(items)],
             mcp_servers=list(info.mcp_servers), meta=dict(info.meta),
         ))
-        route = Route(info.id, worker_id, peer, agent.alias, info.workspace_dir,
-                      info.cwd, info.mode, info.turn_count, info.token_count, fallback_from,
-                      info.meta.get(TENANT_META_KEY), info.title)
-        host.routes[info.id] = route
         host.scale_workers()
         return route
 
     async def _forget(self, route: Route) -> None:
-        self.host.routes.pop(route.sid, None)
-        with contextlib.suppress(SessionNotFound):
-            await self.host.supervise("release", route.sid)
+        self.live.drop(route)
         await self.host.close_on_worker(route)
 
     # --- session/prompt ------------------------------------------------------------------
 
+    async def _held_route(self, sid: str) -> Route | None:
+        """The live route of ``sid``, after an open of it under way (None: not live).
+        -32000 while it is being closed or deleted: nothing may revive it then."""
+        while True:
+            entry = self.live.get(sid)
+            if entry is None:
+                return None
+            if entry.closing is not None:
+                raise SessionNotFound(f"Session not found: {sid} (it is being closed)")
+            if entry.opening is None:
+                return entry.route
+            await asyncio.shield(entry.opening)  # then look again
+
     async def live_route(self, sid: str, peer: Peer) -> Route:
-        """The live route, restoring an evicted (not closed) session transparently."""
-        await self._usable(sid)
-        route = self.host.routes.get(sid)
-        if route is not None:
-            route.peer = peer
-            return route
-        info = self.host.reader.get_session(sid)
-        if info is None or info.closed_at is not None:
-            raise SessionNotFound(f"Session not found: {sid}")
-        log.info("restoring evicted session %s", sid)
-        return await self._open(peer, info, history=True)
+        """The live route of ``sid``, handed to ``peer``; an evicted (not closed)
+        session is restored first, as a prompt would."""
+        route = await self._held_route(sid)
+        if route is None:  # no await from here to the entry's OPENING mark
+            info = self.host.reader.get_session(sid)
+            if info is None or info.closed_at is not None:
+                raise SessionNotFound(f"Session not found: {sid}")
+            log.info("restoring evicted session %s", sid)
+            route = await self._open(peer, info, history=True)
+        route.peer = peer
+        return route
 
     async def prompt(self, peer: Peer, request: PromptRequest) -> TurnOutcome:
         """Run one turn; its record is committed before this returns.
@@ -294,7 +299,7 @@ class Sessions:
     async def _start(self, turn: RunningTurn, request: PromptRequest) -> None:
         """Restore if needed, mark busy, store attachments, then hand the turn to the worker."""
         host = self.host
-        route = await self._admit_turn(turn)
+        route = await self._turn_route(turn)
         text = await self._materialise(route, request)
         if turn.cancel_requested:
             host.spawn(host.turns.complete_unstarted(turn, text))
@@ -307,31 +312,28 @@ class Sessions:
             raise InternalError("session worker exited")
         turn.started = True
 
-    async def _admit_turn(self, turn: RunningTurn) -> Route:
-        """The live route, marked busy by the supervisor (restoring an evicted session).
+    async def _turn_route(self, turn: RunningTurn) -> Route:
+        """The route ``turn`` holds its session by (BUSY), restoring an evicted session.
 
-        A session evicted by a concurrent ``session/new`` between the two steps is
-        restored and tried again, so eviction stays transparent.
-        """
-        for _ in range(_ADMIT_ATTEMPTS):
-            route = await self.live_route(turn.sid, turn.peer)
-            try:
-                await self.host.supervise("begin_turn", turn.sid)
-            except SessionNotFound:
-                await self._until_forgotten(route)
+        The turn is on the session's entry already (:meth:`TurnBook.begin`): it
+        waits for an open under way, else restores the session itself; the table
+        makes it BUSY as the open ends, so no eviction can come in between."""
+        while turn.route is None:
+            entry = self.live.get(turn.sid)
+            if entry is None or entry.turn is not turn:
+                raise InternalError("turn ended before it started")
+            if entry.closing is not None:
+                raise SessionNotFound(f"Session not found: {turn.sid} (it is being closed)")
+            if entry.opening is not None:
+                await asyncio.shield(entry.opening)
                 continue
-            turn.route, turn.admitted = route, True
-            route.turn_started()
-            return route
-        raise SessionNotFound(f"Session not found: {turn.sid}")
-
-    async def _until_forgotten(self, route: Route) -> None:
-        """Let the loop drop a route the supervisor already evicted (a few iterations)."""
-        for _ in range(100):
-            if self.host.routes.get(route.sid) is not route:
-                return
-            await asyncio.sleep(0)
-        self.host.routes.pop(route.sid, None)
+            info = self.host.reader.get_session(turn.sid)
+            if info is None or info.closed_at is not None:
+                raise SessionNotFound(f"Session not found: {turn.sid}")
+            log.info("restoring evicted session %s", turn.sid)
+            await self._open(turn.peer, info, history=True)
+        turn.route.peer = turn.peer
+        return turn.route
 
     async def _materialise(self, route: Route, request: PromptRequest) -> str:
         if not request.blobs:
@@ -353,51 +355,41 @@ class Sessions:
         """Cancel every running turn that ``peer`` started (it went away)."""
         self.host.turns.cancel_all(peer)
 
-    @contextlib.contextmanager
-    def _ending_session(self, sid: str) -> Iterator[None]:
-        """While ``sid`` is being closed or deleted, nothing may restore it or write to
-        it: a prompt, load or event sent right behind the close answers -32000."""
-        self._ending[sid] += 1
+    @contextlib.asynccontextmanager
+    async def _closing(self, sid: str) -> AsyncIterator[LiveSession]:
+        """Hold ``sid`` CLOSING (an open under way finishes first): a prompt, load or
+        event sent right behind the close answers -32000. A second close or delete
+        of the session waits for the first to end."""
+        while (entry := self.live.get(sid)) is not None and entry.closing is not None:
+            await asyncio.shield(entry.closing)
+        entry = self.live.begin_closing(sid)
         try:
-            yield
+            if entry.opening is not None:
+                await asyncio.shield(entry.opening)  # a cancelled close leaves it alone
+            yield entry
         finally:
-            self._ending[sid] -= 1
-            if not self._ending[sid]:
-                del self._ending[sid]
+            self.live.end_closing(entry)
 
     def _check_not_ending(self, sid: str) -> None:
-        if sid in self._ending:
+        entry = self.live.get(sid)
+        if entry is not None and entry.closing is not None:
             raise SessionNotFound(f"Session not found: {sid} (it is being closed)")
-
-    async def _usable(self, sid: str) -> None:
-        """Before opening or handing over ``sid``: wait for an open of it under way
-        (its route is then there to use), and refuse one being closed or deleted."""
-        await self._opened(sid)
-        self._check_not_ending(sid)
 
     async def close(self, sid: str, *, wait_for_turn: bool = False) -> None:
         """Cancel (or, for ``session/stop``, await) the running turn, then drop the session."""
-        with self._ending_session(sid):
-            await self._opened(sid)
-            await self._close(sid, wait_for_turn)
+        async with self._closing(sid) as entry:
+            await self._close(entry, wait_for_turn)
 
-    async def _opened(self, sid: str) -> None:
-        """Wait for an open of ``sid`` already under way (see :meth:`_open`); shielded,
-        so a waiter whose request is cancelled leaves the open and its marker alone."""
-        opening = self._opening.get(sid)
-        if opening is not None:
-            await asyncio.shield(opening)
-
-    async def _close(self, sid: str, wait_for_turn: bool) -> None:
-        turn = self.host.turns.running.get(sid)
+    async def _close(self, entry: LiveSession, wait_for_turn: bool) -> None:
+        turn = entry.turn
         if turn is not None:
             if not wait_for_turn:
-                self.host.turns.cancel(sid)
+                self.host.turns.cancel(entry.sid)
             await turn.finished.wait()
-        route = self.host.routes.get(sid)
+        route = entry.route
         if route is None:
-            raise SessionNotFound(f"Session not found: {sid}")
-        await self.host.persist(MarkClosed(sid, time.time()))  # first: a refused
+            raise SessionNotFound(f"Session not found: {entry.sid}")
+        await self.host.persist(MarkClosed(entry.sid, time.time()))  # first: a refused
         await self._forget(route)  # write leaves the session as it was, live
 
     # --- load, resume -------------------------------------------------------------------
@@ -408,23 +400,18 @@ class Sessions:
         the connection that has it open) or another editor on a shared host picks it
         up. A turn running meanwhile goes on, streaming to whoever prompted it; the
         replay holds the turns completed so far."""
-        await self._usable(sid)
-        route = self.host.routes.get(sid)
-        opened = route is None
+        route = await self._held_route(sid)
         if route is not None:
             route.peer = peer
-            self.host.touch(sid)  # just picked up: not the next LRU or idle-sweep victim
+            self.live.touch(sid)  # just picked up: not the next LRU or idle-sweep victim
+            await self.host.persist(Reopen(sid, time.time()))
         else:
             info = self.host.reader.get_session(sid)
             if info is None:
                 raise SessionNotFound(f"Session not found: {sid}")
-            route = await self._open(peer, info, history=True)
-        try:
-            await self.host.persist(Reopen(sid, time.time()))
-        except Exception:
-            if opened:  # not half-restored: a retry starts again
-                await self._forget(route)
-            raise
+            route = await self._open(  # a refused write leaves it not live: a retry
+                peer, info, history=True,  # starts again
+                commit=lambda: self.host.persist(Reopen(sid, time.time())))
         if replay:
             items = await asyncio.to_thread(self.host.reader.load_items, sid)
             for event in replay_events(items):
@@ -446,10 +433,9 @@ class Sessions:
             raise InvalidParams(f"cursor: {exc}") from None
 
     async def delete(self, sid: str) -> None:
-        with self._ending_session(sid):
-            await self._opened(sid)
-            if sid in self.host.routes:
-                await self._close(sid, wait_for_turn=False)
+        async with self._closing(sid) as entry:
+            if entry.route is not None:
+                await self._close(entry, wait_for_turn=False)
             stored = self.host.reader.get_session(sid)
             await self.host.persist(DeleteSession(sid))
             if stored is not None:
@@ -459,10 +445,10 @@ class Sessions:
         if mode not in AUTONOMY_LEVELS:
             raise InvalidParams(f"modeId must be one of {', '.join(AUTONOMY_LEVELS)}")
         self._check_not_ending(sid)
-        if sid not in self.host.routes and self.host.reader.get_session(sid) is None:
+        if self.live.route(sid) is None and self.host.reader.get_session(sid) is None:
             raise SessionNotFound(f"Session not found: {sid}")
         await self.host.persist(WriteMode(sid, mode))  # first: a refused write changes nothing
-        route = self.host.routes.get(sid)
+        route = self.live.route(sid)
         if route is not None:
             route.mode = mode
             self.host.pool.send(route.worker_id, SetMode(sid, mode))
@@ -470,9 +456,9 @@ class Sessions:
 
     async def client_event(self, sid: str, kind: str, payload: dict[str, Any]) -> None:
         self._check_not_ending(sid)
-        if sid not in self.host.routes and self.host.reader.get_session(sid) is None:
+        if self.live.route(sid) is None and self.host.reader.get_session(sid) is None:
             raise SessionNotFound(f"Session not found: {sid}")
-        self.host.touch(sid)
+        self.live.touch(sid)
         await self.host.persist(RecordEvent(sid, kind, payload))
 
 

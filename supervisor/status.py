@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import psutil
@@ -43,16 +42,16 @@ _SAMPLE_SECS = 1.0
 _samples: dict[int, tuple[float, int, float]] = {}  # pid -> (taken at, rss, cpu%)
 
 
-def _session_entries(routes: Mapping[str, Route],
+def _session_entries(routes: list[Route],
                      owners: Owners) -> tuple[list[dict[str, Any]], Counter[str]]:
     """The wire entries of the live sessions (each route keeps its own up to date;
     see :class:`supervisor.routes.Route`), and how many sessions each worker hosts.
     ``status`` is polled every second, with thousands of sessions: no copies."""
-    entries = [route.status for route in routes.values()]
+    entries = [route.status for route in routes]
     count = owners.count
     for entry in entries:
         entry["clients"] = count(entry["sessionId"])
-    return entries, Counter(route.worker_id for route in routes.values())
+    return entries, Counter(route.worker_id for route in routes)
 
 
 def process_figures(pid: int) -> tuple[int, float]:
@@ -94,7 +93,7 @@ def _agent_entry(agent: AgentProcessEntry) -> dict[str, Any]:
 def host_status(sessions: Sessions, owners: Owners) -> dict[str, Any]:
     """The ``status`` result; ``clients`` of a session = connections holding it."""
     host = sessions.host
-    entries, per_worker = _session_entries(host.routes, owners)
+    entries, per_worker = _session_entries(host.live.routes(), owners)
     pool = host.pool
     now = time.monotonic()
     silent_after = _SILENT_BEATS * pool.heartbeat_secs

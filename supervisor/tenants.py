@@ -66,7 +66,7 @@ class Tenancy:
     @staticmethod
     def tenant_of(sessions: Sessions, sid: str) -> str | None:
         """The session's tenant name ("" for the owner's), None if there is no such session."""
-        route = sessions.host.routes.get(sid)
+        route = sessions.host.live.route(sid)
         if route is not None:
             return route.tenant or ""
         info = sessions.host.reader.get_session(sid)
@@ -76,7 +76,7 @@ class Tenancy:
 
     def live_count(self, sessions: Sessions, tenant: str) -> int:
         """Live sessions of ``tenant``, counting those being created."""
-        live = sum(1 for route in sessions.host.routes.values() if route.tenant == tenant)
+        live = sum(1 for route in sessions.host.live.routes() if route.tenant == tenant)
         return live + self.creating[tenant]
 
 
@@ -102,7 +102,7 @@ class TenantScope:
         """-32001 when opening one more session would pass the tenant's ``max_sessions``
         (``sid``: a session being restored, which does not count when already live)."""
         cap = self.tenant.max_sessions
-        if cap is None or (sid is not None and sid in sessions.host.routes):
+        if cap is None or (sid is not None and sessions.host.live.route(sid) is not None):
             return
         if self.tenancy.live_count(sessions, self.tenant.name) >= cap:
             raise SessionLimitReached(f"Maximum session limit reached ({cap})")

@@ -11,50 +11,78 @@ import asyncio
 import itertools
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Coroutine
+from typing import Any, Protocol, TypeVar
 
-from actors.persistence import WriteTurn
-from ipc.errors import InternalError, RpcError, SessionBusy
+from actors.persistence import StoreWrite, WriteTurn
+from ipc.errors import InternalError, RpcError
 from ipc.events import CANCEL_MARKER, TextItem, TurnRecord
-from ipc.worker_wire import CancelTurn
+from ipc.worker_wire import CancelTurn, HostMessage
+from supervisor.live import LiveTable
 from supervisor.routes import Peer, RunningTurn
+from supervisor.turn_stats import TurnStats
+from supervisor.usage import UsageTotals
 
-if TYPE_CHECKING:
-    from supervisor.host import Host
-
-__all__ = ["TurnBook"]
+__all__ = ["TurnBook", "TurnHost"]
 
 log = logging.getLogger("zeroclaw.turns")
+
+R = TypeVar("R")
 
 _TURN_IDS = itertools.count(1)
 
 
-class TurnBook:
-    """Registry and lifecycle of running turns (one per session at most)."""
+class WorkerSender(Protocol):
+    def send(self, worker_id: str, message: HostMessage) -> bool:
+        """Queue ``message`` for a worker; False if it could not be sent."""
 
-    def __init__(self, host: Host) -> None:
+
+class TurnHost(Protocol):
+    """What a :class:`TurnBook` needs of its host (:class:`supervisor.host.Host`)."""
+
+    @property
+    def pool(self) -> WorkerSender: ...
+
+    @property
+    def usage(self) -> UsageTotals: ...
+
+    @property
+    def turn_stats(self) -> TurnStats: ...
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]: ...
+
+    def persist(self, write: StoreWrite[R]) -> asyncio.Future[R]: ...
+
+    async def evict(self, sid: str) -> bool: ...
+
+
+class TurnBook:
+    """Lifecycle of running turns (one per session at most, kept on its entry in
+    the live-session table)."""
+
+    def __init__(self, host: TurnHost, live: LiveTable) -> None:
         self.host = host
-        self.running: dict[str, RunningTurn] = {}
+        self.live = live
 
     def begin(self, sid: str, peer: Peer) -> RunningTurn:
-        """Register a new turn now (no await); -32002 when one is already running."""
-        if sid in self.running:
-            raise SessionBusy(f"Session busy: a turn is already running in {sid}")
+        """Register a new turn now (no await); -32002 when one is already running,
+        -32000 while the session is being closed."""
         future: asyncio.Future[tuple[TurnRecord, int]] = asyncio.get_running_loop().create_future()
         future.add_done_callback(_retrieve)  # its client may be gone: never "unretrieved"
         turn = RunningTurn(sid, f"t{next(_TURN_IDS)}", peer, future)
-        self.running[sid] = turn
+        self.live.attach_turn(turn)
         return turn
 
     def get(self, sid: str, turn_id: str | None = None) -> RunningTurn | None:
-        turn = self.running.get(sid)
+        entry = self.live.get(sid)
+        turn = entry.turn if entry is not None else None
         if turn is None or (turn_id is not None and turn.turn_id != turn_id):
             return None
         return turn
 
     def cancel(self, sid: str) -> bool:
         """Stop the turn of ``sid`` (also one not yet started); withdraw its permission asks."""
-        turn = self.running.get(sid)
+        turn = self.get(sid)
         if turn is None:
             return False
         turn.cancel_requested = True
@@ -74,19 +102,19 @@ class TurnBook:
         self.cancel(turn.sid)
 
     def cancel_all(self, peer: Peer | None = None) -> None:
-        for sid, turn in list(self.running.items()):
+        for turn in self.live.turns():
             if peer is None or turn.peer is peer:
-                self.cancel(sid)
+                self.cancel(turn.sid)
 
     async def wait_all(self, timeout: float) -> bool:
         """Wait (bounded) for every running turn to settle; False on timeout."""
-        waits = [turn.finished.wait() for turn in self.running.values()]
+        waits = [turn.finished.wait() for turn in self.live.turns()]
         if not waits:
             return True
         try:
             await asyncio.wait_for(asyncio.gather(*waits), timeout)
         except TimeoutError:
-            log.warning("%d turn(s) did not end in %.0f s", len(self.running), timeout)
+            log.warning("%d turn(s) did not end in %.0f s", len(waits), timeout)
             return False
         return True
 
@@ -148,7 +176,7 @@ class TurnBook:
         was told failed: drop the live session (an eviction), so the next prompt
         restores it from the store, with exactly the turns that were kept."""
         route = turn.route
-        if route is not None and self.host.routes.get(turn.sid) is route:
+        if route is not None and self.live.route(turn.sid) is route:
             self.host.spawn(self.host.evict(turn.sid))
 
     async def complete_unstarted(self, turn: RunningTurn, prompt: str) -> None:
@@ -180,10 +208,7 @@ class TurnBook:
             turn.stream.close()
         if turn.failure is not None and value is not None:
             value, error = None, InternalError(turn.failure)
-        if self.running.get(turn.sid) is turn:
-            del self.running[turn.sid]
-        if turn.admitted:
-            self.host.inform("end_turn", turn.sid)
+        self.live.detach_turn(turn)
         if turn.route is not None:
             if value is None:
                 turn.route.turn_ended(*(kept or (None,)))

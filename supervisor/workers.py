@@ -7,12 +7,13 @@ ROUTER (``ipc://`` under ``run_dir``, unique per host process) and reads it with
 message from a worker is its identity followed by one or more envelopes
 (a worker sends what it has queued in one message).
 
-Workers are started with ``subprocess.Popen`` in the loop's executor (a start
-costs 70-100 ms before the worker says WorkerReady; it never sits on a
-request's path). Death is seen two ways: a pidfd per worker on the loop
-(SIGKILL noticed in milliseconds) and heartbeats (a worker silent for three
-periods is declared hung and SIGKILLed). A dead worker is reaped,
-``on_worker_exit`` is called once, and a replacement starts in the background.
+Workers are started with ``subprocess.Popen`` off the loop, by ``start_process``
+(the host's SupervisorActor; by default the loop's executor). A start costs
+70-100 ms before the worker says WorkerReady; it never sits on a request's path.
+Death is seen two ways: a pidfd per worker on the loop (SIGKILL noticed in
+milliseconds) and heartbeats (a worker silent for three periods is declared hung
+and SIGKILLed). A dead worker is reaped, ``on_worker_exit`` is called once, and a
+replacement starts in the background.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -61,7 +62,8 @@ from ipc.worker_wire import (
 from supervisor.ipc_path import IpcClaim, claim_ipc_path
 from supervisor.worker_env import worker_environment
 
-__all__ = ["HUNG_AFTER_BEATS", "WorkerPool", "WorkerStatus"]
+__all__ = ["HUNG_AFTER_BEATS", "StartProcess", "WorkerPool", "WorkerStatus",
+           "start_worker_process"]
 
 log = logging.getLogger("zeroclaw.workers")
 
@@ -72,6 +74,15 @@ _SHUTDOWN_GRACE_SECS = 1.0
 _PROJECT_ROOT = Path(__file__).resolve().parent.parent
 _FORWARDED = (SessionOpened, OpenFailed, TurnEvent, PermissionAsk, UserAsk, ClientCall,
               AgentReply, AgentOpened, PermissionRules, TurnEnded, TurnFailed, SessionClosed)
+
+
+#: ``start_process(argv, env)``: a started worker process, started off the loop.
+StartProcess = Callable[[list[str], dict[str, str]], Awaitable[subprocess.Popen[bytes]]]
+
+
+def start_worker_process(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """Start one worker process (blocks for the fork and exec: never on the loop)."""
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,9 +123,9 @@ class WorkerPool:
     WorkerReady and Heartbeat; TurnEvents go to ``on_event(worker_id, message,
     nbytes)`` instead when it is given (``nbytes``: its encoded size, which the
     stream credit counts, see :meth:`grant`); ``on_worker_exit(worker_id)`` is called once per
-    dead worker (not during :meth:`close`). ``env`` holds extra environment
-    variables for the workers; of the host's own they get only what
-    :func:`supervisor.worker_env.worker_environment` keeps, plus ``inherit``.
+    dead worker (not during :meth:`close`), ``on_worker_ready()`` each time one becomes
+    ready. ``env`` holds extra environment variables for the workers; of the host's own
+    they get only what :func:`supervisor.worker_env.worker_environment` keeps, plus ``inherit``.
     """
 
     def __init__(
@@ -125,6 +136,8 @@ class WorkerPool:
         on_worker_exit: Callable[[str], None],
         max_workers: int,
         on_event: Callable[[str, TurnEvent, int], None] | None = None,
+        on_worker_ready: Callable[[], None] | None = None,
+        start_process: StartProcess | None = None,
         heartbeat_secs: float = 1.0,
         env: dict[str, str] | None = None,
         inherit: frozenset[str] = frozenset(),
@@ -137,6 +150,8 @@ class WorkerPool:
         self._on_message = on_message
         self._on_event = on_event
         self._on_worker_exit = on_worker_exit
+        self._on_worker_ready = on_worker_ready
+        self._start_process = start_process
         self._env = env or {}
         self._inherit = inherit
         self._workers: dict[str, _Worker] = {}
@@ -304,13 +319,11 @@ class WorkerPool:
     async def _launch(self, worker: _Worker) -> None:
         assert self._loop is not None
         argv, env = self._worker_argv(worker.worker_id), self._worker_env()
-
-        def popen() -> subprocess.Popen[bytes]:
-            return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                    env=env)
-
         try:
-            proc = await self._loop.run_in_executor(None, popen)
+            if self._start_process is not None:
+                proc = await self._start_process(argv, env)
+            else:
+                proc = await self._loop.run_in_executor(None, start_worker_process, argv, env)
         except OSError:
             log.exception("cannot start worker %s", worker.worker_id)
             self._workers.pop(worker.worker_id, None)
@@ -492,6 +505,8 @@ class WorkerPool:
         worker.ready = True
         self._early_deaths = 0
         self._ready_changed.set()
+        if self._on_worker_ready is not None:
+            self._on_worker_ready()
         log.info("worker %s (pid %d) ready after %.0f ms", worker.worker_id, message.pid,
                  (time.monotonic() - worker.started_at) * 1000)
 

@@ -1,9 +1,9 @@
 """Sessions' rule that one open of a session runs at a time, and that closing waits
 for it: a waiter whose request is cancelled must not break the rule for later ones.
 
-The host is a bare stand-in and the open is gated, so the interleaving is exact
-(a real host reaches it only by chance, when a client's connection breaks while
-its close waits on a slow restore).
+The host is a bare stand-in around a real live-session table and the open is
+gated, so the interleaving is exact (a real host reaches it only by chance, when a
+client's connection breaks while its close waits on a slow restore).
 """
 
 from __future__ import annotations
@@ -12,32 +12,51 @@ import asyncio
 import types
 from typing import Any
 
-import pytest
-
-from ipc.errors import SessionNotFound
+from supervisor.live import Limits, LiveTable, SessionState
+from supervisor.routes import Route
 from supervisor.sessions import Sessions
 
 
 async def test_a_cancelled_close_leaves_the_open_and_later_closes_working() -> None:
-    host: Any = types.SimpleNamespace(settings=None, routes={},
-                                      turns=types.SimpleNamespace(running={}))
+    live = LiveTable(Limits(max_sessions=4, session_timeout_secs=60))
+    writes: list[str] = []
+    closed: list[Route] = []
+
+    def persist(method: str, *args: Any) -> asyncio.Future[None]:
+        writes.append(method)
+        done = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
+
+    async def close_on_worker(route: Route) -> None:
+        closed.append(route)
+
+    host: Any = types.SimpleNamespace(settings=None, live=live, persist=persist,
+                                      close_on_worker=close_on_worker,
+                                      close_evicted=lambda evicted: None)
     sessions = Sessions(host)
     gate = asyncio.Event()
 
-    async def gated_open(peer: Any, info: Any, *, history: bool) -> str:
+    async def gated_open(entry: Any, *args: Any) -> Route:
         await gate.wait()
-        return "route"
+        route = Route("S", "w1", args[0], "main", "/w", "/w", "ask")
+        live.admit(entry, route)
+        return route
 
-    sessions._admit_and_open = gated_open  # type: ignore[method-assign]
+    sessions.agent_of_stored = lambda info: (None, None)  # type: ignore[method-assign,assignment,return-value]
+    sessions._place_and_open = gated_open  # type: ignore[method-assign]
     opener = asyncio.create_task(sessions._open(None, types.SimpleNamespace(id="S"),  # type: ignore[arg-type]
                                                 history=True))
     await asyncio.sleep(0)
     closer = asyncio.create_task(sessions.close("S"))
     await asyncio.sleep(0)
+    assert live.get("S").state is SessionState.CLOSING  # type: ignore[union-attr]
     closer.cancel()  # its client went away while it waited for the open
     await asyncio.gather(closer, return_exceptions=True)
+    assert live.get("S").state is SessionState.OPENING  # type: ignore[union-attr]
     gate.set()
-    assert await opener == "route"  # the open finished normally
-    assert sessions._opening == {}
-    with pytest.raises(SessionNotFound):  # no route in the stand-in: "not active"
-        await sessions.close("S")
+    route = await opener  # the open finished normally
+    assert live.route("S") is route and live.get("S").state is SessionState.IDLE  # type: ignore[union-attr]
+    await sessions.close("S")  # a later close works
+    assert writes == ["mark_closed"] and closed == [route]
+    assert live.get("S") is None

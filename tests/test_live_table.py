@@ -1,0 +1,215 @@
+"""The live-session table's decisions, without processes: admission at max_sessions
+with LRU eviction, busy, placement, the idle sweep, worker death, and the states that
+order concurrent requests on one session (open, turn, close)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from ipc.errors import InvalidParams, SessionBusy, SessionLimitReached, SessionNotFound
+from supervisor.live import (
+    Limits,
+    LiveSession,
+    LiveTable,
+    SessionState,
+    choose_worker,
+    least_recently_used_idle,
+    stale_sessions,
+    workers_wanted,
+)
+from supervisor.routes import Route, RunningTurn
+
+PEER: Any = object()
+
+
+def route(sid: str, worker_id: str = "w1") -> Route:
+    return Route(sid, worker_id, PEER, "main", "/w", "/w", "ask")
+
+
+def admit(table: LiveTable, sid: str, worker_id: str = "w1") -> tuple[LiveSession, list[Any]]:
+    entry = table.begin_opening(sid)
+    return entry, table.admit(entry, route(sid, worker_id))
+
+
+def opened(table: LiveTable, sid: str, worker_id: str = "w1") -> LiveSession:
+    """Admit ``sid`` and open it on ``worker_id`` (evictions are the caller's to check)."""
+    entry, _ = admit(table, sid, worker_id)
+    table.opened(entry)
+    return entry
+
+
+def new_turn(sid: str) -> RunningTurn:
+    return RunningTurn(sid, f"t-{sid}", PEER, asyncio.get_running_loop().create_future())
+
+
+def table_of(max_sessions: int = 2, timeout: float = 60.0, per_worker: int = 0) -> LiveTable:
+    return LiveTable(Limits(max_sessions, timeout, per_worker))
+
+
+async def test_admission_places_on_the_least_loaded_worker() -> None:
+    table = table_of()
+    opened(table, "a", table.place(["w1", "w2"]) or "")
+    assert table.place(["w1", "w2"]) == "w2"
+    entry, evicted = admit(table, "b", "w2")
+    assert evicted == [] and entry.state is SessionState.OPENING
+    assert table.place(["w1", "w2"]) in ("w1", "w2") and table.workers_in_use() == 2
+
+
+async def test_lru_idle_session_is_evicted_at_the_cap() -> None:
+    table = table_of()
+    opened(table, "a")
+    time.sleep(0.001)
+    b_route = opened(table, "b").route
+    table.touch("a")  # b is now the least recently used
+    _, evicted = admit(table, "c")
+    assert [(e.sid, e.route) for e in evicted] == [("b", b_route)]
+    assert table.get("b") is None and table.route("b") is None
+
+
+async def test_limit_reached_only_when_every_session_is_busy() -> None:
+    table = table_of()
+    opened(table, "a")
+    opened(table, "b")
+    turn_a = new_turn("a")
+    table.attach_turn(turn_a)
+    table.attach_turn(new_turn("b"))
+    entry = table.begin_opening("c")
+    with pytest.raises(SessionLimitReached, match=r"\(2\)"):
+        table.admit(entry, route("c"))
+    table.detach_turn(turn_a)
+    evicted = table.admit(entry, route("c"))
+    assert [e.sid for e in evicted] == ["a"]
+
+
+async def test_busy_and_duplicate() -> None:
+    table = table_of()
+    opened(table, "a")
+    turn = new_turn("a")
+    assert table.attach_turn(turn).state is SessionState.BUSY
+    assert turn.route is table.route("a") and turn.route is not None
+    assert turn.route.status["state"] == "busy"
+    with pytest.raises(SessionBusy):
+        table.attach_turn(new_turn("a"))
+    with pytest.raises(InvalidParams, match="session/close"):
+        table.begin_opening("a")
+    assert table.evict("a") is None  # busy: not evicted
+
+
+async def test_an_opening_session_takes_a_place_only_once_placed() -> None:
+    table = table_of(max_sessions=1)
+    entry = table.begin_opening("a")  # reading its history, waiting for a worker
+    with pytest.raises(InvalidParams):  # never opened twice at once
+        table.begin_opening("a")
+    opened(table, "b")  # it takes no place yet
+    assert table.admit(entry, route("a"))[0].sid == "b"  # placed: b, idle, makes room
+    assert entry.state is SessionState.OPENING  # its row is being written
+    other = table.begin_opening("c")  # while it is written it is evictable, as IDLE is
+    assert [e.sid for e in table.admit(other, route("c"))] == ["a"]
+    assert table.abandon(entry) is None and table.get("a") is None  # its open ends
+    assert table.abandon(other) is not None and table.get("c") is None  # place freed
+    assert entry.opening is None and other.opening is None
+
+
+async def test_a_prompt_waiting_for_an_open_is_busy_as_the_open_ends() -> None:
+    table = table_of(max_sessions=1)
+    entry = table.begin_opening("a")
+    waiter = entry.opening
+    turn = new_turn("a")
+    table.attach_turn(turn)
+    assert turn.route is None and entry.state is SessionState.OPENING
+    table.admit(entry, route("a"))
+    with pytest.raises(SessionLimitReached):  # the waiting turn holds it already
+        table.admit(table.begin_opening("b"), route("b"))
+    table.opened(entry)
+    assert waiter is not None and waiter.done()
+    assert entry.state is SessionState.BUSY and turn.route is entry.route
+    assert turn.route is not None and turn.route.status["state"] == "busy"
+
+
+async def test_closing_refuses_turns_and_opens_until_it_ends() -> None:
+    table = table_of()
+    opened(table, "a")
+    entry = table.begin_closing("a")
+    assert entry.state is SessionState.CLOSING
+    with pytest.raises(SessionNotFound, match="being closed"):
+        table.attach_turn(new_turn("a"))
+    with pytest.raises(SessionNotFound, match="being closed"):
+        table.begin_opening("a")
+    assert table.evict("a") is None
+    assert entry.route is not None and table.drop(entry.route)
+    closing = entry.closing
+    table.end_closing(entry)
+    assert closing is not None and closing.done()
+    assert table.get("a") is None
+
+
+async def test_a_session_not_live_can_be_held_closing_without_a_place() -> None:
+    table = table_of(max_sessions=1)
+    entry = table.begin_closing("stored")  # a delete of a session only in the store
+    assert entry.route is None and not entry.holds_place
+    opened(table, "a")  # it takes no place under max_sessions
+    table.end_closing(entry)
+    assert table.get("stored") is None
+
+
+async def test_sweep_evicts_only_idle_sessions_past_the_timeout() -> None:
+    table = table_of(timeout=0.05)
+    opened(table, "a")
+    opened(table, "b")
+    table.attach_turn(new_turn("b"))
+    assert table.sweep() == []
+    await asyncio.sleep(0.1)
+    assert [e.sid for e in table.sweep()] == ["a"]
+    assert table.get("a") is None
+    assert table.get("b") is not None and table.get("b").state is SessionState.BUSY  # type: ignore[union-attr]
+
+
+async def test_worker_exit_drops_its_sessions_and_keeps_their_turns() -> None:
+    table = table_of(max_sessions=3)
+    a = opened(table, "a", "w1")
+    opened(table, "b", "w2")
+    turn = new_turn("a")
+    table.attach_turn(turn)
+    route = a.route
+    dropped = table.worker_exited("w1")
+    assert [(e.sid, r) for e, r in dropped] == [("a", route)]
+    assert a.state is SessionState.DETACHED and a.turn is turn  # until the turn settles
+    assert table.workers_in_use() == 1
+    table.detach_turn(turn)
+    assert table.get("a") is None
+    assert table.route("b") is not None
+
+
+async def test_a_worker_with_room_is_awaited_not_polled() -> None:
+    table = table_of(max_sessions=4, per_worker=1)
+    opened(table, "a", "w1")
+    assert table.place(["w1"]) is None  # w1 is full
+    room = asyncio.ensure_future(table.room(5))
+    await asyncio.sleep(0)
+    assert not room.done()
+    table.pulse()  # e.g. a worker became ready
+    await asyncio.wait_for(room, 1)
+    assert table.place(["w1", "w2"]) == "w2"
+
+
+def test_the_decisions_as_plain_functions() -> None:
+    def entry(sid: str, used: float, *, busy: bool = False) -> LiveSession:
+        live = LiveSession(sid, last_used=used,
+                           route=Route(sid, "w1", PEER, "main", "/w", "/w", "ask"))
+        if busy:
+            live.turn = object()  # type: ignore[assignment]
+        return live
+
+    entries = [entry("a", 3.0), entry("b", 1.0, busy=True), entry("c", 2.0)]
+    victim = least_recently_used_idle(entries)
+    assert victim is not None and victim.sid == "c"
+    assert [e.sid for e in stale_sessions(entries, 2.5)] == ["c"]
+    assert least_recently_used_idle(entries[1:2]) is None
+    assert choose_worker(["w1", "w2"], {"w1": 2, "w2": 1}.__getitem__, 0) == "w2"
+    assert choose_worker(["w1"], {"w1": 1}.__getitem__, 1) is None
+    assert workers_wanted(in_use=1, unplaced=1, sessions_per_worker=1) == 3
+    assert workers_wanted(in_use=0, unplaced=0, sessions_per_worker=0) == 2
