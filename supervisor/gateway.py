@@ -39,7 +39,7 @@ Connections are accepted by the daemon's own accept loop under its open-file gua
 (:class:`ipc.listener.AdoptingListener`, shared with the Unix sockets): out of file
 descriptors, accepting pauses with one warning instead of asyncio's storm of
 tracebacks, and the process keeps a reserve for its workers and store. Each accepted
-socket is then handed to the library's server.
+socket is then handed to the library's server, with Nagle's algorithm off.
 
 Backpressure, as on the Unix sockets: frames to a client queue in :class:`_Outbox`,
 which is also the connection's write flow, so a running turn whose client is behind
@@ -241,9 +241,7 @@ class Gateway:
         # The library's connection factory, kept by the asyncio server it made for us
         # (it has no public one: its servers accept by themselves).
         factory = self._server.server._protocol_factory  # type: ignore[attr-defined]
-        _, connection = await asyncio.get_running_loop().connect_accepted_socket(
-            factory, conn, ssl=self._tls,
-            ssl_handshake_timeout=_OPEN_TIMEOUT if self._tls else None)
+        _, connection = await _connect_accepted(factory, conn, self._tls)
         closed = asyncio.ensure_future(connection.wait_closed())
         self._watching.add(closed)
         closed.add_done_callback(self._watching.discard)
@@ -562,6 +560,20 @@ def _listening_socket(host: str, port: int) -> socket.socket:
     family, _, _, _, address = socket.getaddrinfo(
         host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
     return socket.create_server(address[:2], family=family, backlog=100)
+
+
+async def _connect_accepted(factory: Callable[[], asyncio.BaseProtocol], conn: socket.socket,
+                            tls: ssl.SSLContext | None) -> tuple[Any, Any]:
+    """An accepted TCP socket on an asyncio transport of ``factory``'s protocol, with
+    Nagle's algorithm off (loop thread).
+
+    asyncio turns it off by itself only for sockets made with protocol ``IPPROTO_TCP``,
+    and ``socket.create_server`` makes them with 0: left on, a frame written while the
+    previous one is unacknowledged waits for the client's delayed ACK (about 40 ms on
+    Linux), which stalled every streamed turn between its first update and the rest."""
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return await asyncio.get_running_loop().connect_accepted_socket(
+        factory, conn, ssl=tls, ssl_handshake_timeout=_OPEN_TIMEOUT if tls else None)
 
 
 def _address(connection: ServerConnection) -> str:

@@ -1,14 +1,17 @@
-"""Units of the gateway without sockets: its configuration, the login limiter, tokens."""
+"""Units of the gateway: its configuration, the login limiter, tokens (no sockets), and
+how it sets up an accepted connection (one loopback socket pair)."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import socket
 from pathlib import Path
 
 import pytest
 
 from supervisor.config import ConfigError
-from supervisor.gateway import AuthLimiter
+from supervisor.gateway import AuthLimiter, _connect_accepted, _listening_socket
 from supervisor.gateway_config import (
     exposure_problem,
     gateway_from_document,
@@ -92,3 +95,25 @@ def test_the_limiter_sweeps_old_addresses_when_many_fail(monkeypatch: pytest.Mon
     now[0] = 5
     limiter.failed("10.0.1.1")
     assert list(limiter._failures) == ["10.0.1.1"]
+
+
+def test_accepted_connections_send_without_waiting_for_acks() -> None:
+    """Nagle's algorithm is off on an accepted connection's transport: with it on, a
+    small frame written while the previous one is unacknowledged waits for the
+    client's delayed ACK (about 40 ms), between a turn's first update and the rest."""
+
+    async def accepted_nodelay() -> int:
+        loop = asyncio.get_running_loop()
+        with _listening_socket("127.0.0.1", 0) as listening:
+            listening.setblocking(False)
+            client = socket.create_connection(listening.getsockname()[:2], timeout=5)
+            conn, _ = await asyncio.wait_for(loop.sock_accept(listening), 5)
+            transport, _ = await _connect_accepted(asyncio.Protocol, conn, None)
+            try:
+                sock = transport.get_extra_info("socket")
+                return int(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            finally:
+                transport.close()
+                client.close()
+
+    assert asyncio.run(accepted_nodelay()) != 0
