@@ -22,8 +22,8 @@ async def test_a_cancelled_close_leaves_the_open_and_later_closes_working() -> N
     writes: list[str] = []
     closed: list[Route] = []
 
-    def persist(method: str, *args: Any) -> asyncio.Future[None]:
-        writes.append(method)
+    def persist(write: Any) -> asyncio.Future[None]:
+        writes.append(type(write).__name__)
         done = asyncio.get_running_loop().create_future()
         done.set_result(None)
         return done
@@ -58,5 +58,5 @@ async def test_a_cancelled_close_leaves_the_open_and_later_closes_working() -> N
     route = await opener  # the open finished normally
     assert live.route("S") is route and live.get("S").state is SessionState.IDLE  # type: ignore[union-attr]
     await sessions.close("S")  # a later close works
-    assert writes == ["mark_closed"] and closed == [route]
+    assert writes == ["MarkClosed"] and closed == [route]
     assert live.get("S") is None
