@@ -320,7 +320,8 @@ class AgentReply:
 class AgentOpened:
     """A hosted agent's session is there (or could not be had: it is then retried at the
     first prompt): ``modes`` is the agent's own ``{currentModeId, availableModes}``
-    when it offers modes, else None."""
+    when it offers modes, else None. Sent again whenever the agent switches its mode
+    itself (its ``current_mode_update``), with the new current mode."""
 
     T: ClassVar[str] = "agent_opened"
     sid: str

@@ -37,7 +37,7 @@ from typing import Any
 from actors.agents.acp_terminals import Terminals
 from actors.agents.base import AgentFailure, ClientChannel
 from actors.tools import PathPolicy
-from ipc.errors import MethodNotFound
+from ipc.errors import MethodNotFound, clip
 from ipc.extensions import ExtensionMethods
 from ipc.framing import OVERSIZED, FrameReader, new_stream_reader
 from ipc.jsonrpc import ConnectionLost, Endpoint, RemoteError
@@ -50,6 +50,8 @@ KEPT_ENV = ("PATH", "HOME", "LANG", "TERM")
 FRAME_LIMIT = 32 * 1024 * 1024
 STDERR_TAIL_LINES = 12
 STOP_GRACE_SECS = 1.0
+#: ACP's error code for "authentication required" (the agent's, not zeroclaw's -32000).
+AUTH_REQUIRED = -32000
 _PR_SET_PDEATHSIG = 1
 # Runs in the child before the agent: die with the forking thread, never outlive a
 # parent that is already gone, then become the agent (same pid).
@@ -207,6 +209,19 @@ class AgentProcess:
         tail = "\n".join(self._stderr_tail)
         return f"{text}; last stderr lines:\n{tail}" if tail else text
 
+    def refusal(self, what: str, error: RemoteError) -> str:
+        """Why the agent refused ``what``; for ACP's "authentication required" also how
+        to log in (zeroclaw relays no ``authenticate``: see the README)."""
+        text = f"agent {self.alias} refused {what}: {error}"
+        if error.code != AUTH_REQUIRED:
+            return text
+        offered = [clip(str(method.get("name") or method.get("id")))
+                   for method in self.initialize_result.get("authMethods") or ()
+                   if isinstance(method, Mapping)]
+        hint = f" (it offers: {', '.join(offered)})" if offered else ""
+        return (f"{text}; log in with the agent's own command as the user zeroclaw runs "
+                f"as{hint}, or give it an API key through pass_env or env")
+
     def _wait(self, coroutine: Any, what: str) -> Any:
         future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
         timeout = self.spec.start_timeout
@@ -217,7 +232,7 @@ class AgentProcess:
             raise AgentFailure(f"agent {self.alias} did not answer {what} within "
                                f"{timeout:g}s") from None
         except RemoteError as exc:
-            raise AgentFailure(f"agent {self.alias} refused {what}: {exc}") from None
+            raise AgentFailure(self.refusal(what, exc)) from None
         except (ConnectionLost, OSError):
             raise AgentFailure(self.failure_text(f"before answering {what}")) from None
 
