@@ -24,7 +24,12 @@ __all__ = ["forward_agent_call"]
 def forward_agent_call(call: AgentCall, agent: Agent | None,
                        put: Callable[[WorkerMessage], Any]) -> None:
     """Start ``call`` on ``agent`` (None: the session is not open here); ``put`` gets
-    the reply (IO thread; the reply may come from another thread later)."""
+    the reply (IO thread; the reply may come from another thread later). A
+    notification goes on as one; nothing answers it."""
+    if call.notification:
+        if agent is not None:
+            agent.notify(call.method, call.params)
+        return
     future = agent.forward(call.method, call.params) if agent is not None else None
     if future is None:
         missing = MethodNotFound(f"Method not found: {call.method}")

@@ -295,12 +295,19 @@ class SessionActor(SimpleInboxActor):
                 sid=config.sid, paths=config.paths, mode=lambda: self.state.mode,
                 mcp_servers=config.mcp_servers, has_history=bool(config.history),
                 meta=config.meta, client=ClientChannel(self._call_client,
-                                                       config.permission_timeout),
+                                                       config.permission_timeout,
+                                                       self._notify_client),
+                modes_changed=self._report_agent_modes,
             ))
         except Exception:  # the first turn reports what is wrong
             logger.exception("session %s: agent could not open", config.sid)
         if self.agent.reports_open:  # the host waits for it (the agent's own modes)
-            self.send(AgentOpened(sid=config.sid, modes=self.agent.own_modes()))
+            self._report_agent_modes()
+
+    def _report_agent_modes(self) -> None:
+        """Tell the host the agent's own modes: once open, and whenever the agent
+        switches its mode itself (any thread: a hosted agent's loop thread)."""
+        self.send(AgentOpened(sid=self.config.sid, modes=self.agent.own_modes()))
 
     def _call_client(self, method: str, params: dict[str, Any]) -> Future[Any]:
         """Send a :class:`ClientCall` for the host to relay (any thread: a hosted agent's
@@ -315,6 +322,12 @@ class SessionActor(SimpleInboxActor):
             self.permissions.discard(request_id)
             raise
         return future
+
+    def _notify_client(self, method: str, params: dict[str, Any]) -> None:
+        """Send a :class:`ClientCall` notification for the host to pass on (any thread);
+        nothing answers it. Raises EncodeError."""
+        self.send(ClientCall(sid=self.config.sid, request_id="", method=method,
+                             params=params, notification=True))
 
     def on_stop(self) -> None:
         try:

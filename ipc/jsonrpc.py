@@ -8,7 +8,10 @@ the responses to its own outbound requests (ids ``zc-out-<n>``). Inbound and
 outbound ids live in separate namespaces: the same id text may be in flight in
 both directions at once.
 
-Handlers are ``handler(params, endpoint)``. A plain return value is answered
+Handlers are ``handler(params, endpoint)``. A notification is looked up in the
+``notifications`` table first, when one is given (a method that is to be handled
+otherwise when no answer is wanted, e.g. an extension passed on as a
+notification), then in the method table. A plain return value is answered
 inline (no task: the fast path for ``initialize`` and ``status``); an awaitable
 runs as a task, so requests on one connection run concurrently. Handlers raise
 :class:`ipc.errors.RpcError` subclasses for error answers; anything else is
@@ -123,6 +126,7 @@ class Endpoint:
         require_initialize: bool = True,
         name: str = "",
         outbound_prefix: str = "zc-out-",
+        notifications: Mapping[str, Handler] | None = None,
     ) -> None:
         self.state: dict[str, Any] = {}
         self.initialized = False
@@ -131,6 +135,7 @@ class Endpoint:
         self.on_close: list[Callable[[], None]] = []
         self._send = send
         self._methods = methods
+        self._notifications: Mapping[str, Handler] = {} if notifications is None else notifications
         self._gated = require_initialize
         self._prefix = outbound_prefix
         self._next_id = 0
@@ -255,7 +260,7 @@ class Endpoint:
         if self._gated and not self.initialized:
             log.debug("%s: notification %s before initialize ignored", self.name, clip(method))
             return
-        handler = self._methods.get(method)
+        handler = self._notifications.get(method) or self._methods.get(method)
         if handler is None:
             log.debug("%s: notification for unknown method %s", self.name, clip(method))
             return

@@ -164,13 +164,15 @@ class ClientReply:
 @dataclass(frozen=True, slots=True)
 class AgentCall:
     """A client's ``_``-prefixed extension request for the session's hosted agent;
-    answered by an :class:`AgentReply` with the same ``request_id``."""
+    answered by an :class:`AgentReply` with the same ``request_id``. ``notification``:
+    the client sent a notification; it goes on as one and nothing answers it."""
 
     T: ClassVar[str] = "agent_call"
     sid: str
     request_id: str
     method: str
     params: dict[str, Any]
+    notification: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,13 +292,16 @@ class UserAsk:
 class ClientCall:
     """A hosted agent's request for its client (``fs/*``, ``terminal/*``), for the host
     to relay to the connection that holds the session now, when that connection
-    advertised the capability. ``params`` carry zeroclaw's session id."""
+    advertised the capability. ``params`` carry zeroclaw's session id.
+    ``notification``: the agent sent an extension notification (``_name``); it goes
+    on as one and nothing answers it."""
 
     T: ClassVar[str] = "client_call"
     sid: str
     request_id: str
     method: str
     params: dict[str, Any]
+    notification: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,7 +320,8 @@ class AgentReply:
 class AgentOpened:
     """A hosted agent's session is there (or could not be had: it is then retried at the
     first prompt): ``modes`` is the agent's own ``{currentModeId, availableModes}``
-    when it offers modes, else None."""
+    when it offers modes, else None. Sent again whenever the agent switches its mode
+    itself (its ``current_mode_update``), with the new current mode."""
 
     T: ClassVar[str] = "agent_opened"
     sid: str

@@ -28,7 +28,7 @@ from ipc import acp_handshake
 from ipc.errors import InvalidParams, SessionNotFound
 from ipc.extensions import ExtensionMethods
 from ipc.jsonrpc import ConnectionLost, Endpoint, RemoteError
-from supervisor.agent_modes import session_modes, set_agent_mode
+from supervisor.agent_modes import may_be_agent_mode, session_modes, set_agent_mode
 from supervisor.host_handle import HostHandle
 
 if TYPE_CHECKING:
@@ -146,6 +146,9 @@ class AcpPeer:
                           timeout: float) -> Any:
         return await self.endpoint.request(method, params, timeout=timeout)
 
+    def notify_client(self, sid: str, method: str, params: dict[str, Any]) -> None:
+        self.endpoint.notify(method, params)
+
     async def ask_user(
         self, sid: str, message: str, schema: dict[str, Any], timeout: float
     ) -> dict[str, Any] | None:
@@ -192,6 +195,8 @@ class AcpServer:
             "session/event": self.client_event,
             "status": self.status,
         }, self.extension)
+        #: Extension notifications go on as notifications, not as the requests above.
+        self.notifications = ExtensionMethods({}, self.extension_notice)
         for method, handler in (("session/load", self.load), ("session/resume", self.resume),
                                 ("session/list", self.list), ("session/close", self.close),
                                 ("session/delete", self.delete)):
@@ -208,7 +213,7 @@ class AcpServer:
         )
 
     def make_endpoint(self, send: Callable[[bytes], None], name: str = "acp") -> Endpoint:
-        endpoint = Endpoint(send, self.methods, name=name)
+        endpoint = Endpoint(send, self.methods, name=name, notifications=self.notifications)
         peer = AcpPeer(endpoint)
         endpoint.state["peer"] = peer
         endpoint.on_eof.append(lambda: self._peer_gone(peer))
@@ -365,6 +370,9 @@ class AcpServer:
             raise InvalidParams("missing modeId")
         sessions, peer = await self.sessions(), endpoint.state["peer"]
         route = sessions.host.live.route(sid)
+        if route is None and may_be_agent_mode(sessions, sid, mode):
+            with self.host.owners.adopting(sid, peer):  # reopened, as a prompt would
+                route = await sessions.live_route(sid, peer)
         if route is None or not await set_agent_mode(sessions, route, mode, peer):
             await sessions.set_mode(peer, sid, mode)  # zeroclaw's autonomy level
         return {}
@@ -382,6 +390,15 @@ class AcpServer:
         """A ``_``-prefixed request: forwarded to the hosted agent of the session it
         names (:mod:`supervisor.agent_calls`); it adopts a session nobody holds, as a
         prompt does."""
+        return await self._to_agent(method, params, endpoint, notification=False)
+
+    async def extension_notice(self, method: str, params: Any, endpoint: Endpoint) -> None:
+        """A ``_``-prefixed notification: passed on to the session's hosted agent as a
+        notification, like a request otherwise (nothing answers it)."""
+        await self._to_agent(method, params, endpoint, notification=True)
+
+    async def _to_agent(self, method: str, params: Any, endpoint: Endpoint, *,
+                        notification: bool) -> Any:
         if not isinstance(params, Mapping):
             raise InvalidParams("params must be an object")
         sid = await self._visible(params, endpoint)
@@ -389,7 +406,11 @@ class AcpServer:
         with self.host.owners.adopting(sid, peer):
             sessions = await self.sessions()
             route = await sessions.live_route(sid, peer)
-            return await sessions.host.agent_calls.call(route, method, dict(params))
+            calls = sessions.host.agent_calls
+            if notification:
+                calls.notify(route, method, dict(params))
+                return None
+            return await calls.call(route, method, dict(params))
 
     async def status(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
         from supervisor.status import host_status

@@ -8,7 +8,8 @@ evicted), and the agent's answer, or its error, comes back as the request's
 answer; the agent sees its own session id. The same rules as a permission
 request bound the wait: ``session_timeout_secs``, and -32603 when the worker
 exits meanwhile. An agent that takes no extension requests (every provider but
-``acp``) answers -32601.
+``acp``) answers -32601. A client's extension notification goes on as a
+notification (:meth:`AgentCalls.notify`): nothing answers it.
 """
 
 from __future__ import annotations
@@ -61,6 +62,17 @@ class AgentCalls:
             raise error_for_code(code if isinstance(code, int) else -32603,
                                  str(reply.error.get("message")))
         return reply.result
+
+    def notify(self, route: Route, method: str, params: dict[str, Any]) -> None:
+        """Pass a client's extension notification on to ``route``'s agent, as a
+        notification: nothing answers it, so nothing waits."""
+        try:
+            sent = self.host.pool.send(route.worker_id, AgentCall(
+                route.sid, "", method, {**params, "sessionId": route.sid}, notification=True))
+        except EncodeError as exc:
+            raise InvalidParams(f"{method}: cannot be forwarded: {exc}") from None
+        if not sent:
+            raise InternalError("session worker exited")
 
     def settle(self, reply: AgentReply) -> None:
         """The worker's answer to one of ours (late ones are dropped)."""

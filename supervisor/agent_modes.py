@@ -8,8 +8,13 @@ session's :class:`supervisor.routes.Route`). ``session/new``, ``load`` and
 (they wait for the agent's session, as long as its start may take), and
 ``session/set_mode`` with one of the agent's mode ids is forwarded to the agent
 as its own ``session/set_mode`` (:mod:`supervisor.agent_calls`); an autonomy
-level still sets zeroclaw's autonomy. An agent that offers no modes, or any
-other provider, keeps zeroclaw's autonomy levels as the session's modes.
+level still sets zeroclaw's autonomy. A stored session that is not live (it was
+evicted) is reopened for a mode that is not an autonomy level, as a prompt reopens
+it, so the agent's own modes work on it too (:func:`may_be_agent_mode`). The
+agent's own ``current_mode_update`` (it switched modes itself) keeps the host's
+view current (the worker sends a new ``AgentOpened``). An agent that offers no
+modes, or any other provider, keeps zeroclaw's autonomy levels as the session's
+modes.
 """
 
 from __future__ import annotations
@@ -19,12 +24,13 @@ import contextlib
 from typing import TYPE_CHECKING, Any
 
 from ipc import acp_handshake
+from supervisor.config import AUTONOMY_LEVELS
 
 if TYPE_CHECKING:
     from supervisor.routes import Peer, Route
     from supervisor.sessions import Sessions
 
-__all__ = ["session_modes", "set_agent_mode"]
+__all__ = ["may_be_agent_mode", "session_modes", "set_agent_mode"]
 
 _DEFAULT_START_TIMEOUT = 30.0
 _OPEN_STEPS = 2  # the agent's initialize, then its session/new (or load, resume)
@@ -45,9 +51,23 @@ async def session_modes(sessions: Sessions, route: Route) -> dict[str, Any]:
     return acp_handshake.modes_state(route.mode)
 
 
+def may_be_agent_mode(sessions: Sessions, sid: str, mode_id: str) -> bool:
+    """Whether ``mode_id`` may be one of the own modes of stored session ``sid``'s agent:
+    not an autonomy level, and the session runs on an ``acp`` agent."""
+    if mode_id in AUTONOMY_LEVELS:
+        return False
+    info = sessions.host.reader.get_session(sid)
+    if info is None or info.closed_at is not None:
+        return False
+    agent, _ = sessions.agent_of_stored(info)
+    return agent.provider == "acp"
+
+
 async def set_agent_mode(sessions: Sessions, route: Route, mode_id: str, peer: Peer) -> bool:
     """Switch the hosted agent to its own mode ``mode_id`` (announced to ``peer`` as a
     ``current_mode_update``); False when that is not one of the agent's modes."""
+    if mode_id not in AUTONOMY_LEVELS:
+        await session_modes(sessions, route)  # the agent's session (and modes) is there
     modes = route.agent_modes
     if modes is None or mode_id not in {mode.get("id") for mode in modes["availableModes"]}:
         return False

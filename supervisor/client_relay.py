@@ -13,7 +13,10 @@ id, under the same rules as a permission request: ``session_timeout_secs`` to
 answer, and a clear JSON-RPC error for the agent when it does not (it timed out,
 it went away) or when it answers one. Otherwise the reply says "not relayed" and
 the worker serves the request itself. Follow-up requests about a terminal a client
-created go to that client, whoever holds the session later.
+created go to that client, whoever holds the session later; when the session is
+closed, deleted or evicted, the client is told to release the terminals its agent
+left (:meth:`ClientRelay.session_gone`). An agent's extension
+notification goes to the holder as a notification (nothing answers it).
 """
 
 from __future__ import annotations
@@ -60,12 +63,15 @@ class ClientRelay:
 
     def __init__(self, host: Host) -> None:
         self.host = host
-        #: Terminals clients created, by (session, terminal id): where their requests go.
-        self._terminals: dict[tuple[str, str], Peer] = {}
+        #: Terminals clients created, by session and terminal id: where their requests go.
+        self._terminals: dict[str, dict[str, Peer]] = {}
 
     def on_call(self, worker_id: str, call: ClientCall) -> None:
         """Relay ``call`` to the client it is for, or tell the worker to serve it."""
         peer = self._target(call)
+        if call.notification:
+            self._pass_on(call, peer)
+            return
         if peer is None:
             self._reply(worker_id, ClientReply(call.sid, call.request_id, relayed=False))
             return
@@ -74,9 +80,25 @@ class ClientRelay:
             turn.stream.flush()  # the request follows the updates before it
         self.host.spawn(self._relay(worker_id, call, peer))
 
+    def _pass_on(self, call: ClientCall, peer: Peer | None) -> None:
+        """An extension notification: to the holder, after the updates before it;
+        dropped when nobody holds the session."""
+        if peer is None:
+            log.debug("session %s: agent notification %s dropped (no client holds it)",
+                      call.sid, call.method)
+            return
+        turn = self.host.turns.get(call.sid)
+        if turn is not None and turn.stream is not None:
+            turn.stream.flush()
+        try:
+            peer.notify_client(call.sid, call.method, call.params)
+        except TypeError as exc:  # orjson's encode error
+            log.info("session %s: agent notification %s cannot be sent: %s", call.sid,
+                     call.method, exc)
+
     def _target(self, call: ClientCall) -> Peer | None:
         if call.method.startswith("terminal/") and call.method != "terminal/create":
-            return self._terminals.get((call.sid, str(call.params.get("terminalId"))))
+            return self._terminals.get(call.sid, {}).get(str(call.params.get("terminalId")))
         route = self.host.live.route(call.sid)
         return route.holder_offering(call.method) if route is not None else None
 
@@ -114,12 +136,31 @@ class ClientRelay:
         if call.method == "terminal/create" and isinstance(result, Mapping):
             terminal_id = result.get("terminalId")
             if isinstance(terminal_id, str):
-                self._terminals[(call.sid, terminal_id)] = peer
+                self._terminals.setdefault(call.sid, {})[terminal_id] = peer
         elif call.method == "terminal/release":
             self._forget_terminal(call)
 
     def _forget_terminal(self, call: ClientCall) -> None:
-        self._terminals.pop((call.sid, str(call.params.get("terminalId"))), None)
+        terminals = self._terminals.get(call.sid, {})
+        terminals.pop(str(call.params.get("terminalId")), None)
+        if not terminals:
+            self._terminals.pop(call.sid, None)
+
+    def session_gone(self, sid: str) -> None:
+        """Session ``sid`` is closed, deleted or evicted: its agent session is gone with
+        it, so the terminals its agent had clients create are released there (nobody
+        else will) and forgotten."""
+        for terminal_id, peer in self._terminals.pop(sid, {}).items():
+            self.host.spawn(self._release(peer, sid, terminal_id))
+
+    async def _release(self, peer: Peer, sid: str, terminal_id: str) -> None:
+        try:
+            await peer.call_client(sid, "terminal/release", {
+                "sessionId": sid, "terminalId": terminal_id},
+                self.host.settings.session_timeout_secs)
+        except (TimeoutError, ConnectionLost, RemoteError) as exc:
+            log.info("session %s: terminal %s of its client not released: %s", sid,
+                     terminal_id, exc)
 
     def _reply(self, worker_id: str, reply: ClientReply) -> None:
         try:

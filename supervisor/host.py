@@ -373,6 +373,7 @@ class Host:
         """Send a numbered ``CloseSession``; its number, and a future for its
         confirmation when ``wait`` (None when the send failed)."""
         close_id = self._closings.number()
+        self.client_relay.session_gone(sid)
         if not self.pool.send(worker_id, CloseSession(sid, close_id)):
             return close_id, None
         return close_id, self._closings.sent(close_id, worker_id, wait=wait)

@@ -53,6 +53,9 @@ class Peer(Protocol):
         """Send a hosted agent's request; its result. Raises TimeoutError,
         :class:`ipc.jsonrpc.ConnectionLost` or :class:`ipc.jsonrpc.RemoteError`."""
 
+    def notify_client(self, sid: str, method: str, params: dict[str, Any]) -> None:
+        """Send a hosted agent's notification (an extension ``_name``); never blocks."""
+
 
 @dataclass(slots=True)
 class Route:

@@ -129,6 +129,9 @@ class DaemonPeer:
                           timeout: float) -> Any:
         raise ConnectionLost(f"{self.name}: {method} cannot be sent in the RPC dialect")
 
+    def notify_client(self, sid: str, method: str, params: dict[str, Any]) -> None:
+        """Never called: :meth:`offers` nothing, so nothing is passed on to it."""
+
     def answer(self, approval: rpc.Approval) -> bool:
         """Settle a pending approval of this connection; False if there is none."""
         pending = self._approvals.get(approval.request_id)

@@ -10,6 +10,7 @@ import orjson
 import pytest
 
 from ipc.errors import InvalidParams, SessionBusy
+from ipc.extensions import ExtensionMethods
 from ipc.jsonrpc import ConnectionLost, Endpoint, RemoteError, is_valid_request_id
 
 
@@ -285,6 +286,27 @@ async def test_method_sent_as_notification_runs_and_result_is_dropped() -> None:
     assert wire.take() == []
     endpoint.receive(frame(id=9, method="session/cancel", params={"sessionId": "s"}))
     assert only(wire) == {"jsonrpc": "2.0", "id": 9, "result": {}}
+
+
+async def test_a_notification_table_takes_notifications_before_the_method_table() -> None:
+    heard: list[Any] = []
+
+    def as_request(name: str, params: Any, ep: Endpoint) -> Any:
+        heard.append(("request", name))
+        return {}
+
+    def as_notification(name: str, params: Any, ep: Endpoint) -> None:
+        heard.append(("notification", name))
+
+    wire = Wire()
+    endpoint = Endpoint(wire.send, ExtensionMethods({"echo": echo}, as_request),
+                        require_initialize=False,
+                        notifications=ExtensionMethods({}, as_notification))
+    endpoint.receive(frame(method="_vendor/note", params={}))
+    endpoint.receive(frame(method="echo", params={}))  # no notification handler: the method's
+    endpoint.receive(frame(id=1, method="_vendor/ask", params={}))
+    assert heard == [("notification", "_vendor/note"), ("request", "_vendor/ask")]
+    assert only(wire) == {"jsonrpc": "2.0", "id": 1, "result": {}}
 
 
 # --- the initialize gate -------------------------------------------------------

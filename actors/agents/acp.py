@@ -39,7 +39,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from actors.agents.acp_client import HANDLERS
+from actors.agents.acp_client import HANDLERS, NOTIFICATIONS
 from actors.agents.acp_process import AgentProcess, LaunchSpec, SessionLink, clean_env
 from actors.agents.acp_turn import AcpTurn
 from actors.agents.base import Agent, AgentFailure, SessionSetup, TurnContext, TurnResult
@@ -155,7 +155,7 @@ class _Processes:
             with self._lock:
                 restarts = self._restarts.get(key)
                 self._restarts[key] = 0 if restarts is None else restarts + 1
-            process = AgentProcess(spec, HANDLERS)
+            process = AgentProcess(spec, HANDLERS, NOTIFICATIONS)
             process.start(client_capabilities())
             log.info("agent %s initialized: %s", spec.alias, _summary(process.initialize_result))
             with self._lock:
@@ -297,8 +297,20 @@ class AcpAgent(Agent):
 
     def own_modes(self) -> dict[str, Any] | None:
         """The agent's own modes for this session (from its ``session/new``, ``load`` or
-        ``resume`` answer), None when it offers none."""
+        ``resume`` answer, and its ``current_mode_update`` since), None when it
+        offers none."""
         return self._modes
+
+    def _mode_switched(self, mode_id: str) -> None:
+        """The agent says this session is in its mode ``mode_id`` now (the agent
+        process's loop thread): the host hears of it, so later session answers say so.
+        A mode it never offered is ignored."""
+        modes, setup = self._modes, self._setup
+        if modes is None or mode_id not in {mode["id"] for mode in modes["availableModes"]}:
+            return
+        self._modes = {**modes, "currentModeId": mode_id}  # replaced whole: read elsewhere
+        if setup is not None and setup.modes_changed is not None:
+            setup.modes_changed()
 
     def forward(self, method: str, params: dict[str, Any]) -> concurrent.futures.Future[Any]:
         """Forward a client's request to the agent, for this session (the worker's IO
@@ -316,6 +328,18 @@ class AcpAgent(Agent):
 
         self._opened.add_done_callback(forward)
         return answer
+
+    def notify(self, method: str, params: dict[str, Any]) -> None:
+        """Pass a client's notification on to the agent, for this session (the worker's
+        IO thread; it does not wait: an early one goes out once the agent session is
+        there; dropped when the agent is not running)."""
+
+        def send(_opened: object) -> None:
+            process, link = self._process, self._link
+            if process is not None and link is not None and process.alive:
+                process.notify(method, {**params, "sessionId": link.agent_session_id})
+
+        self._opened.add_done_callback(send)
 
     def close(self) -> None:
         """Drop this session's agent session (``session/close`` where the agent offers
@@ -384,7 +408,8 @@ class AcpAgent(Agent):
                 self._context_lost = True
                 log.warning("session %s: agent %s has a fresh session %s; the context of the "
                             "earlier turns was not restored", setup.sid, self.alias, agent_sid)
-        link = SessionLink(agent_sid, setup.paths, setup.mode, setup.sid, setup.client)
+        link = SessionLink(agent_sid, setup.paths, setup.mode, setup.sid, setup.client,
+                           self._mode_switched)
         process.links[agent_sid] = link
         self._process, self._link = process, link
         self._agent_sessions += 1

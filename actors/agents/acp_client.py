@@ -9,7 +9,8 @@ client that holds the session when it offers them (:mod:`actors.agents.acp_relay
 else zeroclaw serves them: its file tools under the session's path policy on a
 worker thread, its own sandboxed terminals (:mod:`actors.agents.acp_terminals`).
 An extension request (``_name``) goes to the client holding the session (-32601
-when none takes it). Anything else gets -32601 from the endpoint.
+when none takes it), an extension notification goes there as a notification.
+Anything else gets -32601 from the endpoint.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from actors.agents.acp_relay import relay_or_serve
 from actors.tools import FileReadTool, FileWriteTool, ToolEnv, ToolError
 from ipc.errors import InvalidParams, MethodNotFound
 from ipc.extensions import ExtensionMethods
+from ipc.worker_wire import EncodeError
 
-__all__ = ["CANCELLED_OUTCOME", "HANDLERS", "TERMINAL_METHODS"]
+__all__ = ["CANCELLED_OUTCOME", "HANDLERS", "NOTIFICATIONS", "TERMINAL_METHODS"]
 
 log = logging.getLogger("zeroclaw.agent")
 
@@ -42,10 +44,25 @@ def _link(process: AgentProcess, params: Any) -> SessionLink | None:
 
 def _on_update(process: AgentProcess, params: Any) -> None:
     link = _link(process, params)
-    if link is None or not link.turn_open.is_set():
+    if link is None:
+        log.debug("agent %s: session/update for no session of ours dropped", process.alias)
+        return
+    update = params.get("update")
+    mode_id = _switched_mode(update)
+    if mode_id is not None and link.mode_switched is not None:
+        link.mode_switched(mode_id)  # the host's view of the agent's mode, in a turn or not
+    if not link.turn_open.is_set():
         log.debug("agent %s: session/update outside a turn dropped", process.alias)
         return
-    link.inbox.put(("update", params.get("update")))
+    link.inbox.put(("update", update))
+
+
+def _switched_mode(update: Any) -> str | None:
+    """The new mode of a ``current_mode_update``; None for any other update."""
+    if not isinstance(update, Mapping) or update.get("sessionUpdate") != "current_mode_update":
+        return None
+    mode_id = update.get("currentModeId")
+    return mode_id if isinstance(mode_id, str) and mode_id else None
 
 
 def _on_permission(process: AgentProcess, params: Any) -> Any:
@@ -153,6 +170,21 @@ def _on_extension(method: str, process: AgentProcess, params: Any) -> Any:
     return relay_or_serve(link, method, params, missing)
 
 
+def _on_extension_notice(method: str, process: AgentProcess, params: Any) -> None:
+    """An extension notification (``_name``) about one of its sessions goes on to the
+    client holding it as a notification; dropped when there is none to take it."""
+    link = _link(process, params)
+    if link is None or link.client is None or not link.sid:
+        log.debug("agent %s: notification %s for no reachable client dropped",
+                  process.alias, method)
+        return
+    try:
+        link.client.notify(method, {**params, "sessionId": link.sid})
+    except EncodeError as exc:
+        log.info("agent %s: notification %s cannot be passed on: %s", process.alias, method,
+                 exc)
+
+
 HANDLERS: dict[str, Callable[..., Any]] = ExtensionMethods({
     "session/update": _on_update,
     "session/request_permission": _on_permission,
@@ -160,3 +192,6 @@ HANDLERS: dict[str, Callable[..., Any]] = ExtensionMethods({
     "fs/write_text_file": _on_write,
     **{method: _terminal_handler(method) for method in TERMINAL_METHODS},
 }, _on_extension)
+#: The agent's notifications handled otherwise than its requests: extensions go on as
+#: notifications.
+NOTIFICATIONS: dict[str, Callable[..., Any]] = ExtensionMethods({}, _on_extension_notice)

@@ -37,7 +37,7 @@ from typing import Any
 from actors.agents.acp_terminals import Terminals
 from actors.agents.base import AgentFailure, ClientChannel
 from actors.tools import PathPolicy
-from ipc.errors import MethodNotFound
+from ipc.errors import MethodNotFound, clip
 from ipc.extensions import ExtensionMethods
 from ipc.framing import OVERSIZED, FrameReader, new_stream_reader
 from ipc.jsonrpc import ConnectionLost, Endpoint, RemoteError
@@ -50,6 +50,8 @@ KEPT_ENV = ("PATH", "HOME", "LANG", "TERM")
 FRAME_LIMIT = 32 * 1024 * 1024
 STDERR_TAIL_LINES = 12
 STOP_GRACE_SECS = 1.0
+#: ACP's error code for "authentication required" (the agent's, not zeroclaw's -32000).
+AUTH_REQUIRED = -32000
 _PR_SET_PDEATHSIG = 1
 # Runs in the child before the agent: die with the forking thread, never outlive a
 # parent that is already gone, then become the agent (same pid).
@@ -88,6 +90,7 @@ class SessionLink:
     says whether one is reading it. The agent's ``fs/*`` and ``terminal/*``
     requests go to the session's client through ``client`` (zeroclaw's session
     ``sid``), or are served here under ``paths`` and ``mode``, with ``terminals``.
+    ``mode_switched`` hears each ``current_mode_update`` of the agent, in a turn or not.
     """
 
     agent_session_id: str
@@ -95,6 +98,7 @@ class SessionLink:
     mode: Callable[[], str]
     sid: str = ""
     client: ClientChannel | None = None
+    mode_switched: Callable[[str], None] | None = None
     inbox: queue.SimpleQueue[tuple[str, Any]] = field(default_factory=queue.SimpleQueue)
     turn_open: threading.Event = field(default_factory=threading.Event)
     terminals: Terminals = field(init=False)
@@ -106,7 +110,10 @@ class SessionLink:
 class AgentProcess:
     """One running agent; create, :meth:`start` (blocking), use, :meth:`stop`."""
 
-    def __init__(self, spec: LaunchSpec, methods: Mapping[str, Callable[..., Any]]) -> None:
+    def __init__(self, spec: LaunchSpec, methods: Mapping[str, Callable[..., Any]],
+                 notifications: Mapping[str, Callable[..., Any]] | None = None) -> None:
+        """``methods``: ``handler(process, params)`` by method; ``notifications``: the
+        ones for notifications that are handled otherwise than requests."""
         self.spec = spec
         self.alias = spec.alias
         self.links: dict[str, SessionLink] = {}
@@ -114,6 +121,7 @@ class AgentProcess:
         self.exited = threading.Event()
         self.exit_status: int | None = None
         self._methods = methods
+        self._notifications = {} if notifications is None else notifications
         self._stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run_loop, daemon=True,
@@ -201,6 +209,19 @@ class AgentProcess:
         tail = "\n".join(self._stderr_tail)
         return f"{text}; last stderr lines:\n{tail}" if tail else text
 
+    def refusal(self, what: str, error: RemoteError) -> str:
+        """Why the agent refused ``what``; for ACP's "authentication required" also how
+        to log in (zeroclaw relays no ``authenticate``: see the README)."""
+        text = f"agent {self.alias} refused {what}: {error}"
+        if error.code != AUTH_REQUIRED:
+            return text
+        offered = [clip(str(method.get("name") or method.get("id")))
+                   for method in self.initialize_result.get("authMethods") or ()
+                   if isinstance(method, Mapping)]
+        hint = f" (it offers: {', '.join(offered)})" if offered else ""
+        return (f"{text}; log in with the agent's own command as the user zeroclaw runs "
+                f"as{hint}, or give it an API key through pass_env or env")
+
     def _wait(self, coroutine: Any, what: str) -> Any:
         future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
         timeout = self.spec.start_timeout
@@ -211,7 +232,7 @@ class AgentProcess:
             raise AgentFailure(f"agent {self.alias} did not answer {what} within "
                                f"{timeout:g}s") from None
         except RemoteError as exc:
-            raise AgentFailure(f"agent {self.alias} refused {what}: {exc}") from None
+            raise AgentFailure(self.refusal(what, exc)) from None
         except (ConnectionLost, OSError):
             raise AgentFailure(self.failure_text(f"before answering {what}")) from None
 
@@ -238,8 +259,9 @@ class AgentProcess:
         reader = new_stream_reader(FRAME_LIMIT)
         await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), proc.stdout)
         transport, _ = await loop.connect_write_pipe(asyncio.Protocol, proc.stdin)
-        self._endpoint = Endpoint(transport.write, self._bound_methods(),
-                                  require_initialize=False, name=f"agent {self.alias}")
+        self._endpoint = Endpoint(transport.write, self._bound(self._methods),
+                                  require_initialize=False, name=f"agent {self.alias}",
+                                  notifications=self._bound(self._notifications))
         threading.Thread(target=self._copy_stderr, args=(proc.stderr,), daemon=True,
                          name=f"acp-agent-{self.alias}-stderr").start()
         self._reader_task = loop.create_task(self._read_stdout(FrameReader(reader, FRAME_LIMIT)))
@@ -259,19 +281,19 @@ class AgentProcess:
         log.info("agent %s started (pid %d)", self.alias, proc.pid)
         return proc
 
-    def _bound_methods(self) -> dict[str, Callable[..., Any]]:
-        """The handlers bound to this process; an extension method (``_name``) is looked
-        up in the given table when it has a fallback for them (an ExtensionMethods)."""
+    def _bound(self, table: Mapping[str, Callable[..., Any]]) -> dict[str, Callable[..., Any]]:
+        """``table``'s handlers bound to this process; an extension method (``_name``)
+        is looked up in ``table`` when it has a fallback for them (an ExtensionMethods)."""
         def bind(handler: Callable[..., Any]) -> Callable[[Any, Endpoint], Any]:
             return lambda params, _endpoint: handler(self, params)
 
         def extension(name: str, params: Any, _endpoint: Endpoint) -> Any:
-            handler = self._methods.get(name)
+            handler = table.get(name)
             if handler is None:
                 raise MethodNotFound(f"Method not found: {name}")
             return handler(self, params)
 
-        bound = {name: bind(handler) for name, handler in self._methods.items()}
+        bound = {name: bind(handler) for name, handler in table.items()}
         return ExtensionMethods(bound, extension)
 
     async def _request(self, method: str, params: Any) -> Any:

@@ -128,7 +128,7 @@ class AcpTurn:
         except RemoteError as exc:
             if self.ctx.cancelled.is_set():
                 return None
-            raise AgentFailure(f"agent {self.process.alias} failed the prompt: {exc}") from None
+            raise AgentFailure(self.process.refusal("the prompt", exc)) from None
         except (ConnectionLost, concurrent.futures.CancelledError, asyncio.CancelledError):
             raise AgentFailure(self.process.failure_text("during the turn")) from None
         reason = result.get("stopReason") if isinstance(result, Mapping) else None

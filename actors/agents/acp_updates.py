@@ -1,9 +1,10 @@
 """An external ACP agent's ``session/update`` notifications as zeroclaw events.
 
 Pure functions plus one small per-turn state (:class:`ToolNames`); run on the
-session actor's thread. Kinds without a zeroclaw event (the agent's own
-commands, modes, config options, session info, replayed user chunks) give no
-event: zeroclaw keeps its own modes and titles.
+session actor's thread. A ``current_mode_update`` (the agent switched its own mode,
+e.g. it left plan mode mid-turn) is a :class:`ipc.events.CurrentMode`. Kinds
+without a zeroclaw event (the agent's own commands, config options, session info,
+replayed user chunks) give no event: zeroclaw keeps its own commands and titles.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 import orjson
 
 from ipc.events import (
+    CurrentMode,
     Event,
     MessageChunk,
     PlanEntry,
@@ -89,6 +91,9 @@ def events_from_update(update: Any, tools: ToolNames) -> list[Event]:
         return _plan(update)
     if kind == "usage_update":
         return _usage(update)
+    if kind == "current_mode_update":
+        mode_id = _str(update.get("currentModeId"))
+        return [CurrentMode(mode_id)] if mode_id else []
     return []
 
 

@@ -63,6 +63,9 @@ class ClientChannel:
 
     call: Callable[[str, dict[str, Any]], Future[Any]]
     timeout: float
+    #: ``notify(method, params)``: a notification for that client (an extension
+    #: ``_name``), nothing answers it; any thread; raises EncodeError.
+    notify: Callable[[str, dict[str, Any]], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +75,8 @@ class SessionSetup:
     ``mode`` reads the session's current autonomy level (thread-safe);
     ``mcp_servers`` is the client's list from ``session/new``, as sent; ``meta`` the
     stored session's meta (what earlier turns' :attr:`TurnResult.session_meta` kept);
-    ``client`` reaches the session's client (None: no host to ask, as in unit tests).
+    ``client`` reaches the session's client (None: no host to ask, as in unit tests);
+    ``modes_changed`` tells the host that :meth:`Agent.own_modes` changed (any thread).
     """
 
     sid: str
@@ -82,6 +86,7 @@ class SessionSetup:
     has_history: bool = False
     meta: Mapping[str, Any] = field(default_factory=dict)
     client: ClientChannel | None = None
+    modes_changed: Callable[[], None] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +186,12 @@ class Agent(ABC):
         agent's own ``session/set_mode``), for an agent that takes them: the future of
         its result (RpcError or AgentFailure for an error), or None (the default: this
         agent takes none, -32601). The worker's IO thread calls it: it must not block."""
+        return None
+
+    def notify(self, method: str, params: dict[str, Any]) -> None:
+        """A client's notification for the agent itself (an extension method
+        ``_name``): dropped by default. The worker's IO thread calls it: it must not
+        block."""
         return None
 
     def own_modes(self) -> dict[str, Any] | None:

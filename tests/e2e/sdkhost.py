@@ -90,6 +90,7 @@ class RecordingClient:
         self.permission_gate = asyncio.Event()  # cleared: answers wait until it is set
         self.permission_gate.set()
         self.client_requests: list[tuple[str, dict[str, Any]]] = []  # fs/*, terminal/*
+        self.client_notifications: list[tuple[str, dict[str, Any]]] = []  # _name ones
         self.client_gate = asyncio.Event()  # cleared: those answers wait until it is set
         self.client_gate.set()
         self._changed = asyncio.Event()
@@ -174,6 +175,11 @@ class RecordingClient:
         """An extension request (the SDK drops its leading ``_``)."""
         await self._client_request(f"_{method}", **params)
         return {"answeredBy": "the client", "method": method}
+
+    async def ext_notification(self, method: str, params: dict[str, Any]) -> None:
+        """An extension notification (the SDK drops its leading ``_``)."""
+        self.client_notifications.append((f"_{method}", params))
+        self._touch()
 
     # -- queries -------------------------------------------------------------
 

@@ -129,3 +129,81 @@ async def test_the_agents_own_modes_are_offered_and_set_mode_is_forwarded(
                            -32602)
         resumed = await host.conn.resume_session(cwd=str(workspace), session_id=sid)
         assert resumed.modes is not None and resumed.modes.current_mode_id == "code"
+
+
+async def test_extension_notifications_go_on_as_notifications_both_ways(
+    sdk_hosts: SdkHostFactory, config_dir: Path, workspace: Path
+) -> None:
+    acp_config(config_dir, fixture_command())
+    async with sdk_hosts() as host:
+        await host.initialize()
+        sid = await host.new_session(workspace)
+        notes = host.client.client_notifications
+        await host.conn.ext_notification("vendor/note", {"sessionId": sid, "n": 1})
+        await host.client.wait_until(lambda: bool(notes), "the agent hears a notification",
+                                     timeout=5)
+        assert notes == [("_fixture/heard", {"sessionId": sid, "method": "_vendor/note"})]
+        text, _ = await prompt_text(host, sid, "note _editor/note")
+        assert text == "sent"
+        await host.client.wait_until(lambda: len(notes) == 2, "the client hears a notification",
+                                     timeout=5)
+        assert notes[1] == ("_editor/note", {"sessionId": sid, "from": "agent"})
+        assert host.client.client_requests == []  # neither went out as a request
+
+
+async def test_a_mode_the_agent_switches_to_itself_is_relayed_and_kept(
+    sdk_hosts: SdkHostFactory, config_dir: Path, workspace: Path
+) -> None:
+    acp_config(config_dir, fixture_command(), extra='env = {FIXTURE_MODE = "modes"}')
+    async with sdk_hosts() as host:
+        await host.initialize()
+        sid = (await host.conn.new_session(cwd=str(workspace))).session_id
+        text, _ = await prompt_text(host, sid, "switch code")  # e.g. it leaves plan mode
+        assert text == "switched"
+        assert [u.current_mode_id for u in host.client.of(sid, "current_mode_update")] == [
+            "code"]
+        resumed = await host.conn.resume_session(cwd=str(workspace), session_id=sid)
+        assert resumed.modes is not None and resumed.modes.current_mode_id == "code"
+        loaded = await host.conn.load_session(cwd=str(workspace), session_id=sid)
+        assert loaded.modes is not None and loaded.modes.current_mode_id == "code"
+
+
+async def test_the_agents_own_mode_on_an_evicted_session_reopens_it(
+    sdk_hosts: SdkHostFactory, config_dir: Path, workspace: Path
+) -> None:
+    acp_config(config_dir, fixture_command(), extra='env = {FIXTURE_MODE = "modes"}')
+    async with sdk_hosts(env_extra={"ZEROCLAW_acp__max_sessions": "1"}) as host:
+        await host.initialize()
+        evicted = await host.new_session(workspace)
+        await host.new_session(workspace)  # the first one is evicted
+        await host.conn.set_session_mode(session_id=evicted, mode_id="code")
+        assert [u.current_mode_id for u in host.client.of(evicted, "current_mode_update")
+                ] == ["code"]
+        text, _ = await prompt_text(host, evicted, "mode")
+        assert text == "code"
+        await expect_error(host.conn.set_session_mode(session_id=evicted, mode_id="nonsense"),
+                           -32602)
+
+
+async def test_client_terminals_a_session_leaves_are_released_when_it_goes(
+    sdk_hosts: SdkHostFactory, config_dir: Path, workspace: Path
+) -> None:
+    acp_config(config_dir, fixture_command())
+    async with sdk_hosts(env_extra={"ZEROCLAW_acp__max_sessions": "1"}) as host:
+        await host.initialize(OFFERING)
+        requests = host.client.client_requests
+
+        def released(terminal_id: str) -> bool:
+            return any(method == "terminal/release" and params["terminal_id"] == terminal_id
+                       for method, params in requests)
+
+        first = await host.new_session(workspace)
+        kept, _ = await prompt_text(host, first, "keep sleep 30")
+        assert kept == "client-term-1"
+        second = await host.new_session(workspace)  # evicts the first
+        await host.client.wait_until(lambda: released(kept), "released on eviction", timeout=5)
+        kept_too, _ = await prompt_text(host, second, "keep sleep 30")
+        await host.raw("session/close", {"sessionId": second})
+        await host.client.wait_until(lambda: released(kept_too), "released on close",
+                                     timeout=5)
+        assert [m for m, _ in requests].count("terminal/release") == 2

@@ -337,6 +337,19 @@ async def test_agent_hanging_at_session_new_fails_within_the_start_timeout(
         assert "did not answer session/new within 1s" in str(exc.data or exc)
 
 
+async def test_agent_wanting_a_login_says_how_to_log_in(
+    sdk_hosts: SdkHostFactory, config_dir: Path, workspace: Path
+) -> None:
+    acp_config(config_dir, fixture_command(), extra='env = {FIXTURE_MODE = "auth"}')
+    async with sdk_hosts() as host:
+        await host.initialize()
+        sid = await host.new_session(workspace)
+        exc = await expect_error(host.prompt(sid, "hello"), -32603)
+        text = str(exc.data or exc)
+        assert "refused session/new: -32000: Authentication required" in text
+        assert "it offers: Fixture login" in text and "pass_env" in text
+
+
 @pytest.mark.parametrize(("command", "reason"), [
     ('["no-such-agent-binary-zc"]', "executable 'no-such-agent-binary-zc' not found"),
     ('"a string, not a list"', "command must be a non-empty array"),
