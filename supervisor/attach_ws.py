@@ -18,7 +18,8 @@ over a WebSocket (the ``websockets`` library's threading client) and its dialer.
   no log line or error text holds it. A refused token (HTTP 401) ends the bridge
   with a clear message and exit status 1, without dialling again.
 - ``wss://`` verifies the gateway's certificate and host name against the system's
-  CAs, or ``--ca-file PATH`` (a self-signed gateway's certificate).
+  CAs, or ``--ca-file PATH`` (a self-signed gateway's certificate). ``ws://`` to a
+  host other than this machine works but warns: the token travels in clear text.
 
 Threads: as in :mod:`supervisor.attach` (stdin thread sends, main thread receives);
 the library's own thread reads the socket. Sends from both threads (the main thread
@@ -100,6 +101,18 @@ def _checked_url(url: str) -> str:
     return url
 
 
+def _warn_plaintext(url: str, ca_file: str | None) -> None:
+    """Say so when a ``ws://`` URL sends the token in clear text off this machine."""
+    from supervisor.gateway_config import is_loopback
+
+    if ca_file is not None:
+        log.warning("--ca-file is ignored for a ws:// URL (no TLS)")
+    host = urlsplit(url).hostname or ""
+    if not is_loopback(host):
+        log.warning("the token goes unencrypted over ws:// to %s: anyone on the way can "
+                    "read and reuse it; use wss:// unless the network is yours", host)
+
+
 def _shown(url: str) -> str:
     """The URL for messages: scheme, host, port and path (no query)."""
     parts = urlsplit(url)
@@ -129,8 +142,8 @@ class GatewayDialer:
                 tls = ssl.create_default_context(cafile=ca_file)
             except (OSError, ssl.SSLError) as error:
                 raise AttachRefused(f"cannot use the CA file {ca_file}: {error}") from None
-        elif ca_file is not None:
-            log.warning("--ca-file is ignored for a ws:// URL (no TLS)")
+        else:
+            _warn_plaintext(url, ca_file)
         return cls(url, read_token(token_file), tls, frame_limit, output)
 
     def dial(self, timeout: float = DIAL_SECS) -> WebSocketChannel | None:

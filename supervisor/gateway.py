@@ -587,12 +587,15 @@ def _json(connection: ServerConnection, status: int, body: Any) -> Response:
     return response
 
 
+def _set_type(response: Response, content_type: str) -> None:
+    """The answer's type; and since every such answer is made for its request (a
+    tenant's status, maybe asked with ``?token=``), no cache may keep it."""
+    del response.headers["Content-Type"]
+    response.headers["Content-Type"] = content_type
+    response.headers["Cache-Control"] = "no-store"
+
+
 def _unauthorized(connection: ServerConnection, reason: str) -> Response:
     response = _json(connection, 401, {"error": reason})
     response.headers["WWW-Authenticate"] = 'Bearer realm="zeroclaw"'
     return response
-
-
-def _set_type(response: Response, content_type: str) -> None:
-    del response.headers["Content-Type"]
-    response.headers["Content-Type"] = content_type

@@ -210,12 +210,15 @@ class Sessions:
         host = self.host
         items = await asyncio.to_thread(host.reader.load_items, info.id) if history else []
         worker_id = await host.worker_with_room()
+        # The agent's workspace is shared by all its sessions: never a tenant's root.
+        tenant = info.meta.get(TENANT_META_KEY)
         route = Route(info.id, worker_id, peer, agent.alias, info.workspace_dir,
                       info.cwd, info.mode, info.turn_count, info.token_count, fallback_from,
-                      info.meta.get(TENANT_META_KEY), info.title)
+                      tenant, info.title)
         host.close_evicted(self.live.admit(entry, route))
         host.pool.send(worker_id, OpenSession(
-            sid=info.id, agent=agent.to_wire(), workspace_dir=str(agent.workspace),
+            sid=info.id, agent=agent.to_wire(),
+            workspace_dir=info.cwd if tenant else str(agent.workspace),
             cwd=info.cwd, mode=info.mode, forbidden_paths=list(self.settings.forbidden_paths),
             permission_timeout=self.settings.session_timeout_secs,
             history=[item_to_wire(i) for i in agent_history(items)],

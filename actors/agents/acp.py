@@ -3,7 +3,8 @@ inside zeroclaw.
 
 Config (``[agents.<alias>]``): ``command`` (argv array, no shell; ``argv[0]`` an
 absolute path or a name on PATH), ``env`` (a table added to a clean environment),
-``per_session`` (one process per session instead of one per worker and alias),
+``per_session`` (one process per session instead of one per worker, alias and gateway
+tenant),
 ``agent_start_timeout_secs`` (default 30: for ``initialize`` and ``session/new``),
 ``cancel_grace_secs`` (default 5: how long a cancelled turn may take to end in the
 agent before the turn ends ``cancelled`` and the agent process is restarted).
@@ -134,7 +135,7 @@ def _launch_spec(config: Mapping[str, Any]) -> LaunchSpec:
 
 
 class _Processes:
-    """The worker's running agents by key (alias, or alias and session). Thread-safe."""
+    """The worker's running agents by key (alias, alias@tenant, or alias/session). Thread-safe."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -285,6 +286,9 @@ class AcpAgent(Agent):
         self._setup = setup
         stored = setup.meta.get("acpAgentSessionId")
         self._restorable = stored if isinstance(stored, str) and stored else None
+        tenant = setup.meta.get("tenant")  # a process never serves two gateway tenants
+        if isinstance(tenant, str) and tenant:
+            self._key = f"{self.alias}@{tenant}"
         if self.config.get("per_session") is True:
             self._key = f"{self.alias}/{setup.sid}"
         try:
@@ -345,7 +349,7 @@ class AcpAgent(Agent):
         """Drop this session's agent session (``session/close`` where the agent offers
         it), and a per-session agent process."""
         process = self._process
-        if process is not None and self._key != self.alias:
+        if process is not None and self.config.get("per_session") is True:
             _PROCESSES.discard(self._key, process, final=True)  # its session ends with it
         else:
             self._drop_link()

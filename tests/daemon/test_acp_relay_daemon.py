@@ -94,3 +94,69 @@ async def test_an_editor_gone_with_a_relayed_request_pending_leaves_the_agent_an
         replayed = after_client.text(sid)
         assert replayed.startswith("read: {'code': -32603, "), replayed
         assert await _said(after, after_client, sid, "still served") == "still served"
+
+
+def _agent_pid(client: Any, sid: str) -> str:
+    client.notifications.clear()
+    client.request("session/prompt", {"sessionId": sid,
+                                      "prompt": [{"type": "text", "text": "pid"}]})
+    return "".join(u["update"]["content"]["text"] for u in client.updates()
+                   if u["update"].get("sessionUpdate") == "agent_message_chunk")
+
+
+def test_tenants_never_share_a_hosted_agent_process(daemons: Any, scratch_dir: Path) -> None:
+    """An agent process names any of its sessions in its fs/terminal requests, and a
+    command it runs can write on its stdout: one process serving two tenants would let
+    one tenant's prompts reach the other's files and editor. Each tenant gets its own."""
+    from .gateway_helpers import GatewayDaemon, gateway_config
+
+    _hosted_fixture(scratch_dir)
+    hosted = (scratch_dir / "config.toml").read_text()
+    gateway_config(scratch_dir, hosted)
+    gateway = GatewayDaemon(daemons(scratch_dir, "--gateway", "127.0.0.1:0"))
+    with gateway.client("alice") as alice, gateway.client("bob") as bob:
+        alice_sid = alice.request("session/new", {"cwd": str(scratch_dir)})["sessionId"]
+        bob_sid = bob.request("session/new", {"cwd": str(scratch_dir)})["sessionId"]
+        again = alice.request("session/new", {"cwd": str(scratch_dir)})["sessionId"]
+        alice_pid, bob_pid = _agent_pid(alice, alice_sid), _agent_pid(bob, bob_sid)
+        assert alice_pid.isdigit() and bob_pid.isdigit()
+        assert alice_pid != bob_pid
+        assert _agent_pid(alice, again) == alice_pid  # a tenant's sessions still share one
+        alice.request("session/close", {"sessionId": again})
+        assert _agent_pid(alice, alice_sid) == alice_pid  # closing one session kept it
+
+
+def _said_over(client: Any, sid: str, text: str) -> str:
+    client.notifications.clear()
+    client.request("session/prompt", {"sessionId": sid,
+                                      "prompt": [{"type": "text", "text": text}]})
+    return "".join(u["update"]["content"]["text"] for u in client.updates()
+                   if u["update"].get("sessionUpdate") == "agent_message_chunk")
+
+
+def test_a_tenants_files_stay_under_its_workspace_root(daemons: Any,
+                                                      scratch_dir: Path) -> None:
+    """The agent's configured workspace is shared by every session of that agent, so it
+    is no root of a tenant's session: nothing one tenant writes there can be read (or
+    planted for) another, and no file outside the tenant's workspace root is reached."""
+    from .gateway_helpers import GatewayDaemon, gateway_config
+
+    _hosted_fixture(scratch_dir)
+    hosted = (scratch_dir / "config.toml").read_text()
+    roots = {name: scratch_dir / "roots" / name for name in ("alice", "bob")}
+    gateway_config(scratch_dir, hosted,
+                   **{name: f'workspace_root = "{root}"' for name, root in roots.items()})
+    gateway = GatewayDaemon(daemons(scratch_dir, "--gateway", "127.0.0.1:0"))
+    shared = scratch_dir / "agents" / "hosted" / "workspace"
+    shared.mkdir(parents=True, exist_ok=True)
+    (shared / "owner.txt").write_text("the owner's")
+    with gateway.client("alice") as alice, gateway.client("bob") as bob:
+        alice_sid = alice.request("session/new", {})["sessionId"]
+        bob_sid = bob.request("session/new", {})["sessionId"]
+        planted = _said_over(alice, alice_sid, f"write {shared}/planted.txt from alice")
+        assert planted.startswith("write refused:") and "outside" in planted
+        assert not (shared / "planted.txt").exists()
+        read = _said_over(bob, bob_sid, f"read {shared}/owner.txt")
+        assert "the owner's" not in read and "outside" in read
+        assert _said_over(bob, bob_sid, f"write {roots['bob']}/own.txt mine") == "wrote"
+        assert (roots["bob"] / "own.txt").read_text() == "mine"

@@ -211,3 +211,37 @@ def test_wss_verifies_the_gateway_with_the_given_ca_file(
     secure.request("initialize", {"protocolVersion": 1})
     assert secure.request("session/list", {}) == {"sessions": []}
     assert secure.quit() == 0
+
+
+def _outbound_address() -> str | None:
+    """This machine's address on its default route (no packet is sent), if any."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.254", 9))
+        except OSError:
+            return None
+        address = str(probe.getsockname()[0])
+    return None if address.startswith("127.") else address
+
+
+def test_a_token_sent_unencrypted_to_another_machine_is_warned_about(
+        daemons: Any, scratch_dir: Path, editor_dir: Path) -> None:
+    """``ws://`` to a host that is not this machine sends the token in clear text: the
+    bridge works (a trusted network, a tunnel) but says so on stderr."""
+    address = _outbound_address()
+    if address is None:
+        pytest.skip("this machine has no address besides loopback")
+    gateway_config(scratch_dir, "[gateway]\nallow_plaintext = true\n")
+    gateway = GatewayDaemon(daemons(scratch_dir, "--gateway", "0.0.0.0:0"))
+    port = gateway.ws.rpartition(":")[2]
+    remote = Editor(editor_dir, token_env(), attach=(f"ws://{address}:{port}/acp",))
+    remote.request("initialize", {"protocolVersion": 1})
+    assert remote.request("session/list", {}) == {"sessions": []}
+    assert f"the token goes unencrypted over ws:// to {address}" in remote.stderr_text()
+    assert remote.quit() == 0
+    local = Editor(editor_dir, token_env(), attach=(f"ws://127.0.0.1:{port}/acp",))
+    local.request("initialize", {"protocolVersion": 1})
+    assert "unencrypted" not in local.stderr_text()
+    assert local.quit() == 0

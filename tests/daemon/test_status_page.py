@@ -39,6 +39,18 @@ def test_the_page_is_static_needs_no_token_and_forbids_inline_script(
     assert http_get(f"{gateway.http}/status_page.html")[0] == 404
 
 
+def test_answers_that_hold_a_tenants_data_are_never_stored_by_a_cache(
+        gateway: GatewayDaemon) -> None:
+    """``/status`` may be asked with ``?token=``, which a shared cache would key on: no
+    cache (the browser's, a proxy's) may keep it, nor ``/metrics``."""
+    for url, headers in ((f"{gateway.http}/status", {"Authorization": f"Bearer {TOKENS['bob']}"}),
+                         (f"{gateway.http}/status?token={TOKENS['bob']}", {}),
+                         (f"{gateway.http}/metrics", {"Authorization": f"Bearer {TOKENS['ops']}"})):
+        status, _, answer_headers = http_get(url, headers)
+        assert status == 200
+        assert "no-store" in answer_headers.get("Cache-Control", ""), url
+
+
 def test_status_has_what_the_page_shows(gateway: GatewayDaemon) -> None:
     """Each session's cwd and title; the turns committed (a tenant: its own only); the
     host's RSS for an admin only."""
