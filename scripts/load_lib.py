@@ -42,7 +42,7 @@ from storage.store import StoreReader
 __all__ = ["ClientResult", "LoadClient", "format_summary", "prompt_text", "run_load"]
 
 REPO = Path(__file__).resolve().parent.parent
-ENTRY_POINT = "import sys; from supervisor.cli import main; sys.exit(main())"
+ENTRY_POINT = "import sys; from supervisor.cli.main import main; sys.exit(main())"
 TURN_TIMEOUT = 60.0
 FD_MARGIN = 8
 SETTLE_SECS = 15.0

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from actors.sandbox import SANDBOX_CHOICES
+from actors.worker.sandbox import SANDBOX_CHOICES
 from ipc.modes import MODE_IDS
 
 if TYPE_CHECKING:

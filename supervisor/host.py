@@ -19,7 +19,6 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from actors.agents import agent_config_problem
 from actors.bridge import ask, loop_reply, tell
 from actors.persistence import (
     MarkKilled,
@@ -28,8 +27,9 @@ from actors.persistence import (
     StoreWrite,
     UpdateMeta,
 )
-from actors.sandbox import SandboxInfo, worker_sandbox_environment
-from actors.sandbox import detect as detect_sandbox
+from actors.worker.agents import agent_config_problem
+from actors.worker.sandbox import SandboxInfo, worker_sandbox_environment
+from actors.worker.sandbox import detect as detect_sandbox
 from ipc.errors import InternalError
 from ipc.events import SessionInfo, TurnRecord, event_from_wire, iso_utc
 from ipc.worker_wire import (

@@ -40,8 +40,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from supervisor.turn_stats import LATENCY_BUCKETS
 
 if TYPE_CHECKING:
-    from supervisor.gateway import GatewayStats
     from supervisor.host_handle import HostHandle
+    from supervisor.servers.gateway import GatewayStats
     from supervisor.sessions import Sessions
 
 __all__ = ["HostCollector", "MetricsPage", "health"]

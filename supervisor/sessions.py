@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from actors.agents import agent_config_problem
 from actors.persistence import (
     CreateSession,
     DeleteSession,
@@ -33,6 +32,7 @@ from actors.persistence import (
     UpdateMeta,
     WriteMode,
 )
+from actors.worker.agents import agent_config_problem
 from ipc.acp import Blob, NewSessionRequest, PromptRequest, blob_marker, replay_events
 from ipc.errors import InternalError, InvalidParams, RpcError, SessionNotFound
 from ipc.events import CurrentMode, TurnRecord, item_to_wire

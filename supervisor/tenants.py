@@ -1,7 +1,7 @@
 """Tenants of the gateway: who a token belongs to, and which sessions a tenant may see.
 
 Runs on the asyncio loop thread. A gateway connection carries a :class:`TenantScope`
-in its endpoint's ``state["scope"]``; the ACP server (:mod:`supervisor.acp_server`)
+in its endpoint's ``state["scope"]``; the ACP server (:mod:`supervisor.servers.acp_server`)
 asks it before it touches a session. A session belongs to the tenant that created
 it (kept in the stored row's ``meta.tenant``); any other tenant is told the session
 does not exist (-32000), whether it exists or not, so no tenant learns another's

@@ -2,7 +2,7 @@
 
 A worker runs model-driven tools, so whatever is in its environment can be read by
 a command it runs (``/proc/$PPID/environ``), not only by the worker. It gets the
-variables a shell command may see (:func:`actors.tools.shell.command_environment`),
+variables a shell command may see (:func:`actors.worker.tools.shell.command_environment`),
 the interpreter's and zeroclaw's own (``PYTHON*``, ``ZEROCLAW_*``), the user's base
 directories (``XDG_*``), proxy and certificate settings for model APIs, and the
 variables an agent names (``api_key_env``, ``pass_env``): never the rest of the host's (cloud
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from actors.tools.shell import command_environment
+from actors.worker.tools.shell import command_environment
 from supervisor.config import AgentConfig
 
 __all__ = ["agent_variables", "worker_environment"]

@@ -341,7 +341,8 @@ class WorkerPool:
     def _worker_argv(self, worker_id: str) -> list[str]:
         level = logging.getLevelName(logging.getLogger("zeroclaw").getEffectiveLevel())
         return [
-            sys.executable, "-P", "-m", "actors.worker",  # -P: the host's cwd is not on sys.path
+            # -P: the host's cwd is not on sys.path
+            sys.executable, "-P", "-m", "actors.worker.main",
             "--endpoint", self.endpoint,
             "--identity", worker_id,
             "--host-pid", str(os.getpid()),

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import sys
 
-from actors.agents import agent_config_problem
-from actors.agents.acp import command_problem
-from actors.agents.acp_process import clean_env
-from actors.agents.acp_updates import ToolNames, events_from_update
+from actors.worker.agents import agent_config_problem
+from actors.worker.agents.acp import command_problem
+from actors.worker.agents.acp_process import clean_env
+from actors.worker.agents.acp_updates import ToolNames, events_from_update
 from ipc.events import (
     MessageChunk,
     PlanEntry,

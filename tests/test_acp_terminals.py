@@ -1,4 +1,4 @@
-"""zeroclaw's own terminals for a hosted agent (:mod:`actors.agents.acp_terminals`), with
+"""zeroclaw's own terminals for a hosted agent (:mod:`actors.worker.agents.acp_terminals`), with
 real confined processes: output capped from the start, a bounded number per session,
 everything killed when the session ends, refused in ``read_only``."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from actors.agents.acp_terminals import MAX_TERMINALS, Terminals
-from actors.tools import PathPolicy
+from actors.worker.agents.acp_terminals import MAX_TERMINALS, Terminals
+from actors.worker.tools import PathPolicy
 from ipc.errors import InternalError, InvalidParams
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from supervisor.attach import LineSplitter, Link
+from supervisor.cli.attach import LineSplitter, Link
 
 
 def collect(limit: int, chunks: list[bytes]) -> tuple[list[bytes], LineSplitter]:

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from acp.schema import ToolCallProgress, ToolCallStart
 
-from actors.tools import PathPolicy, ToolEnv, ToolError, default_tools
-from actors.tools.ask import question_schema
-from actors.tools.tree import glob_regex
+from actors.worker.tools import PathPolicy, ToolEnv, ToolError, default_tools
+from actors.worker.tools.ask import question_schema
+from actors.worker.tools.tree import glob_regex
 from ipc import acp
 from ipc.events import (
     DiffContent,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.config_cmd import format_value, parse_key, parse_value, run
+from supervisor.cli.config_cmd import format_value, parse_key, parse_value, run
 
 SPEC_EXAMPLE = """\
 # zeroclaw settings

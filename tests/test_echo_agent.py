@@ -12,8 +12,14 @@ from typing import Any
 import pykka
 import pytest
 
-from actors.agents import Agent, TurnContext, create_agent
-from actors.session import PermissionBoard, RunTurn, SessionActor, SessionConfig, SessionState
+from actors.worker.agents import Agent, TurnContext, create_agent
+from actors.worker.session import (
+    PermissionBoard,
+    RunTurn,
+    SessionActor,
+    SessionConfig,
+    SessionState,
+)
 from ipc.events import TextItem, ToolItem, TurnRecord, event_from_wire
 from ipc.worker_wire import (
     OpenSession,

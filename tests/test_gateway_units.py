@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from supervisor.config import ConfigError
-from supervisor.gateway import AuthLimiter, _connect_accepted, _listening_socket
 from supervisor.gateway_config import (
     exposure_problem,
     gateway_from_document,
     parse_listen,
     tenants_from_document,
 )
+from supervisor.servers.gateway import AuthLimiter, _connect_accepted, _listening_socket
 from supervisor.tenants import tenant_of_token
 
 

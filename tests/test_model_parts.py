@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from actors.agents.llm.config import settings_problem
-from actors.agents.llm.conversation import (
+from actors.worker.agents.llm.config import settings_problem
+from actors.worker.agents.llm.conversation import (
     AssistantMessage,
     ToolCallRequest,
     ToolResultMessage,
@@ -15,10 +15,10 @@ from actors.agents.llm.conversation import (
     history_turns,
     system_prompt,
 )
-from actors.agents.llm.http import SseDecoder, redact
-from actors.agents.llm.reply import ReplyBuilder, ThinkSplitter
-from actors.agents.llm.tool_specs import TOOL_SCHEMAS, model_tools
-from actors.tools import default_tools
+from actors.worker.agents.llm.http import SseDecoder, redact
+from actors.worker.agents.llm.reply import ReplyBuilder, ThinkSplitter
+from actors.worker.agents.llm.tool_specs import TOOL_SCHEMAS, model_tools
+from actors.worker.tools import default_tools
 from ipc.events import Event, MessageChunk, TextItem, ThoughtChunk, ToolItem
 
 

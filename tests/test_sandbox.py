@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from actors.sandbox import (
+from actors.worker.sandbox import (
     SandboxInfo,
     detect,
     worker_sandbox_environment,
     worker_sandbox_settings,
 )
-from actors.tools import PathPolicy, ShellTool, ToolEnv, ToolError
-from actors.tools.sandbox import landlock_rules
+from actors.worker.tools import PathPolicy, ShellTool, ToolEnv, ToolError
+from actors.worker.tools.sandbox import landlock_rules
 from supervisor.config import ConfigError, Settings, settings_from_document
 from tests.test_tools import none_left, sleep_marker
 

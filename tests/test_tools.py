@@ -13,8 +13,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from actors.sandbox import detect
-from actors.tools import (
+from actors.worker.sandbox import detect
+from actors.worker.tools import (
     FileReadTool,
     FileWriteTool,
     PathDenied,

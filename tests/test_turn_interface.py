@@ -1,13 +1,13 @@
-"""actors/turn.py runs a turn against a narrow view of its session
-(:class:`actors.turn.TurnSession`, checked by mypy where the session actor builds
-its turn context), not against ``actors.session``, which imports it: no import circle."""
+"""actors/worker/turn.py runs a turn against a narrow view of its session
+(:class:`actors.worker.turn.TurnSession`, checked by mypy where the session actor builds
+its turn context), not against ``actors.worker.session``, which imports it: no import circle."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-import actors.turn
+import actors.worker.turn
 
 
 def _imported_modules(source: Path) -> set[str]:
@@ -22,4 +22,4 @@ def _imported_modules(source: Path) -> set[str]:
 
 
 def test_the_turn_module_does_not_import_the_session_module() -> None:
-    assert "actors.session" not in _imported_modules(Path(actors.turn.__file__))
+    assert "actors.worker.session" not in _imported_modules(Path(actors.worker.turn.__file__))

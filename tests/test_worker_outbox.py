@@ -6,7 +6,7 @@ import os
 import select
 import threading
 
-from actors.worker import Outbox
+from actors.worker.main import Outbox
 from ipc.worker_wire import SessionClosed, decode
 
 

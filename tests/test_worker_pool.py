@@ -98,7 +98,7 @@ def worker_children() -> list[psutil.Process]:
     found = []
     for child in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.NoSuchProcess):
-            if child.status() == psutil.STATUS_ZOMBIE or "actors.worker" in child.cmdline():
+            if child.status() == psutil.STATUS_ZOMBIE or "actors.worker.main" in child.cmdline():
                 found.append(child)
     return found
 
@@ -147,7 +147,7 @@ async def test_start_returns_at_once_and_a_worker_becomes_ready(
     assert (status.worker_id, status.ready, status.alive) == (worker_id, True, True)
     process = psutil.Process(status.pid)
     assert process.ppid() == os.getpid()
-    assert "actors.worker" in process.cmdline()
+    assert "actors.worker.main" in process.cmdline()
     socket_path = Path(harness.pool.endpoint.removeprefix("ipc://"))
     assert stat.S_ISSOCK(socket_path.stat().st_mode)
     assert socket_path.parent == tmp_path / "run"

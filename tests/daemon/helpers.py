@@ -32,7 +32,7 @@ __all__ = [
     "zeroclaw_argv",
 ]
 
-_ENTRY_POINT = "import sys; from supervisor.cli import main; sys.exit(main())"
+_ENTRY_POINT = "import sys; from supervisor.cli.main import main; sys.exit(main())"
 FRAME_TIMEOUT = 15.0
 
 

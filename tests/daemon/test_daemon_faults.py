@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from ipc.events import TextItem, ToolItem
-from supervisor.status_cmd import EXIT_DEGRADED, EXIT_OK
+from supervisor.cli.status_cmd import EXIT_DEGRADED, EXIT_OK
 from tests.e2e.helpers import (
     CANCEL_MARKER,
     assert_denied_and_cancelled,

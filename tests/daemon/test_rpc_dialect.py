@@ -18,7 +18,7 @@ from ipc.events import (
     ToolCallStarted,
     UsageUpdate,
 )
-from supervisor.daemon import Lifetime
+from supervisor.servers.daemon import Lifetime
 
 
 def test_protocol_version_rules() -> None:

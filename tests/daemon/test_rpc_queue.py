@@ -22,7 +22,7 @@ from ipc.errors import InternalError, SessionBusy
 from ipc.jsonrpc import Endpoint
 from supervisor.ownership import Owners
 from supervisor.prompt_queue import PromptQueues
-from supervisor.rpc_server import DaemonPeer, RpcServer
+from supervisor.servers.rpc_server import DaemonPeer, RpcServer
 
 from .helpers import DaemonProc, RpcClient, RpcFailure
 

@@ -12,7 +12,7 @@ import subprocess
 import time
 from collections.abc import Callable
 
-from supervisor.status_cmd import EXIT_DEGRADED, EXIT_OK, exit_code, render
+from supervisor.cli.status_cmd import EXIT_DEGRADED, EXIT_OK, exit_code, render
 from tests.e2e.procs import host_env
 
 from .helpers import DaemonProc, short_dir, zeroclaw_argv

@@ -30,8 +30,8 @@ __all__ = [
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-# Exactly what the ``zeroclaw = supervisor.cli:main`` console script runs.
-_ENTRY_POINT = "import sys; from supervisor.cli import main; sys.exit(main())"
+# Exactly what the ``zeroclaw = supervisor.cli.main:main`` console script runs.
+_ENTRY_POINT = "import sys; from supervisor.cli.main import main; sys.exit(main())"
 
 
 def host_argv(config_dir: Path | None, *extra: str) -> list[str]:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from actors.sandbox import detect
+from actors.worker.sandbox import detect
 
 from .model_server import ModelServer
 from .model_streams import openai_reply

@@ -12,7 +12,7 @@ import secrets
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
-from actors.tools import default_tools
+from actors.worker.tools import default_tools
 
 from .conftest import SdkHostFactory
 from .helpers import CANCEL_MARKER

@@ -14,7 +14,7 @@ from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
-from actors.tools import default_tools
+from actors.worker.tools import default_tools
 
 from .conftest import SdkHostFactory
 from .helpers import CANCEL_MARKER, stored_session

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from actors.sandbox import detect
+from actors.worker.sandbox import detect
 from tests.test_tools import none_left, sleep_marker
 
 from .conftest import SdkHostFactory

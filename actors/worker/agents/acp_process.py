@@ -1,0 +1,365 @@
+"""One external ACP agent process inside a worker, shared by that worker's sessions.
+
+Threads:
+- the process's own asyncio loop thread starts the process (so the kernel's
+  parent-death signal, which follows the thread that forked, lives exactly as
+  long as this object), reads its NDJSON stdout into an
+  :class:`ipc.jsonrpc.Endpoint` and runs that endpoint (the repo's one JSON-RPC
+  layer): our requests to the agent, and the agent's notifications and
+  requests, which it hands to :class:`SessionLink` objects by the agent's
+  session id;
+- a stderr thread copies the agent's stderr to the worker's log, prefixed with
+  the agent's alias, and keeps its last lines for error messages;
+- session actor threads call :meth:`AgentProcess.call` / :meth:`notify`, which
+  hand the work to the loop and wait on a ``concurrent.futures.Future``.
+
+The process runs in a session of its own (so a dead worker's host can end its
+whole process group) with ``PR_SET_PDEATHSIG`` set, in a clean environment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import contextlib
+import logging
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from actors.worker.agents.acp_terminals import Terminals
+from actors.worker.agents.base import AgentFailure, ClientChannel
+from actors.worker.tools import PathPolicy
+from ipc.errors import MethodNotFound, clip
+from ipc.extensions import ExtensionMethods
+from ipc.framing import OVERSIZED, FrameReader, new_stream_reader
+from ipc.jsonrpc import ConnectionLost, Endpoint, RemoteError
+
+__all__ = ["AgentProcess", "LaunchSpec", "SessionLink", "clean_env"]
+
+log = logging.getLogger("zeroclaw.agent")
+
+KEPT_ENV = ("PATH", "HOME", "LANG", "TERM")
+FRAME_LIMIT = 32 * 1024 * 1024
+STDERR_TAIL_LINES = 12
+STOP_GRACE_SECS = 1.0
+#: ACP's error code for "authentication required" (the agent's, not zeroclaw's -32000).
+AUTH_REQUIRED = -32000
+_PR_SET_PDEATHSIG = 1
+# Runs in the child before the agent: die with the forking thread, never outlive a
+# parent that is already gone, then become the agent (same pid).
+_LAUNCHER = (
+    "import ctypes, os, sys\n"
+    f"ctypes.CDLL(None).prctl({_PR_SET_PDEATHSIG}, {int(signal.SIGKILL)}, 0, 0, 0)\n"
+    "os.getppid() == int(sys.argv[1]) or os._exit(1)\n"
+    "os.execv(sys.argv[2], sys.argv[2:])\n"
+)
+
+
+def clean_env(extra: Mapping[str, str], base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The agent's environment: only :data:`KEPT_ENV` from ``base``, plus ``extra``."""
+    base = os.environ if base is None else base
+    env = {name: base[name] for name in KEPT_ENV if name in base}
+    env.update(extra)
+    return env
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchSpec:
+    """How to start one agent: ``argv[0]`` is already resolved to an absolute path."""
+
+    alias: str
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    cwd: str
+    start_timeout: float
+
+
+@dataclass(slots=True)
+class SessionLink:
+    """What the agent sends about one of its sessions goes here (from the loop thread).
+
+    ``inbox`` is read by the session's actor thread during a turn; ``turn_open``
+    says whether one is reading it. The agent's ``fs/*`` and ``terminal/*``
+    requests go to the session's client through ``client`` (zeroclaw's session
+    ``sid``), or are served here under ``paths`` and ``mode``, with ``terminals``.
+    ``mode_switched`` hears each ``current_mode_update`` of the agent, in a turn or not.
+    """
+
+    agent_session_id: str
+    paths: PathPolicy
+    mode: Callable[[], str]
+    sid: str = ""
+    client: ClientChannel | None = None
+    mode_switched: Callable[[str], None] | None = None
+    inbox: queue.SimpleQueue[tuple[str, Any]] = field(default_factory=queue.SimpleQueue)
+    turn_open: threading.Event = field(default_factory=threading.Event)
+    terminals: Terminals = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.terminals = Terminals(self.paths, self.mode)
+
+
+class AgentProcess:
+    """One running agent; create, :meth:`start` (blocking), use, :meth:`stop`."""
+
+    def __init__(self, spec: LaunchSpec, methods: Mapping[str, Callable[..., Any]],
+                 notifications: Mapping[str, Callable[..., Any]] | None = None) -> None:
+        """``methods``: ``handler(process, params)`` by method; ``notifications``: the
+        ones for notifications that are handled otherwise than requests."""
+        self.spec = spec
+        self.alias = spec.alias
+        self.links: dict[str, SessionLink] = {}
+        self.initialize_result: dict[str, Any] = {}
+        self.exited = threading.Event()
+        self.exit_status: int | None = None
+        self._methods = methods
+        self._notifications = {} if notifications is None else notifications
+        self._stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run_loop, daemon=True,
+                                        name=f"acp-agent-{spec.alias}")
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._endpoint: Endpoint | None = None
+        self._reader_task: asyncio.Task[None] | None = None
+
+    # --- lifecycle (caller's thread) --------------------------------------------
+
+    def start(self, client_capabilities: dict[str, Any]) -> None:
+        """Spawn and ``initialize``; AgentFailure (and the process stopped) if either fails."""
+        self._thread.start()
+        try:
+            self._wait(self._start(client_capabilities), "initialize")
+        except BaseException:
+            self.stop()
+            raise
+
+    @property
+    def alive(self) -> bool:
+        """False once its stdout ended (it exited or is about to) or it was stopped."""
+        return not self.exited.is_set()
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def call(self, method: str, params: Any) -> concurrent.futures.Future[Any]:
+        """Send a request; the future holds its result (RemoteError, ConnectionLost)."""
+        coroutine = self._request(method, params)
+        try:
+            return asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        except RuntimeError:  # the loop is closed: the agent is gone
+            coroutine.close()
+            failed: concurrent.futures.Future[Any] = concurrent.futures.Future()
+            failed.set_exception(ConnectionLost(f"agent {self.alias} is not running"))
+            return failed
+
+    def call_and_wait(self, method: str, params: Any) -> Any:
+        """:meth:`call` bounded by the start timeout (for ``session/new``)."""
+        return self._wait(self._request(method, params), method)
+
+    def notify(self, method: str, params: Any) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is already closed
+            self._loop.call_soon_threadsafe(self._notify, method, params)
+
+    def begin_stop(self) -> None:
+        """Ask the process to end (SIGTERM to its group); :meth:`stop` finishes."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            _signal_group(proc, signal.SIGTERM)
+
+    def stop(self) -> None:
+        """End the process (TERM, then KILL to its group) and the loop. Idempotent."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            self.begin_stop()
+            try:
+                proc.wait(STOP_GRACE_SECS)
+            except subprocess.TimeoutExpired:
+                _signal_group(proc, signal.SIGKILL)
+                proc.wait()
+        self.exited.set()
+        for link in list(self.links.values()):
+            link.terminals.close_all()
+        if self._thread.is_alive():
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(STOP_GRACE_SECS)
+
+    def failure_text(self, doing: str) -> str:
+        """Why the agent is gone: exit status and the last lines of its stderr."""
+        if self._proc is not None and self.exit_status is None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(STOP_GRACE_SECS)
+        status = self._proc.returncode if self._proc is not None else None
+        if status is None:
+            how = "closed its output"
+        elif status < 0:
+            how = f"was killed by signal {-status}"
+        else:
+            how = f"exited with status {status}"
+        text = f"agent {self.alias} {how} {doing}"
+        tail = "\n".join(self._stderr_tail)
+        return f"{text}; last stderr lines:\n{tail}" if tail else text
+
+    def refusal(self, what: str, error: RemoteError) -> str:
+        """Why the agent refused ``what``; for ACP's "authentication required" also how
+        to log in (zeroclaw relays no ``authenticate``: see the README)."""
+        text = f"agent {self.alias} refused {what}: {error}"
+        if error.code != AUTH_REQUIRED:
+            return text
+        offered = [clip(str(method.get("name") or method.get("id")))
+                   for method in self.initialize_result.get("authMethods") or ()
+                   if isinstance(method, Mapping)]
+        hint = f" (it offers: {', '.join(offered)})" if offered else ""
+        return (f"{text}; log in with the agent's own command as the user zeroclaw runs "
+                f"as{hint}, or give it an API key through pass_env or env")
+
+    def _wait(self, coroutine: Any, what: str) -> Any:
+        future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        timeout = self.spec.start_timeout
+        try:
+            return future.result(timeout)
+        except TimeoutError:
+            future.cancel()
+            raise AgentFailure(f"agent {self.alias} did not answer {what} within "
+                               f"{timeout:g}s") from None
+        except RemoteError as exc:
+            raise AgentFailure(self.refusal(what, exc)) from None
+        except (ConnectionLost, OSError):
+            raise AgentFailure(self.failure_text(f"before answering {what}")) from None
+
+    # --- the loop thread --------------------------------------------------------
+
+    def _run_loop(self) -> None:
+        """The loop thread: serve until :meth:`stop`, then end its tasks and close it."""
+        loop = self._loop
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_forever()
+        finally:
+            tasks = asyncio.all_tasks(loop)
+            for task in tasks:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_default_executor())
+            loop.close()
+
+    async def _start(self, client_capabilities: dict[str, Any]) -> None:
+        loop = asyncio.get_running_loop()
+        proc = self._proc = self._spawn()
+        assert proc.stdout is not None and proc.stdin is not None and proc.stderr is not None
+        reader = new_stream_reader(FRAME_LIMIT)
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), proc.stdout)
+        transport, _ = await loop.connect_write_pipe(asyncio.Protocol, proc.stdin)
+        self._endpoint = Endpoint(transport.write, self._bound(self._methods),
+                                  require_initialize=False, name=f"agent {self.alias}",
+                                  notifications=self._bound(self._notifications))
+        threading.Thread(target=self._copy_stderr, args=(proc.stderr,), daemon=True,
+                         name=f"acp-agent-{self.alias}-stderr").start()
+        self._reader_task = loop.create_task(self._read_stdout(FrameReader(reader, FRAME_LIMIT)))
+        result = await self._endpoint.request("initialize", {
+            "protocolVersion": 1, "clientCapabilities": client_capabilities,
+            "clientInfo": {"name": "zeroclaw", "title": "ZeroClaw", "version": _version()},
+        })
+        self.initialize_result = result if isinstance(result, dict) else {}
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        spec = self.spec
+        os.makedirs(spec.cwd, exist_ok=True)
+        argv = [sys.executable, "-I", "-S", "-c", _LAUNCHER, str(os.getpid()), *spec.argv]
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, cwd=spec.cwd, env=spec.env,
+                                start_new_session=True, close_fds=True)
+        log.info("agent %s started (pid %d)", self.alias, proc.pid)
+        return proc
+
+    def _bound(self, table: Mapping[str, Callable[..., Any]]) -> dict[str, Callable[..., Any]]:
+        """``table``'s handlers bound to this process; an extension method (``_name``)
+        is looked up in ``table`` when it has a fallback for them (an ExtensionMethods)."""
+        def bind(handler: Callable[..., Any]) -> Callable[[Any, Endpoint], Any]:
+            return lambda params, _endpoint: handler(self, params)
+
+        def extension(name: str, params: Any, _endpoint: Endpoint) -> Any:
+            handler = table.get(name)
+            if handler is None:
+                raise MethodNotFound(f"Method not found: {name}")
+            return handler(self, params)
+
+        bound = {name: bind(handler) for name, handler in table.items()}
+        return ExtensionMethods(bound, extension)
+
+    async def _request(self, method: str, params: Any) -> Any:
+        if self._endpoint is None:
+            raise ConnectionLost(f"agent {self.alias} is not running")
+        return await self._endpoint.request(method, params)
+
+    def _notify(self, method: str, params: Any) -> None:
+        if self._endpoint is not None and self.alive:
+            self._endpoint.notify(method, params)
+
+    async def _read_stdout(self, frames: FrameReader) -> None:
+        assert self._endpoint is not None
+        endpoint = self._endpoint
+        try:
+            while (frame := await frames.read()) is not None:
+                if frame is OVERSIZED:
+                    log.warning("agent %s: dropped an oversized line on stdout", self.alias)
+                elif frame[:1] not in (b"{", b"["):
+                    log.warning("agent %s: ignored a non-JSON line on stdout: %.120r",
+                                self.alias, frame)
+                else:
+                    endpoint.receive(frame)
+        except (OSError, ValueError) as exc:
+            log.warning("agent %s: stdout failed: %s", self.alias, exc)
+        self.exited.set()  # first: no new turn may pick this process from now on
+        endpoint.receive_eof()
+        assert self._proc is not None
+        self.exit_status = await asyncio.to_thread(_wait_or_kill, self._proc)
+        endpoint.close()
+        log.warning("agent %s (pid %d) ended with status %s", self.alias, self._proc.pid,
+                    self.exit_status)
+        links = list(self.links.values())
+        for link in links:
+            link.inbox.put(("exited", None))
+        for link in links:  # what it ran in zeroclaw's terminals ends with it
+            await asyncio.to_thread(link.terminals.close_all)
+
+    def _copy_stderr(self, stream: Any) -> None:
+        """Stderr thread: each line to the log (prefixed) and to the kept tail."""
+        with contextlib.suppress(OSError, ValueError):
+            for raw in stream:
+                line = raw.decode("utf-8", "replace").rstrip("\r\n")
+                self._stderr_tail.append(line[:500])
+                log.warning("agent %s: %s", self.alias, line)
+
+
+def _wait_or_kill(proc: subprocess.Popen[bytes]) -> int:
+    """The exit status; an agent that closed its stdout but lingers is killed (a worker
+    thread)."""
+    try:
+        return proc.wait(STOP_GRACE_SECS)
+    except subprocess.TimeoutExpired:
+        log.warning("agent pid %d closed its stdout but did not exit; killing it", proc.pid)
+        _signal_group(proc, signal.SIGKILL)
+        return proc.wait()
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
+
+def _version() -> str:
+    try:
+        from supervisor import __version__
+    except ImportError:  # pragma: no cover - the package is always installed whole
+        return "0"
+    return str(__version__)

@@ -1,0 +1,477 @@
+"""Streaming a model API request over HTTP: retries, Server-Sent Events, prompt cancel.
+
+:class:`ModelHttp` posts a JSON body and yields the SSE ``data:`` payloads parsed as
+JSON, in batches: the events that one network read completed. Until the first
+payload has arrived, a connection error, a 429 or a 5xx is retried with backoff
+(``Retry-After`` honoured); after it, a broken stream fails the turn
+(:class:`~actors.worker.agents.base.AgentFailure`) because the client has already seen
+part of the reply.
+
+The request is sent and its body read on a helper thread (:class:`_Pump`) that
+splits it into events and hands each read's events to the session actor's thread
+through a queue (one hand-over per read, not per line: a fast stream costs a
+thread wake-up per network read); the actor thread waits
+at most :data:`POLL_SECS` at a time, so a cancel is noticed promptly in every
+phase (connect, waiting for headers, a stalled stream); it then shuts the agent's
+connections down, which wakes the helper at once and tells the server. httpx is
+imported when the first request is made, so starting a host or a worker does not
+pay for it.
+
+Error messages never contain the API key (:func:`redact`).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import itertools
+import logging
+import queue
+import random
+import re
+import socket
+import threading
+import time
+from collections.abc import Generator, Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from actors.worker.agents.base import AgentFailure
+from actors.worker.agents.llm.config import ModelSettings
+
+if TYPE_CHECKING:
+    import ssl
+
+    import httpx
+
+__all__ = ["POLL_SECS", "ModelHttp", "SseDecoder", "model_failure", "redact"]
+
+logger = logging.getLogger("zeroclaw.model")
+
+POLL_SECS = 0.02
+RETRY_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
+MAX_RETRY_WAIT_SECS = 60.0
+ERROR_BODY_LIMIT = 4096
+DRAIN_SECS = 1.0
+
+
+def redact(text: str, secret: str | None) -> str:
+    """``text`` with ``secret`` (the API key) replaced by ``***``."""
+    return text.replace(secret, "***") if secret else text
+
+
+def model_failure(settings: ModelSettings, message: str) -> AgentFailure:
+    """A failure the client sees, naming the API and model; the key is redacted."""
+    text = f"model API {settings.base_url} ({settings.model}): {message}"
+    return AgentFailure(redact(text, settings.api_key))
+
+
+@dataclass(frozen=True, slots=True)
+class _Status:
+    """An error status before the body: code, Retry-After seconds if any, body text."""
+
+    code: int
+    retry_after: float | None
+    body: str
+
+
+class _Retry(Exception):
+    """This attempt failed in a way worth another try; the message says how."""
+
+    def __init__(self, message: str, wait: float | None = None) -> None:
+        super().__init__(message)
+        self.wait = wait
+
+
+class _Broken(Exception):
+    """The response body broke off; the message says how."""
+
+
+@dataclass(slots=True)
+class _Opened:
+    """A response whose first events arrived: ``first`` is their data (empty: the body
+    ended without any), ``batches`` the events still to read, a list per read."""
+
+    pump: _Pump
+    batches: Iterator[list[bytes]]
+    first: list[bytes]
+
+
+class _Pump:
+    """Sends one request and reads its body on a helper thread (see the module doc).
+
+    Queue items: ``("status", _Status)``, ``("open", None)``, ``("events", list[bytes])``
+    (the data of the events one read completed), ``("end", None)``, ``("error",
+    Exception)``.
+    """
+
+    def __init__(self, client: httpx.Client, request: httpx.Request) -> None:
+        self._queue: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._held: tuple[str, Any] | None = None  # taken from the queue, not yet returned
+        self._stop = threading.Event()
+        self._response: httpx.Response | None = None
+        self._finished = False
+        self._lock = threading.Lock()
+        thread = threading.Thread(target=self._run, args=(client, request),
+                                  name="zeroclaw-model-http", daemon=True)
+        thread.start()
+
+    def _run(self, client: httpx.Client, request: httpx.Request) -> None:
+        """Helper thread: the whole exchange; every outcome ends up in the queue."""
+        try:
+            response = client.send(request, stream=True)
+        except Exception as exc:
+            self._queue.put(("error", exc))
+            return
+        with self._lock:
+            self._response = response
+        try:
+            outcome = self._read(response)
+        except Exception as exc:
+            outcome = ("error", exc)
+        finally:
+            with self._lock:
+                self._finished = True
+                response.close()  # a fully read response leaves its connection for reuse
+        self._queue.put(outcome)
+
+    def _read(self, response: httpx.Response) -> tuple[str, Any]:
+        """Helper thread: queue the status or the lines; the last item to queue."""
+        if self._stop.is_set():
+            return ("error", RuntimeError("stopped"))
+        if response.status_code >= 400:
+            body = response.read()[:ERROR_BODY_LIMIT].decode("utf-8", "replace")
+            retry = _retry_after(response.headers.get("retry-after"))
+            return ("status", _Status(response.status_code, retry, body))
+        self._queue.put(("open", None))
+        events = SseDecoder()
+        for chunk in response.iter_bytes():
+            if self._stop.is_set():
+                return ("error", RuntimeError("stopped"))
+            batch = events.feed(chunk)
+            if batch:
+                self._queue.put(("events", batch))
+        batch = events.end()
+        if batch:
+            self._queue.put(("events", batch))
+        return ("end", None)
+
+    def next(self, cancelled: threading.Event) -> tuple[str, Any] | None:
+        """The next item; None once ``cancelled`` is set (checked every POLL_SECS).
+
+        Events are merged with every event item already queued behind them (what
+        arrived while the caller was busy), so a caller that falls behind a fast
+        stream catches up in one step rather than one per HTTP chunk."""
+        item = self._held
+        self._held = None
+        while item is None and not cancelled.is_set():
+            try:
+                item = self._queue.get(timeout=POLL_SECS)
+            except queue.Empty:
+                continue
+        if item is None or item[0] != "events":
+            return item
+        events: list[bytes] = item[1]
+        while True:
+            try:
+                later = self._queue.get_nowait()
+            except queue.Empty:
+                return ("events", events)
+            if later[0] != "events":
+                self._held = later
+                return ("events", events)
+            events.extend(later[1])  # the helper made a new list for each item
+
+    def abort(self) -> None:
+        """Stop the exchange (any thread): the helper's blocked read returns at once."""
+        self._stop.set()
+        with self._lock:
+            response = None if self._finished else self._response
+            if response is not None:
+                _shut_down(response.extensions.get("network_stream"))
+
+    def drain(self, cancelled: threading.Event) -> None:
+        """After the last event: let the helper read the body's end (briefly), so the
+        connection can be reused."""
+        if self._held is not None:  # the body's end came with the last events
+            return
+        deadline = time.monotonic() + DRAIN_SECS
+        while time.monotonic() < deadline and not cancelled.is_set():
+            try:
+                kind, _ = self._queue.get(timeout=POLL_SECS)
+            except queue.Empty:
+                continue
+            if kind != "events":
+                return
+
+
+def _shut_down(network_stream: Any) -> None:
+    """Shut an httpcore network stream's socket down (any thread): a read blocked on
+    it returns at once, and the server sees the connection end."""
+    sock = network_stream.get_extra_info("socket") if network_stream is not None else None
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+
+class _Connections:
+    """The connections one client opened, recorded through httpcore's ``trace``
+    extension (on the helper threads), so a cancel can end them all, even one whose
+    request still waits for its response headers."""
+
+    def __init__(self) -> None:
+        self._streams: collections.deque[Any] = collections.deque(maxlen=8)
+
+    def trace(self, name: str, info: dict[str, Any]) -> None:
+        if name in ("connection.connect_tcp.complete", "connection.start_tls.complete"):
+            self._streams.append(info.get("return_value"))
+
+    def shut_all(self) -> None:
+        streams = list(self._streams)
+        self._streams.clear()
+        for stream in streams:
+            _shut_down(stream)
+
+
+def _retry_after(value: str | None) -> float | None:
+    """``Retry-After`` as seconds: a number, or an HTTP date."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    import email.utils  # rare (most servers send seconds); not on every host's start-up
+
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+class SseDecoder:
+    """Server-Sent Events from a body as it arrives: :meth:`feed` returns the ``data``
+    of each event the bytes completed (multi-line data joined with newlines), still
+    UTF-8 (a line break byte is never part of a multi-byte character, and orjson
+    parses bytes). Lines end at CRLF, LF or CR, also when a CRLF is cut between two
+    reads; ``event:``, ``id:`` and comment lines are skipped (the payloads say what
+    they are)."""
+
+    def __init__(self) -> None:
+        self._partial = b""  # an unfinished line
+        self._data: list[bytes] = []  # the data lines of the event being read
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        chunk = self._partial + chunk
+        if chunk.endswith(b"\r"):  # maybe half of a CRLF: wait for the next read
+            chunk, self._partial = chunk[:-1], b"\r"
+        else:
+            self._partial = b""
+        lines = _LINE_END.split(chunk) if b"\r" in chunk else chunk.split(b"\n")
+        self._partial = lines.pop() + self._partial
+        return self._events(lines)
+
+    def end(self) -> list[bytes]:
+        """The body ended: its last line and event, even without a blank line after."""
+        partial, self._partial = self._partial.rstrip(b"\r"), b""
+        return self._events([partial, b""])
+
+    def _events(self, lines: list[bytes]) -> list[bytes]:
+        events = []
+        data = self._data
+        for line in lines:
+            if not line:
+                if data:
+                    events.append(b"\n".join(data))
+                    data.clear()
+            elif line.startswith(b"data:"):
+                value = line[5:]
+                data.append(value[1:] if value.startswith(b" ") else value)
+        return events
+
+
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+
+
+def _provider_message(body: str) -> str:
+    """The provider's own error message from a JSON error body, else the body's start."""
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body.strip()[:300]
+    error = parsed.get("error") if isinstance(parsed, dict) else None
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        return str(error["message"])[:300]
+    if isinstance(error, str):
+        return error[:300]
+    return body.strip()[:300]
+
+
+class ModelHttp:
+    """One agent's HTTP client. Created on the worker's IO thread, used on the actor's."""
+
+    def __init__(self, settings: ModelSettings) -> None:
+        self.settings = settings
+        self._client: httpx.Client | None = None
+        self._connections = _Connections()
+
+    def _http(self) -> httpx.Client:
+        if self._client is None:
+            import httpx  # here, not at import: a worker without model agents never loads it
+
+            timeout = self.settings.request_timeout_secs
+            self._client = httpx.Client(timeout=httpx.Timeout(timeout, connect=min(10.0, timeout)),
+                                        verify=_tls_context())
+        return self._client
+
+    def stream(self, url: str, headers: Mapping[str, str], body: dict[str, Any],
+               cancelled: threading.Event) -> Generator[list[dict[str, Any]], None, None]:
+        """The response's SSE payloads as dicts, a list per network read (what arrived
+        together); stops early when ``cancelled``."""
+        opened = self._connect(url, headers, body, cancelled)
+        if opened is None:
+            return
+        try:
+            yield from self._payloads(opened, cancelled)
+        finally:
+            opened.pump.abort()
+            if cancelled.is_set():
+                self._drop_connections()
+
+    def _drop_connections(self) -> None:
+        """After a cancel: end every connection (one may still be waiting for headers);
+        the next request starts a fresh client."""
+        self._connections.shut_all()
+        self._client = None
+
+    def _connect(self, url: str, headers: Mapping[str, str], body: dict[str, Any],
+                 cancelled: threading.Event) -> _Opened | None:
+        """A stream whose first event has arrived, after retries; None when cancelled."""
+        content = orjson.dumps(body)
+        attempts = self.settings.max_retries + 1
+        for attempt in range(attempts):
+            try:
+                request = self._http().build_request(
+                    "POST", url, headers=dict(headers), content=content,
+                    extensions={"trace": self._connections.trace})
+            except Exception as exc:  # e.g. httpx.InvalidURL: no retry can help
+                raise self._failure(self._describe(exc)) from None
+            pump = _Pump(self._http(), request)
+            try:
+                opened = self._open(pump, cancelled)
+            except _Retry as retry:
+                pump.abort()
+                if attempt + 1 >= attempts:
+                    raise self._failure(f"{retry} (gave up after {attempts} attempts)") from None
+                wait = retry.wait if retry.wait is not None else _backoff(attempt)
+                if wait > MAX_RETRY_WAIT_SECS:
+                    raise self._failure(f"{retry}; asked to retry after {wait:.0f} s") from None
+                logger.info("model %s: %s; retrying in %.1f s", self.settings.alias, retry, wait)
+                if cancelled.wait(wait):
+                    return None
+                continue
+            if opened is None:
+                pump.abort()
+                self._drop_connections()
+            return opened
+        return None
+
+    def _open(self, pump: _Pump, cancelled: threading.Event) -> _Opened | None:
+        """The response up to its first event; None if cancelled; :class:`_Retry` or
+        AgentFailure when it failed."""
+        item = pump.next(cancelled)
+        if item is None:
+            return None
+        kind, value = item
+        if kind == "status":
+            message = f"HTTP {value.code}: {_provider_message(value.body)}"
+            if value.code in RETRY_STATUSES:
+                raise _Retry(message, value.retry_after)
+            raise self._failure(message)
+        if kind != "open":
+            if _is_local_mistake(value):
+                raise self._failure(self._describe(value))
+            raise _Retry(self._describe(value))
+        batches = self._batches(pump, cancelled)
+        try:
+            first = next(batches, [])
+        except _Broken as exc:
+            raise _Retry(f"the stream broke before its first event: {exc}") from None
+        return _Opened(pump, batches, first)
+
+    def _payloads(self, opened: _Opened,
+                  cancelled: threading.Event) -> Iterator[list[dict[str, Any]]]:
+        try:
+            for batch in itertools.chain([opened.first], opened.batches):
+                payloads, done = self._parse(batch)
+                if payloads:
+                    yield payloads
+                if done:
+                    opened.pump.drain(cancelled)
+                    return
+        except _Broken as exc:
+            raise self._failure(f"the stream broke: {exc}") from None
+
+    def _parse(self, batch: list[bytes]) -> tuple[list[dict[str, Any]], bool]:
+        """The JSON objects among ``batch``'s events, and whether ``[DONE]`` came."""
+        payloads: list[dict[str, Any]] = []
+        for data in batch:
+            if data.strip() == b"[DONE]":
+                return payloads, True
+            try:
+                payload = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                start = data[:200].decode("utf-8", "replace")
+                raise self._failure(f"the stream sent invalid JSON: {start!r}") from None
+            if isinstance(payload, dict):
+                payloads.append(payload)
+        return payloads, False
+
+    def _batches(self, pump: _Pump, cancelled: threading.Event) -> Iterator[list[bytes]]:
+        while (item := pump.next(cancelled)) is not None:
+            kind, value = item
+            if kind == "events":
+                yield value
+            elif kind == "end":
+                return
+            else:
+                raise _Broken(self._describe(value))
+
+    def _describe(self, exc: Exception) -> str:
+        text = str(exc) or type(exc).__name__
+        return f"{type(exc).__name__}: {text}" if text != type(exc).__name__ else text
+
+    def _failure(self, message: str) -> AgentFailure:
+        return model_failure(self.settings, message)
+
+
+_tls_lock = threading.Lock()
+_tls: ssl.SSLContext | None = None
+
+
+def _tls_context() -> ssl.SSLContext:
+    """The process's one TLS context with the default CA bundle (any thread): loading
+    the bundle costs ~50 ms of CPU, too much to pay for every session's client."""
+    global _tls
+    with _tls_lock:
+        if _tls is None:
+            import httpx
+
+            _tls = httpx.create_ssl_context()
+        return _tls
+
+
+def _is_local_mistake(exc: Exception) -> bool:
+    """An error no retry can fix (a bad URL or header value in the config)."""
+    import httpx
+
+    return isinstance(exc, httpx.LocalProtocolError | httpx.UnsupportedProtocol | httpx.InvalidURL)
+
+
+def _backoff(attempt: int) -> float:
+    """0.5 s, 1 s, 2 s, … (at most 8 s), plus up to 25 % jitter."""
+    base: float = min(8.0, 0.5 * 2**attempt)
+    return base * (1 + random.random() / 4)

@@ -1,0 +1,384 @@
+"""A worker process: ``python -m actors.worker.main --endpoint ... --identity ... --host-pid ...``.
+
+Threads:
+- the IO thread (the main thread) owns the zmq DEALER. It dispatches host
+  messages, and handles cancel, permission replies and mode changes itself, so
+  none of them waits behind a running turn in an actor's mailbox;
+- one :class:`actors.worker.session.SessionActor` thread per session runs turns. Actor
+  threads never touch the socket: they hand messages to :class:`Outbox`, which
+  wakes the IO thread through an eventfd it polls next to the socket (once per
+  burst). The IO thread sends what is queued as the parts of one zmq message
+  (one envelope per part), so a turn's events cost one send, not one each.
+
+A turn's events are flow-controlled end to end: the turn's thread waits while
+its :class:`actors.worker.session.StreamWindow` is used up, and the host grants credit
+(:class:`ipc.worker_wire.Credit`) as its client takes the stream. So what is
+queued here is bounded by one window per streaming session (256 KiB) plus
+control messages, however slow a client is.
+
+The worker says WorkerReady at start and Heartbeat every period, and exits on
+Shutdown, or when its host is gone: the parent pid changed (the host was killed
+and the worker re-parented) or no Ping came for five periods. Logs go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pykka
+import zmq
+
+from actors.worker.agent_calls import forward_agent_call
+from actors.worker.agents import Agent, agent_processes, create_agent, stop_agent_processes
+from actors.worker.session import (
+    CloseActor,
+    PermissionBoard,
+    RunTurn,
+    SessionActor,
+    SessionConfig,
+    SessionState,
+)
+from ipc.worker_wire import (
+    AgentCall,
+    CancelTurn,
+    ClientReply,
+    CloseSession,
+    Credit,
+    Heartbeat,
+    HostMessage,
+    OpenFailed,
+    OpenSession,
+    PermissionReply,
+    Ping,
+    SessionClosed,
+    SessionOpened,
+    SetMode,
+    Shutdown,
+    StartTurn,
+    TurnFailed,
+    UserAnswer,
+    WireError,
+    WorkerMessage,
+    WorkerReady,
+    decode,
+    encode,
+)
+
+__all__ = ["HOST_SILENCE_BEATS", "Outbox", "WorkerProcess", "main"]
+
+logger = logging.getLogger("zeroclaw.worker")
+
+HOST_SILENCE_BEATS = 5
+_HWM = 10_000
+_FRAMES_PER_SEND = 256  # envelopes sent as the parts of one zmq message
+_STOP_ACTORS_SECS = 2.0
+
+
+class Outbox:
+    """Messages from any thread to the IO thread: a list plus an eventfd wake-up.
+
+    The eventfd is written once per batch (until the IO thread takes it), not
+    once per message: a turn's burst of events costs one wake-up.
+    """
+
+    def __init__(self) -> None:
+        self._frames: list[bytes] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        self._signalled = False
+        self.fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+
+    def put(self, message: WorkerMessage) -> int:
+        """Queue ``message`` for the host (any thread); dropped once the worker is closing.
+
+        Returns the bytes it takes on the wire (a turn's stream window counts
+        them). Raises :class:`ipc.worker_wire.EncodeError` on the caller's thread
+        when it cannot be encoded: the caller (a turn) fails on it, so nothing
+        is dropped unnoticed.
+        """
+        frame = encode(message)
+        with self._lock:
+            if self._closed:
+                return 0
+            self._frames.append(frame)
+            if not self._signalled:
+                self._signalled = True
+                os.eventfd_write(self.fd, 1)
+        return len(frame)
+
+    def take_all(self) -> list[bytes]:
+        """Everything queued so far, oldest first (IO thread)."""
+        with self._lock:
+            frames, self._frames = self._frames, []
+            if self._signalled:
+                self._signalled = False
+                with contextlib.suppress(BlockingIOError):
+                    os.eventfd_read(self.fd)
+        return frames
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            os.close(self.fd)
+
+
+@dataclass(slots=True)
+class _LiveSession:
+    actor: pykka.ActorRef[SessionActor]
+    state: SessionState
+    agent: Agent
+
+
+class WorkerProcess:
+    """The IO loop of one worker process (runs on the main thread)."""
+
+    def __init__(self, *, endpoint: str, identity: str, host_pid: int, heartbeat: float) -> None:
+        self.endpoint = endpoint
+        self.identity = identity
+        self.host_pid = host_pid
+        self.heartbeat = heartbeat
+        self.outbox = Outbox()
+        self.permissions = PermissionBoard()
+        self.sessions: dict[str, _LiveSession] = {}
+        self._backlog: collections.deque[bytes] = collections.deque()
+        self._exit_code: int | None = None
+        self._last_heard = time.monotonic()
+        self._next_beat = 0.0
+        self._ctx = zmq.Context()
+        self._dealer = self._connect()
+
+    def _connect(self) -> zmq.Socket[bytes]:
+        dealer = self._ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.IDENTITY, self.identity.encode())
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.setsockopt(zmq.SNDHWM, _HWM)
+        dealer.setsockopt(zmq.RCVHWM, _HWM)
+        dealer.connect(self.endpoint)
+        return dealer
+
+    def run(self) -> int:
+        """Serve until Shutdown or the host is gone; the process exit code."""
+        self.outbox.put(WorkerReady(pid=os.getpid()))
+        poller = zmq.Poller()
+        poller.register(self.outbox.fd, zmq.POLLIN)
+        try:
+            while self._exit_code is None:
+                self._beat_if_due()
+                want = zmq.POLLIN | (zmq.POLLOUT if self._backlog else 0)
+                poller.register(self._dealer, want)
+                events = dict(poller.poll(self._poll_timeout_ms()))
+                if events.get(self._dealer, 0) & zmq.POLLIN:
+                    self._receive_all()
+                self._backlog.extend(self.outbox.take_all())
+                self._flush()
+                self._check_host()
+        finally:
+            self._teardown()
+        return self._exit_code
+
+    def _poll_timeout_ms(self) -> int:
+        until_beat = self._next_beat - time.monotonic()
+        return max(1, int(min(until_beat, self.heartbeat / 2) * 1000))
+
+    def _beat_if_due(self) -> None:
+        now = time.monotonic()
+        if now >= self._next_beat:
+            self._next_beat = now + self.heartbeat
+            self.outbox.put(Heartbeat(pid=os.getpid(), sessions=len(self.sessions),
+                                      agents=agent_processes()))
+
+    def _check_host(self) -> None:
+        if os.getppid() != self.host_pid:
+            logger.warning("host %d is gone (parent is now %d); exiting",
+                           self.host_pid, os.getppid())
+            self._exit_code = 3
+        elif time.monotonic() - self._last_heard > HOST_SILENCE_BEATS * self.heartbeat:
+            logger.warning("no word from host %d for %d beats; exiting",
+                           self.host_pid, HOST_SILENCE_BEATS)
+            self._exit_code = 3
+
+    def _flush(self) -> None:
+        """Send the backlog, up to :data:`_FRAMES_PER_SEND` envelopes per zmq message."""
+        backlog = self._backlog
+        while backlog:
+            count = min(len(backlog), _FRAMES_PER_SEND)
+            frames = [backlog[i] for i in range(count)]
+            try:
+                self._dealer.send_multipart(frames, zmq.NOBLOCK)
+            except zmq.Again:
+                return  # back-pressure: poll for POLLOUT and try again
+            for _ in range(count):
+                backlog.popleft()
+
+    def _receive_all(self) -> None:
+        while True:
+            try:
+                frame = self._dealer.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._last_heard = time.monotonic()
+            try:
+                message = decode(frame)
+            except WireError as exc:
+                logger.warning("dropped a malformed frame from the host: %s", exc)
+                continue
+            try:
+                self._dispatch(message)
+            except Exception:  # a bug must not take the other sessions down with it
+                logger.exception("handling %s failed", type(message).__name__)
+
+    def _dispatch(self, message: HostMessage | WorkerMessage) -> None:
+        match message:
+            case OpenSession():
+                self._open(message)
+            case StartTurn():
+                self._start_turn(message)
+            case Credit(sid=sid, turn_id=turn_id, nbytes=nbytes):
+                self._credit(sid, turn_id, nbytes)
+            case CancelTurn(sid=sid):
+                self._cancel(sid)
+            case UserAnswer(request_id=request_id, answer=answer):
+                self.permissions.resolve(request_id, answer)
+            case PermissionReply(request_id=request_id, option_id=option_id):
+                self.permissions.resolve(request_id, option_id)
+            case ClientReply(request_id=request_id):
+                self.permissions.resolve(request_id, message)
+            case AgentCall(sid=sid):
+                live = self.sessions.get(sid)
+                forward_agent_call(message, live.agent if live else None, self.outbox.put)
+            case SetMode(sid=sid, mode=mode):
+                self._set_mode(sid, mode)
+            case CloseSession(sid=sid, close_id=close_id):
+                self._close(sid, close_id)
+            case Ping():
+                pass
+            case Shutdown():
+                self._exit_code = 0
+            case _:
+                logger.warning("unexpected %s from the host; dropped", type(message).__name__)
+
+    def _open(self, message: OpenSession) -> None:
+        sid = message.sid
+        if sid in self.sessions:
+            self.outbox.put(OpenFailed(sid=sid, message="session is already open in this worker"))
+            return
+        try:
+            config = SessionConfig.from_open(message)
+            state = SessionState(sid, message.mode)
+            agent = create_agent(message.agent)
+        except Exception as exc:
+            logger.warning("cannot open session %s: %s", sid, exc)
+            self.outbox.put(OpenFailed(sid=sid, message=str(exc) or type(exc).__name__))
+            return
+        actor = SessionActor.start(config=config, state=state, agent=agent,
+                                   send=self.outbox.put, permissions=self.permissions)
+        self.sessions[sid] = _LiveSession(actor, state, agent)
+        self.outbox.put(SessionOpened(sid=sid))
+
+    def _start_turn(self, message: StartTurn) -> None:
+        live = self.sessions.get(message.sid)
+        reason = "session is not open in this worker"
+        cancel = live.state.begin_turn(message.turn_id) if live else None
+        if live and cancel is None:
+            reason = "session busy: a turn is already running"
+        if live and cancel is not None:
+            try:
+                live.actor.tell(RunTurn(message.turn_id, message.prompt, cancel))
+                return
+            except pykka.ActorDeadError:
+                live.state.end_turn(cancel)
+                reason = "session actor is gone"
+        self.outbox.put(TurnFailed(sid=message.sid, turn_id=message.turn_id, message=reason))
+
+    def _credit(self, sid: str, turn_id: str, nbytes: int) -> None:
+        live = self.sessions.get(sid)
+        if live is not None:
+            live.state.grant(turn_id, nbytes)
+
+    def _cancel(self, sid: str) -> None:
+        live = self.sessions.get(sid)
+        if live is not None:
+            live.state.cancel()
+        self.permissions.withdraw_session(sid)
+
+    def _set_mode(self, sid: str, mode: str) -> None:
+        live = self.sessions.get(sid)
+        if live is None:
+            logger.info("set_mode for unknown session %s; ignored", sid)
+            return
+        try:
+            live.state.set_mode(mode)
+        except ValueError as exc:
+            logger.warning("session %s: %s; mode unchanged", sid, exc)
+
+    def _close(self, sid: str, close_id: int) -> None:
+        live = self.sessions.pop(sid, None)
+        self._cancel(sid)
+        closed = SessionClosed(sid=sid, close_id=close_id)
+        if live is None:
+            self.outbox.put(closed)
+            return
+        try:
+            live.actor.tell(CloseActor(close_id))  # answers once the turn has ended
+        except pykka.ActorDeadError:
+            self.outbox.put(closed)
+
+    def _teardown(self) -> None:
+        """Cancel every turn, stop the actors (bounded), send what is queued, close."""
+        for sid, live in self.sessions.items():
+            live.state.cancel()
+            self.permissions.withdraw_session(sid)
+        stops = [live.actor.stop(block=False) for live in self.sessions.values()]
+        deadline = time.monotonic() + _STOP_ACTORS_SECS
+        for stop in stops:
+            try:
+                stop.get(timeout=max(0.0, deadline - time.monotonic()))
+            except pykka.Timeout:
+                logger.warning("a session actor did not stop in time")
+        stop_agent_processes()
+        self._backlog.extend(self.outbox.take_all())
+        self._flush()
+        self._dealer.close(linger=0)
+        self._ctx.term()
+        self.outbox.close()
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m actors.worker.main")
+    parser.add_argument("--endpoint", required=True, help="the host's zmq ROUTER endpoint")
+    parser.add_argument("--identity", required=True, help="this worker incarnation's id")
+    parser.add_argument("--host-pid", type=int, required=True, help="exit when this pid is gone")
+    parser.add_argument("--heartbeat", type=float, default=1.0, help="seconds between beats")
+    parser.add_argument("--log-level", default=os.environ.get("ZEROCLAW_LOG") or "warning")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parse_args(argv)
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=getattr(logging, str(args.log_level).upper(), logging.WARNING),
+        format=f"%(asctime)s worker[{os.getpid()}] %(levelname)s %(name)s: %(message)s",
+    )
+    for signum in (signal.SIGINT, signal.SIGHUP):  # a terminal sends these to the group
+        signal.signal(signum, signal.SIG_IGN)  # the host decides when workers stop
+    if os.getppid() != args.host_pid:
+        logger.warning("host %d is already gone; exiting", args.host_pid)
+        return 3
+    worker = WorkerProcess(endpoint=args.endpoint, identity=args.identity,
+                           host_pid=args.host_pid, heartbeat=args.heartbeat)
+    return worker.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

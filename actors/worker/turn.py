@@ -1,0 +1,411 @@
+"""One turn of a session: what the agent sees (:class:`ActorTurnContext`) and what is kept.
+
+Everything here runs on the session actor's thread. The context streams each
+event to the host and into a :class:`TurnRecorder`, applies the session's
+autonomy mode to tool calls (asking the client when ``supervised``), and runs
+the tools; the recorder turns the stream into the ordered items of a
+:class:`ipc.events.TurnRecord`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from actors.worker.agents.base import AgentFailure, ToolCallOutcome, estimate_tokens
+from actors.worker.tools import PathPolicy, Tool, ToolEnv, ToolError, ToolResult
+from ipc.events import (
+    CANCEL_MARKER,
+    Event,
+    MessageChunk,
+    TextItem,
+    ThoughtChunk,
+    ToolCallFinished,
+    ToolCallStarted,
+    ToolContent,
+    ToolItem,
+    TurnItem,
+    TurnRecord,
+    content_to_wire,
+    event_to_wire,
+)
+from ipc.worker_wire import (
+    EncodeError,
+    PermissionAsk,
+    PermissionRules,
+    TurnEvent,
+    UserAsk,
+    WorkerMessage,
+)
+
+__all__ = [
+    "ActorTurnContext", "StreamCredit", "TurnAborted", "TurnRecorder", "TurnSession",
+    "failure_marker",
+]
+
+logger = logging.getLogger("zeroclaw.turn")
+
+def failure_marker(message: str) -> str:
+    """What ends the text of a failed turn that is kept for its partial output."""
+    return f"[turn failed: {message}]"
+
+
+class TurnAborted(AgentFailure):
+    """A message of the turn cannot be put on the wire: the turn fails with this reason."""
+
+
+@dataclass(slots=True)
+class _Text:
+    role: str
+    parts: list[str]
+
+
+@dataclass(slots=True)
+class _Tool:
+    started: ToolCallStarted
+    result: str = ""
+    outcome: str = ""
+
+
+@dataclass(slots=True)
+class TurnRecorder:
+    """Accumulates a turn's items in order: the prompt, then merged text and tool calls."""
+
+    prompt: str
+    _items: list[_Text | _Tool] = field(default_factory=list)
+    _tools: dict[str, _Tool] = field(default_factory=dict)
+    _denied: set[str] = field(default_factory=set)
+    _answer: list[str] = field(default_factory=list)
+
+    def add(self, event: Event) -> None:
+        if isinstance(event, MessageChunk):
+            self._answer.append(event.text)
+            self._add_text("assistant", event.text)
+        elif isinstance(event, ThoughtChunk):
+            self._add_text("thought", event.text)
+        elif isinstance(event, ToolCallStarted):
+            self._tools[event.tool_call_id] = _Tool(event)
+            self._items.append(self._tools[event.tool_call_id])
+        elif isinstance(event, ToolCallFinished) and event.status in ("completed", "failed"):
+            self._finish_tool(event)
+
+    @property
+    def streamed(self) -> bool:
+        """Whether the turn produced anything yet (text, a thought or a tool call)."""
+        return bool(self._items)
+
+    def mark_denied(self, tool_call_id: str) -> None:
+        """The next failure of this call is recorded as ``denied``."""
+        self._denied.add(tool_call_id)
+
+    def _add_text(self, role: str, text: str) -> None:
+        last = self._items[-1] if self._items else None
+        if isinstance(last, _Text) and last.role == role:
+            last.parts.append(text)
+        else:
+            self._items.append(_Text(role, [text]))
+
+    def _finish_tool(self, event: ToolCallFinished) -> None:
+        tool = self._tools.get(event.tool_call_id)
+        if tool is None:
+            return
+        tool.result = event.text
+        if event.status == "completed":
+            tool.outcome = "completed"
+        else:
+            tool.outcome = "denied" if event.tool_call_id in self._denied else "failed"
+
+    def build(self, session_id: str, *, cancelled: bool, started_at: float,
+              stop_reason: str | None = None, extra: dict[str, Any] | None = None,
+              failure: str | None = None) -> TurnRecord:
+        """The finished turn; a cancelled one gets :data:`CANCEL_MARKER` after its text,
+        a failed one (``failure``: the error) its :func:`failure_marker`.
+
+        ``stop_reason`` is the agent's (default ``end_turn``; a cancelled turn is
+        always ``cancelled``, a failed one ``failed``); ``extra`` is the record's
+        ``extra`` (see TurnResult).
+        """
+        content = "".join(self._answer)
+        marker = CANCEL_MARKER if cancelled else None
+        if failure is not None and not cancelled:
+            marker, stop_reason = failure_marker(failure), "failed"
+        if marker is not None:
+            separator = "\n" if content and not content.endswith("\n") else ""
+            self._add_text("assistant", separator + marker)
+            content += separator + marker
+        items: list[TurnItem] = [TextItem(role="user", text=self.prompt)]
+        items.extend(self._item(part, cancelled) for part in self._items)
+        tokens = sum(estimate_tokens(i.text if isinstance(i, TextItem) else i.result)
+                     for i in items)
+        return TurnRecord(
+            session_id=session_id,
+            items=tuple(items),
+            stop_reason="cancelled" if cancelled else (stop_reason or "end_turn"),
+            content=content,
+            started_at=started_at,
+            finished_at=time.time(),
+            tokens=tokens,
+            extra=extra or {},
+        )
+
+    @staticmethod
+    def _item(part: _Text | _Tool, cancelled: bool) -> TurnItem:
+        if isinstance(part, _Text):
+            role: Any = part.role
+            return TextItem(role=role, text="".join(part.parts))
+        started = part.started
+        unfinished = "cancelled" if cancelled else "no result"
+        return ToolItem(
+            tool_call_id=started.tool_call_id,
+            name=started.name,
+            arguments=started.raw_input,
+            result=part.result if part.outcome else unfinished,
+            outcome=part.outcome or "failed",
+            title=started.title,
+            kind=started.kind,
+            step=started.step,
+        )
+
+
+class _SessionSettings(Protocol):
+    """What a turn reads of its session's fixed settings."""
+
+    @property
+    def sid(self) -> str: ...
+    @property
+    def agent(self) -> Mapping[str, Any]: ...
+    @property
+    def paths(self) -> PathPolicy: ...
+    @property
+    def permission_timeout(self) -> float: ...
+
+
+class _ModeSource(Protocol):
+    @property
+    def mode(self) -> str: ...
+
+
+class _UserWaits(Protocol):
+    """Pending waits on the user, resolved by the IO thread."""
+
+    def open(self, sid: str, request_id: str) -> Future[Any]: ...
+    def discard(self, request_id: str) -> None: ...
+
+
+class StreamCredit(Protocol):
+    """The turn's stream window: :meth:`spend` waits while the client lags behind."""
+
+    def spend(self, nbytes: int) -> None: ...
+
+
+class TurnSession(Protocol):
+    """The narrow view of a session that a turn runs against (its session actor
+    satisfies it), so that this module does not depend on :mod:`actors.worker.session`."""
+
+    @property
+    def config(self) -> _SessionSettings: ...
+    @property
+    def state(self) -> _ModeSource: ...
+    @property
+    def permissions(self) -> _UserWaits: ...
+    @property
+    def tools(self) -> Mapping[str, Tool]: ...
+    @property
+    def tool_rules(self) -> MutableMapping[str, str]: ...
+    @property
+    def history(self) -> Sequence[TurnItem]: ...
+    @property
+    def history_tokens(self) -> int: ...
+    def send(self, message: WorkerMessage) -> int | None: ...
+
+
+class ActorTurnContext:
+    """The :class:`actors.worker.agents.base.TurnContext` of one turn (actor thread)."""
+
+    def __init__(
+        self, session: TurnSession, turn_id: str, cancelled: threading.Event,
+        recorder: TurnRecorder, window: StreamCredit,
+    ) -> None:
+        self._session = session
+        self._sid = session.config.sid
+        self._turn_id = turn_id
+        self._cancelled = cancelled
+        self._recorder = recorder
+        self._window = window
+        self.failure: str | None = None
+        """Set when a message of the turn could not be sent: the turn then fails,
+        even if the agent caught the :class:`TurnAborted` it got."""
+
+    @property
+    def cancelled(self) -> threading.Event:
+        return self._cancelled
+
+    @property
+    def workspace(self) -> Path:
+        return self._session.config.paths.cwd
+
+    @property
+    def history(self) -> Sequence[TurnItem]:
+        return self._session.history
+
+    @property
+    def history_tokens(self) -> int:
+        return self._session.history_tokens
+
+    def emit(self, event: Event) -> None:
+        """Record ``event`` and stream it; waits while the host's client lags a whole
+        stream window behind (see :class:`actors.worker.session.StreamWindow`)."""
+        self._recorder.add(event)
+        wire = event_to_wire(event)
+        size = self._send(TurnEvent(sid=self._sid, turn_id=self._turn_id, event=wire))
+        if size:
+            self._window.spend(size)
+
+    def _send(self, message: WorkerMessage) -> int | None:
+        """Hand ``message`` to the IO thread; raises :class:`TurnAborted` when it
+        cannot be encoded (e.g. tool arguments nested past the encoder's limit)."""
+        try:
+            return self._session.send(message)
+        except EncodeError as exc:
+            self.failure = f"this turn cannot be streamed: {exc}"
+            logger.warning("session %s: %s", self._sid, self.failure)
+            raise TurnAborted(self.failure) from None
+
+    def ask_permission(
+        self, tool_call_id: str, tool_name: str, title: str, kind: str, raw_input: Any,
+        preview: tuple[ToolContent, ...] = (),
+    ) -> str | None:
+        """Ask the client; ``preview`` shows what the call would do (a diff)."""
+        answer = self._wait_for_user("perm", lambda request_id: PermissionAsk(
+            sid=self._sid, turn_id=self._turn_id, request_id=request_id,
+            tool_call_id=tool_call_id, tool_name=tool_name, title=title, kind=kind,
+            raw_input=raw_input, content=[content_to_wire(item) for item in preview],
+        ))
+        return answer if isinstance(answer, str) else None
+
+    def ask_user(self, message: str, schema: dict[str, Any]) -> dict[str, Any] | None:
+        """Ask the user a question; ``{action, content}``, or None when no answer came."""
+        answer = self._wait_for_user("ask", lambda request_id: UserAsk(
+            sid=self._sid, turn_id=self._turn_id, request_id=request_id,
+            message=message, schema=schema,
+        ))
+        return answer if isinstance(answer, dict) else None
+
+    def _wait_for_user(self, kind: str, ask: Callable[[str], WorkerMessage]) -> Any:
+        """Send ``ask(request_id)`` and block (this turn's thread) until the IO thread
+        resolves the wait with the client's answer; None if cancelled or timed out."""
+        board = self._session.permissions
+        request_id = f"{kind}-{uuid.uuid4().hex[:16]}"
+        future = board.open(self._sid, request_id)
+        if self._cancelled.is_set():
+            board.discard(request_id)
+            return None
+        try:
+            self._send(ask(request_id))
+        except TurnAborted:
+            board.discard(request_id)
+            raise
+        try:
+            return future.result(timeout=self._session.config.permission_timeout)
+        except TimeoutError:
+            board.discard(request_id)
+            logger.info("session %s: %s timed out", self._sid, request_id)
+            return None
+
+    def run_tool(self, name: str, raw_input: Any, call_id: str | None = None,
+                 step: int = 0) -> ToolCallOutcome:
+        call_id = call_id or f"call_{uuid.uuid4().hex[:16]}"
+        tool = self._session.tools.get(name)
+        args = raw_input if isinstance(raw_input, dict) else {}
+        title = tool.title(args) if tool else name
+        kind = tool.kind if tool else "other"
+        locations = tool.locations(args, self._session.config.paths) if tool else ()
+        self.emit(ToolCallStarted(call_id, name, title, kind, raw_input, locations, step))
+        if tool is None:
+            known = ", ".join(sorted(self._session.tools))
+            return self._finish(call_id, name, "failed", f"unknown tool {name!r} (known: {known})")
+        if not isinstance(raw_input, dict):
+            return self._finish(call_id, name, "failed", "tool arguments must be a JSON object")
+        refusal = self._authorise(tool, call_id, title, raw_input)
+        if refusal is not None:
+            return self._finish(call_id, name, "denied", refusal)
+        return self._execute(tool, call_id, args)
+
+    def _authorise(self, tool: Tool, call_id: str, title: str, args: Any) -> str | None:
+        """None when the call may run, else why not (the session mode is read now).
+
+        In ``supervised`` mode an earlier allow-always or reject-always answer for
+        the tool stands in for the question."""
+        if self._cancelled.is_set():
+            return "denied: the turn was cancelled"
+        if not tool.mutating:
+            return None
+        mode = self._session.state.mode
+        remembered = self._session.tool_rules.get(tool.name)
+        if mode == "full" or (mode == "supervised" and remembered == "allow_always"):
+            return None
+        if mode != "supervised":
+            return f"denied: autonomy is {mode}"
+        if remembered == "reject_always":
+            return f"denied: the user chose to always reject {tool.name}"
+        unavailable = tool.unavailable()  # no point asking for what cannot run
+        if unavailable is not None:
+            return unavailable
+        preview = tool.preview(args, self._session.config.paths)
+        choice = self.ask_permission(call_id, tool.name, title, tool.kind, args, preview)
+        mode = self._session.state.mode  # set_mode may have come while the client decided
+        if mode == "read_only":
+            return f"denied: autonomy is {mode}"
+        normalized = choice.replace("-", "_") if choice else None
+        if normalized in ("allow_always", "reject_always"):
+            self._remember_answer(tool.name, normalized)
+        if normalized in ("allow_always", "allow_once"):
+            return None
+        if choice is None:
+            return "denied: the permission request was cancelled or timed out"
+        return f"denied: the user chose {choice!r}"
+
+    def _remember_answer(self, tool_name: str, decision: str) -> None:
+        """Keep an always-answer for the session, and have the host store it."""
+        rules = self._session.tool_rules
+        rules[tool_name] = decision
+        self._send(PermissionRules(sid=self._sid, rules=dict(rules)))
+
+    def _execute(self, tool: Tool, call_id: str, args: dict[str, Any]) -> ToolCallOutcome:
+        config = self._session.config
+        env = ToolEnv(paths=config.paths, cancelled=self._cancelled,
+                      agent_env=config.agent.get("env") or {}, ask_user=self.ask_user)
+        self.emit(ToolCallFinished(call_id, tool.name, "in_progress", None, ""))
+        try:
+            result = tool.run(args, env)
+        except ToolError as exc:
+            return self._finish(call_id, tool.name, "failed", str(exc))
+        except Exception as exc:
+            logger.exception("session %s: tool %s raised", self._sid, tool.name)
+            return self._finish(call_id, tool.name, "failed",
+                                f"tool error: {type(exc).__name__}: {exc}")
+        outcome = "completed" if result.ok else "failed"
+        return self._finish(call_id, tool.name, outcome, result.text, result.raw_output, result)
+
+    def _finish(
+        self, call_id: str, name: str, outcome: str, text: str, raw_output: Any = None,
+        result: ToolResult | None = None,
+    ) -> ToolCallOutcome:
+        if outcome == "denied":
+            self._recorder.mark_denied(call_id)
+        if raw_output is None and outcome != "completed":
+            raw_output = {"error": text}
+        status = "completed" if outcome == "completed" else "failed"
+        if result is None:
+            self.emit(ToolCallFinished(call_id, name, status, raw_output, text))
+        else:
+            self.emit(ToolCallFinished(call_id, name, status, raw_output, text, result.content,
+                                       result.locations, result.title))
+        return ToolCallOutcome(call_id, outcome, text, raw_output)

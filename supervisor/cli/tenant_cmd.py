@@ -1,0 +1,159 @@
+"""``zeroclaw tenant add|list|remove``: the gateway's tenants in ``config.toml``.
+
+Runs on the main thread of a short-lived ``zeroclaw tenant`` process; the file is
+edited as ``zeroclaw config set`` edits it (tomlkit, atomic, comments kept).
+
+Wire (command line) format::
+
+    zeroclaw tenant add NAME [--admin] [--max-sessions N] [--workspace-root DIR]
+        prints the new token once, on stdout (only its SHA-256 is stored)
+    zeroclaw tenant list [--json]     NAME, admin, max_sessions, workspace_root
+    zeroclaw tenant remove NAME
+
+Exit codes: 0 done, 1 unknown or existing tenant / unusable file, 2 usage.
+
+After ``add`` or ``remove``, a daemon running on this configuration's ``daemon.sock``
+is asked to reload its tenants (``tenants/reload``; the socket is its owner's only):
+the new token works at once, and a removed tenant's open gateway connections are
+closed. No daemon running: nothing to do, the next one reads the file. A daemon
+that does not answer or refuses is reported on stderr; the file is changed anyway,
+so the exit code stays 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import secrets
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from supervisor.cli.config_cmd import (
+    CONFIG_FILE_NAME,
+    ConfigCommandError,
+    _check,
+    _load,
+    _parent_table,
+    _save,
+)
+from supervisor.tenants import hash_token
+
+__all__ = ["run"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="zeroclaw tenant",
+                                     description="gateway tenants and their tokens")
+    actions = parser.add_subparsers(dest="action", required=True)
+    add = actions.add_parser("add", help="add a tenant; prints its token once")
+    add.add_argument("name")
+    add.add_argument("--admin", action="store_true", help="sees every session in status")
+    add.add_argument("--max-sessions", type=int, help="live sessions of this tenant")
+    add.add_argument("--workspace-root", help="session cwds must be under this directory")
+    listing = actions.add_parser("list", help="the tenants (never their tokens)")
+    listing.add_argument("--json", action="store_true")
+    remove = actions.add_parser("remove", help="remove a tenant (its token stops working)")
+    remove.add_argument("name")
+    return parser
+
+
+def run(argv: list[str], config_dir: Path, config_flag: str | None = None) -> int:
+    """Run ``zeroclaw tenant`` with ``argv`` (the words after ``tenant``); the exit code.
+
+    ``config_flag``: ``--config-dir`` as given (None: not given), so that the daemon's
+    socket is found as ``zeroclaw daemon`` with the same flag and environment finds it."""
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exit_request:
+        return exit_request.code if isinstance(exit_request.code, int) else 2
+    path = config_dir / CONFIG_FILE_NAME
+    try:
+        if args.action == "add":
+            print(_add(path, args), flush=True)
+        elif args.action == "list":
+            _list(path, as_json=args.json)
+            return 0
+        else:
+            _remove(path, args.name)
+    except ConfigCommandError as error:
+        print(f"zeroclaw tenant: {error}", file=sys.stderr)
+        return error.exit_code
+    _reload_running_daemon(config_flag)
+    return 0
+
+
+def _reload_running_daemon(config_flag: str | None) -> None:
+    """Ask a daemon on this configuration's socket to reload its tenants (see above)."""
+    from supervisor.cli.status_cmd import DaemonError, NoAnswer, NotRunning, StatusClient
+    from supervisor.config import ConfigError, load_settings
+
+    try:
+        socket_path = load_settings(config_flag).socket_path
+    except ConfigError:
+        return  # not reachable: _check accepted the file
+    client = StatusClient(socket_path)
+    try:
+        result = client.call("tenants/reload", {})
+    except NotRunning:
+        return
+    except (NoAnswer, DaemonError) as error:
+        print(f"zeroclaw tenant: saved, but the running daemon did not reload: {error}",
+              file=sys.stderr)
+        return
+    finally:
+        client.close()
+    revoked = result.get("revokedConnections", 0) if isinstance(result, dict) else 0
+    print(f"zeroclaw tenant: the running daemon reloaded its tenants ({revoked} gateway "
+          "connection(s) closed)", file=sys.stderr)
+
+
+def _add(path: Path, args: argparse.Namespace) -> str:
+    """Store a new tenant with a fresh token's hash; the token."""
+    document = _load(path)
+    if args.name in _tenants(document):
+        raise ConfigCommandError(f"tenant {args.name} already exists (remove it first)")
+    token = secrets.token_urlsafe(32)
+    table, _ = _parent_table(document, ["tenants", args.name, "token_sha256"])
+    table["token_sha256"] = hash_token(token)
+    if args.admin:
+        table["admin"] = True
+    if args.max_sessions is not None:
+        table["max_sessions"] = args.max_sessions
+    if args.workspace_root is not None:
+        table["workspace_root"] = str(Path(args.workspace_root).expanduser().absolute())
+    _check(path, document)
+    _save(path, document)
+    return token
+
+
+def _tenants(document: Mapping[str, object]) -> Mapping[str, Mapping[str, object]]:
+    tenants = document.get("tenants") or {}
+    if not isinstance(tenants, Mapping):
+        raise ConfigCommandError("[tenants] is not a table")
+    return tenants
+
+
+def _list(path: Path, *, as_json: bool) -> None:
+    rows = [{"name": name, "admin": bool(section.get("admin", False)),
+             "maxSessions": section.get("max_sessions"),
+             "workspaceRoot": section.get("workspace_root")}
+            for name, section in _tenants(_load(path)).items()]
+    if as_json:
+        print(json.dumps(rows))
+        return
+    for row in rows:
+        extras = [f"max_sessions={row['maxSessions']}" if row["maxSessions"] else "",
+                  f"workspace_root={row['workspaceRoot']}" if row["workspaceRoot"] else ""]
+        print(" ".join([str(row["name"]), "admin" if row["admin"] else "-"]
+                       + [e for e in extras if e]))
+
+
+def _remove(path: Path, name: str) -> None:
+    document = _load(path)
+    tenants = _tenants(document)
+    if name not in tenants:
+        raise ConfigCommandError(f"no tenant {name}")
+    del tenants[name]  # type: ignore[attr-defined]
+    _check(path, document)
+    _save(path, document)

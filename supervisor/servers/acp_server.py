@@ -1,0 +1,440 @@
+"""The ACP v1 server: binds the ACP dialect (:mod:`ipc.acp`) to the host's session
+operations, for stdio (``zeroclaw acp``) and the daemon's ``acp.sock``.
+
+Everything here runs on the asyncio loop thread. On a daemon's shared host the
+connections hold sessions through the host's one ownership table
+(:mod:`supervisor.ownership`): prompting, cancelling, closing, stopping, deleting
+or setting the mode of a session other connections hold answers -32003, while
+``session/load``/``resume`` joins its holders (editors share sessions that way).
+A gateway connection also carries its tenant's scope (``state["scope"]``,
+:mod:`supervisor.tenants`): it sees and touches only its tenant's sessions.
+``initialize`` is answered inline
+from a handshake prepared at start, without touching the actors, so the first
+answer does not wait for the store, the actors or the worker pool; those start
+right after it, in the background, and other methods wait for them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from actors.worker.sandbox import detect as detect_sandbox
+from ipc import acp_handshake
+from ipc.errors import InvalidParams, SessionNotFound
+from ipc.extensions import ExtensionMethods
+from ipc.jsonrpc import ConnectionLost, Endpoint, RemoteError
+from supervisor.agent_modes import may_be_agent_mode, session_modes, set_agent_mode
+from supervisor.host_handle import HostHandle
+
+if TYPE_CHECKING:
+    from ipc import acp
+    from ipc.events import Event
+    from ipc.transports import WriteFlow
+    from ipc.worker_wire import PermissionAsk
+    from supervisor.config import Settings
+    from supervisor.sessions import Sessions
+    from supervisor.tenants import TenantScope
+
+__all__ = ["AcpServer", "probe_store"]
+
+
+class _LazyModule:
+    """A module imported on first use: keeps ``ipc.acp`` off the way to ``initialize``."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        import importlib
+
+        module = importlib.import_module(self._name)
+        self.__dict__.update(vars(module))  # later lookups never come back here
+        return getattr(module, attr)
+
+
+if not TYPE_CHECKING:
+    acp = _LazyModule("ipc.acp")
+
+log = logging.getLogger("zeroclaw.acp")
+
+
+_SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def probe_store(path: os.PathLike[str]) -> bool:
+    """Cheap check (no SQLite import) that the store can be created, written and read.
+
+    An existing file must be empty or start with the SQLite header, and a scratch
+    file beside it must take a few bytes (a full disk, or a file size limit, fails
+    here; opening alone would not tell). The host opens the store for real right
+    after ``initialize`` and, should that still fail, refuses the methods that
+    need it rather than pretending (see :meth:`AcpServer._needing_store`).
+    """
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            header = os.read(fd, len(_SQLITE_HEADER))
+        finally:
+            os.close(fd)
+        _write_scratch(f"{os.fspath(path)}.probe")
+    except OSError:
+        return False
+    return header in (b"", _SQLITE_HEADER)
+
+
+def _write_scratch(scratch: str) -> None:
+    """Write a page to ``scratch`` and remove it; OSError when the disk refuses."""
+    fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, bytes(4096))
+    finally:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(scratch)
+
+
+class AcpPeer:
+    """One ACP client connection, as the host sees it."""
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.endpoint = endpoint
+        self.name = endpoint.name
+
+    @property
+    def flow(self) -> WriteFlow | None:
+        flow: WriteFlow | None = self.endpoint.state.get("flow")
+        return flow
+
+    def send_event(self, sid: str, event: Event) -> None:
+        self.endpoint.notify("session/update", acp.encode_event(sid, event))
+
+    async def ask_permission(self, sid: str, ask: PermissionAsk, timeout: float) -> str | None:
+        try:
+            from ipc.events import content_from_wire  # off the way to initialize
+
+            preview = tuple(content_from_wire(item) for item in ask.content)
+        except (KeyError, TypeError):
+            preview = ()
+        params = acp.permission_params(sid, ask.tool_call_id, ask.title, ask.kind, ask.raw_input,
+                                       preview)
+        try:
+            result = await self.endpoint.request(
+                "session/request_permission", params, timeout=timeout
+            )
+        except TimeoutError:
+            log.info("permission request for %s timed out: denied", ask.tool_name)
+            return None
+        except (ConnectionLost, RemoteError) as exc:
+            log.info("permission request for %s failed (%s): denied", ask.tool_name,
+                     type(exc).__name__)
+            return None
+        return acp.selected_option(result)
+
+
+    def offers(self, method: str) -> bool:
+        from supervisor.client_relay import advertises  # off the way to initialize
+
+        return advertises(self.endpoint.state.get("client"), method)
+
+    async def call_client(self, sid: str, method: str, params: dict[str, Any],
+                          timeout: float) -> Any:
+        return await self.endpoint.request(method, params, timeout=timeout)
+
+    def notify_client(self, sid: str, method: str, params: dict[str, Any]) -> None:
+        self.endpoint.notify(method, params)
+
+    async def ask_user(
+        self, sid: str, message: str, schema: dict[str, Any], timeout: float
+    ) -> dict[str, Any] | None:
+        """A question with choices goes out as ``session/request_permission`` with the
+        choices as options; ACP v1 has no free-text question, so other forms get None."""
+        form = acp.question_choices(schema)
+        if form is None:
+            log.info("session %s: a question without choices cannot be asked over ACP", sid)
+            return None
+        field, choices = form
+        import secrets  # off the way to initialize
+
+        params = acp.question_params(sid, f"ask-{secrets.token_hex(8)}", message, choices)
+        try:
+            result = await self.endpoint.request(
+                "session/request_permission", params, timeout=timeout)
+        except TimeoutError:
+            log.info("session %s: question timed out", sid)
+            return None
+        except (ConnectionLost, RemoteError) as exc:
+            log.info("session %s: question failed (%s)", sid, type(exc).__name__)
+            return None
+        return acp.question_answer(result, field, choices)
+
+
+class AcpServer:
+    """Handler table and lifecycle shared by every ACP connection of one host."""
+
+    def __init__(self, settings: Settings, version: str, host: HostHandle | None = None) -> None:
+        """``host``: a daemon's shared host; without one the server has its own (embedded)."""
+        self.settings = settings
+        self.version = version
+        self.owns_host = host is None
+        self.host = host if host is not None else HostHandle(settings)
+        self._advertise(probe_store(settings.store_path))
+        self.methods: dict[str, Callable[..., Any]] = ExtensionMethods({
+            "initialize": self.initialize,
+            "session/new": self.new_session,
+            "session/prompt": self.prompt,
+            "session/cancel": self.cancel,
+            "session/stop": self.stop,
+            "session/set_mode": self.set_mode,
+            "session/update": self.client_event,
+            "session/event": self.client_event,
+            "status": self.status,
+        }, self.extension)
+        #: Extension notifications go on as notifications, not as the requests above.
+        self.notifications = ExtensionMethods({}, self.extension_notice)
+        for method, handler in (("session/load", self.load), ("session/resume", self.resume),
+                                ("session/list", self.list), ("session/close", self.close),
+                                ("session/delete", self.delete)):
+            self.methods[method] = self._needing_store(handler)
+
+    def _advertise(self, persistent: bool) -> None:
+        """Prepare the ``initialize`` answer: with a store, or in-memory sessions only."""
+        self.persistent = persistent
+        settings = self.settings
+        self.handshake = acp_handshake.initialize_result(
+            version=self.version, persistent=persistent, default_model=settings.default_model,
+            max_sessions=settings.max_sessions, timeout=settings.session_timeout_secs,
+            sandbox=detect_sandbox(settings.sandbox).to_wire(),
+        )
+
+    def make_endpoint(self, send: Callable[[bytes], None], name: str = "acp") -> Endpoint:
+        endpoint = Endpoint(send, self.methods, name=name, notifications=self.notifications)
+        peer = AcpPeer(endpoint)
+        endpoint.state["peer"] = peer
+        endpoint.on_eof.append(lambda: self._peer_gone(peer))
+        return endpoint
+
+    def _peer_gone(self, peer: AcpPeer) -> None:
+        """The client's input ended: its running turns are cancelled (and persisted),
+        and it holds no session any more."""
+        self.host.owners.leave_all(peer)
+        sessions = self.host.started()
+        if sessions is not None:
+            sessions.cancel_peer_turns(peer)
+
+    # --- lifecycle ----------------------------------------------------------------
+
+    async def sessions(self) -> Sessions:
+        return await self.host.sessions()
+
+    def _needing_store(
+        self, handler: Callable[[Any, Endpoint], Any]
+    ) -> Callable[[Any, Endpoint], Any]:
+        """``handler`` for a method whose capability is advertised only with a store
+        (SPEC §3): without one it answers -32000, as for an unknown session (seed 000)."""
+
+        async def guarded(params: Any, endpoint: Endpoint) -> Any:
+            sessions = await self.sessions()
+            if not sessions.host.store.persistent:
+                raise SessionNotFound(
+                    "Session not found: the session store is not available "
+                    "(sessions are kept in memory only)")
+            return await handler(params, endpoint)
+
+        return guarded
+
+    async def shutdown(self) -> None:
+        """Stop the host this server owns (a daemon stops its shared host itself)."""
+        sessions = await self.host.settled() if self.owns_host else None
+        if sessions is not None:
+            await sessions.host.stop()
+
+    # --- handlers -------------------------------------------------------------------
+
+    async def _visible(self, params: Any, endpoint: Endpoint) -> str:
+        """The request's session id; on a tenant's connection (the gateway) -32000 for a
+        session that is not the tenant's, checked before anything else can answer."""
+        sid = acp.session_id(params)
+        scope: TenantScope | None = endpoint.state.get("scope")
+        if scope is not None:
+            scope.check(await self.sessions(), sid)
+        return sid
+
+    async def _held(self, params: Any, endpoint: Endpoint) -> str:
+        """The request's session id, when no other connection holds it (else -32003)."""
+        sid = await self._visible(params, endpoint)
+        self.host.owners.check(sid, endpoint.state["peer"])
+        return sid
+
+    def initialize(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
+        if not isinstance(params, Mapping):
+            raise InvalidParams("params must be an object")
+        acp_handshake.check_protocol_version(params.get("protocolVersion"))
+        endpoint.state["client"] = params.get("clientCapabilities") or {}
+        asyncio.get_running_loop().call_soon(self.host.start)
+        started = self.host.started()
+        if started is not None and started.host.store.persistent != self.persistent:
+            self._advertise(started.host.store.persistent)  # what the host opened wins
+        return self.handshake
+
+    async def new_session(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
+        request = acp.new_session_request(params)
+        sessions = await self.sessions()
+        peer = endpoint.state["peer"]
+        scope: TenantScope | None = endpoint.state.get("scope")
+        if scope is None:
+            route = await sessions.new(peer, request)
+        else:
+            route = await scope.new_session(sessions, peer, request)
+        self.host.owners.join(route.sid, peer)  # a no-op if the client left meanwhile
+        modes = await session_modes(sessions, route)
+        _announce_commands(peer, route.sid)
+        return {"sessionId": route.sid, "workspaceDir": route.workspace_dir, "modes": modes}
+
+    async def prompt(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
+        request = acp.prompt_request(params)
+        peer = endpoint.state["peer"]
+        await self._visible(params, endpoint)
+        with self.host.owners.adopting(request.session_id, peer):
+            outcome = await (await self.sessions()).prompt(peer, request)
+        result: dict[str, Any] = {"sessionId": outcome.sid, "stopReason": outcome.stop_reason,
+                                  "content": outcome.content}
+        if outcome.meta:
+            result["_meta"] = {"zeroclaw": outcome.meta}
+        return result
+
+    async def cancel(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
+        sid = await self._held(params, endpoint)
+        sessions = await self.sessions()
+        sessions.cancel(sid)
+        return {}
+
+    async def close(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
+        sid = await self._held(params, endpoint)
+        await self.host.owners.ending(sid, (await self.sessions()).close(sid))
+        return {}
+
+    async def stop(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
+        sid = await self._held(params, endpoint)
+        await self.host.owners.ending(sid, (await self.sessions()).close(sid, wait_for_turn=True))
+        return {"sessionId": sid, "stopped": True}
+
+    async def _restore(self, params: Any, endpoint: Endpoint, replay: bool) -> dict[str, Any]:
+        sid = await self._visible(params, endpoint)
+        if isinstance(params, Mapping):
+            acp.optional_str(params, "cwd")
+        sessions = await self.sessions()
+        peer = endpoint.state["peer"]
+        scope: TenantScope | None = endpoint.state.get("scope")
+        if scope is not None:
+            scope.check_capacity(sessions, sid)
+        route = await sessions.restore(peer, sid, replay=replay)
+        self.host.owners.join(sid, peer)  # a no-op if the client left meanwhile
+        modes = await session_modes(sessions, route)
+        _announce_commands(peer, sid)
+        return _with_agent_fallback({"modes": modes}, route.agent_fallback)
+
+    async def load(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
+        return await self._restore(params, endpoint, replay=True)
+
+    async def resume(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
+        return await self._restore(params, endpoint, replay=False)
+
+    async def list(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
+        if not isinstance(params, Mapping):
+            raise InvalidParams("params must be an object")
+        cwd = acp.optional_str(params, "cwd")
+        cursor = acp.optional_str(params, "cursor")
+        sessions = await self.sessions()
+        scope: TenantScope | None = endpoint.state.get("scope")
+        rows, next_cursor = sessions.list(cwd, cursor, tenant=scope.name if scope else None)
+        result: dict[str, Any] = {"sessions": [acp.session_entry(row) for row in rows]}
+        if next_cursor:
+            result["nextCursor"] = next_cursor
+        return result
+
+    async def delete(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
+        sid = await self._held(params, endpoint)
+        await self.host.owners.ending(sid, (await self.sessions()).delete(sid))
+        return {}
+
+    async def set_mode(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
+        sid = await self._held(params, endpoint)
+        mode = acp.optional_str(params, "modeId", "mode_id")
+        if mode is None:
+            raise InvalidParams("missing modeId")
+        sessions, peer = await self.sessions(), endpoint.state["peer"]
+        route = sessions.host.live.route(sid)
+        if route is None and may_be_agent_mode(sessions, sid, mode):
+            with self.host.owners.adopting(sid, peer):  # reopened, as a prompt would
+                route = await sessions.live_route(sid, peer)
+        if route is None or not await set_agent_mode(sessions, route, mode, peer):
+            await sessions.set_mode(peer, sid, mode)  # zeroclaw's autonomy level
+        return {}
+
+    async def client_event(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
+        sid = await self._visible(params, endpoint)
+        kind = acp.optional_str(params, "type")
+        update = params.get("update")
+        if kind is None and isinstance(update, Mapping):
+            kind = str(update.get("sessionUpdate") or "event")
+        await (await self.sessions()).client_event(sid, kind or "event", dict(params))
+        return {"sessionId": sid, "type": kind or "event", "status": "processed"}
+
+    async def extension(self, method: str, params: Any, endpoint: Endpoint) -> Any:
+        """A ``_``-prefixed request: forwarded to the hosted agent of the session it
+        names (:mod:`supervisor.agent_calls`); it adopts a session nobody holds, as a
+        prompt does."""
+        return await self._to_agent(method, params, endpoint, notification=False)
+
+    async def extension_notice(self, method: str, params: Any, endpoint: Endpoint) -> None:
+        """A ``_``-prefixed notification: passed on to the session's hosted agent as a
+        notification, like a request otherwise (nothing answers it)."""
+        await self._to_agent(method, params, endpoint, notification=True)
+
+    async def _to_agent(self, method: str, params: Any, endpoint: Endpoint, *,
+                        notification: bool) -> Any:
+        if not isinstance(params, Mapping):
+            raise InvalidParams("params must be an object")
+        sid = await self._visible(params, endpoint)
+        peer = endpoint.state["peer"]
+        with self.host.owners.adopting(sid, peer):
+            sessions = await self.sessions()
+            route = await sessions.live_route(sid, peer)
+            calls = sessions.host.agent_calls
+            if notification:
+                calls.notify(route, method, dict(params))
+                return None
+            return await calls.call(route, method, dict(params))
+
+    async def status(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
+        from supervisor.status import host_status
+
+        sessions = await self.sessions()
+        status = host_status(sessions, self.host.owners)
+        scope: TenantScope | None = endpoint.state.get("scope")
+        return status if scope is None else scope.status_view(status, sessions)
+
+
+def _with_agent_fallback(
+    result: dict[str, Any], fallback: dict[str, str] | None
+) -> dict[str, Any]:
+    """``_meta.zeroclaw.agentFallback: {from, to}`` on a load, resume or prompt result of a
+    session whose own agent was disabled or removed (it runs on ``to`` instead)."""
+    if fallback is not None:
+        result["_meta"] = {"zeroclaw": {"agentFallback": fallback}}
+    return result
+
+
+def _announce_commands(peer: AcpPeer, sid: str) -> None:
+    """Send the session's ``available_commands_update`` right after the answer being
+    made: the endpoint writes a handler's result as soon as it returns, before any
+    callback scheduled now runs, so the client knows the session id when this arrives."""
+    from supervisor.slash_commands import available_commands
+
+    asyncio.get_running_loop().call_soon(peer.send_event, sid, available_commands())
