@@ -4,8 +4,11 @@ Started by the ``shell`` tool (never imported by it: a threaded worker must not
 restrict itself, and ``preexec_fn`` is unsafe there). This process marks itself a
 child subreaper and forks; the child drops every capability from its bounding set,
 sets ``no_new_privs``, applies the ruleset of ``SPEC_FILE`` (JSON ``{"abi": N,
-"rules": [[path, rights], ...], "argv": [...]}``, built by
-:func:`actors.worker.tools.sandbox.landlock_rules`) and execs ``argv``. When it exits, the
+"rules": [[path, rights], ...], "argv": [...], "deny_unix_sockets": bool}``, built by
+:func:`actors.worker.tools.sandbox.confined_argv`), with ``deny_unix_sockets`` a seccomp
+filter that refuses new ``AF_UNIX`` sockets and io_uring (Landlock does not cover
+``connect`` to a socket's path, so the host's sockets are out of reach only this way;
+``socketpair`` stays allowed), and execs ``argv``. When it exits, the
 parent kills every descendant left behind (they were re-parented to it) and exits
 with the child's status. Any failure to confine is fatal: the command never runs
 unconfined. Standard library only; single-threaded.
@@ -28,6 +31,11 @@ _PR_SET_NO_NEW_PRIVS, _PR_CAPBSET_DROP, _PR_SET_CHILD_SUBREAPER = 38, 24, 36
 _FILE_RIGHTS = (1 << 0) | (1 << 1) | (1 << 2) | (1 << 14) | (1 << 15)
 _SCOPE_ABSTRACT_UNIX_SOCKET, _SCOPE_SIGNAL = 1, 2
 _ABI1_ALL = (1 << 13) - 1
+_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 22, 2
+_SECCOMP_RET_ALLOW, _SECCOMP_RET_ERRNO = 0x7FFF0000, 0x00050000
+_EACCES, _AF_UNIX = 13, 1
+#: (audit arch, socket, io_uring_setup) by machine; the x32 ABI's numbers are refused.
+_SYSCALLS = {"x86_64": (0xC000003E, 41, 425), "aarch64": (0xC00000B7, 198, 425)}
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -73,6 +81,29 @@ def _add_rule(ruleset: int, path: str, rights: int) -> None:
         os.close(fd)
 
 
+def _deny_unix_sockets() -> None:
+    """A seccomp filter: ``socket(AF_UNIX, ...)`` and ``io_uring_setup`` fail with EACCES
+    (as does any syscall of another ABI on this machine); everything else is allowed."""
+    machine = os.uname().machine
+    if machine not in _SYSCALLS:
+        raise OSError(0, f"no seccomp filter for {machine}")
+    arch, socket_nr, uring_nr = _SYSCALLS[machine]
+    deny, allow = _SECCOMP_RET_ERRNO | _EACCES, _SECCOMP_RET_ALLOW
+    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
+    program = [
+        (ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, deny),  # another ABI: refused
+        (ld, 0, 0, 0), (jge, 4, 0, 0x40000000),  # x32 numbers: refused
+        (jeq, 1, 0, socket_nr), (jeq, 2, 3, uring_nr),
+        (ld, 0, 0, 16), (jeq, 0, 1, _AF_UNIX),  # socket's family (low 32 bits)
+        (ret, 0, 0, deny), (ret, 0, 0, allow),
+    ]
+    filters = b"".join(struct.pack("=HBBI", *op) for op in program)
+    buffer = ctypes.create_string_buffer(filters, len(filters))
+    prog = struct.pack("@HP", len(program), ctypes.addressof(buffer))
+    prog_buffer = ctypes.create_string_buffer(prog, len(prog))
+    _check(_libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, prog_buffer, 0, 0), "seccomp")
+
+
 def _confine(spec: dict) -> None:
     """In the child: no capabilities, no new privileges, then the ruleset."""
     for capability in range(64):
@@ -85,6 +116,8 @@ def _confine(spec: dict) -> None:
         _add_rule(ruleset, path, int(rights & _handled(int(spec["abi"]))))
     _check(_libc.syscall(_RESTRICT_SELF, ruleset, 0), "landlock_restrict_self")
     os.close(ruleset)
+    if spec.get("deny_unix_sockets"):
+        _deny_unix_sockets()
 
 
 def _children() -> list[int]:

@@ -45,7 +45,7 @@ from typing import Any
 from actors.worker.sandbox import BWRAP_ISOLATION, SandboxInfo
 from actors.worker.tools.paths import PathPolicy
 
-__all__ = ["Confined", "confined", "landlock_rules"]
+__all__ = ["Confined", "confined", "confined_argv", "landlock_rules"]
 
 _LAUNCHER = Path(__file__).with_name("landlock_exec.py")
 _SHELL = "/bin/sh"
@@ -76,35 +76,48 @@ def confined(info: SandboxInfo, policy: PathPolicy, command: str,
     """``/bin/sh -c command`` under ``info``'s backend for a session with ``policy``, the
     ``hidden`` paths masked like forbidden ones; a private temporary directory lives as
     long as the context."""
-    masked = (*policy.forbidden, *hidden)
-    if info.backend == "bwrap":
-        yield Confined(_bwrap_argv(policy, masked, command), {"TMPDIR": "/tmp"})
-        return
-    if info.backend != "landlock":
-        yield Confined([_SHELL, "-c", command])
+    if info.backend != "landlock":  # bubblewrap makes its own /tmp
+        yield confined_argv(info, policy, [_SHELL, "-c", command], hidden, Path("/tmp"))
         return
     private_tmp = tempfile.mkdtemp(prefix="zeroclaw-shell-")
     try:
-        rules = landlock_rules(policy, Path(private_tmp), info.landlock_abi, hidden)
-        spec = {"abi": info.landlock_abi, "rules": rules, "argv": [_SHELL, "-c", command]}
-        spec_path = Path(private_tmp, ".landlock-spec.json")  # too long for an argument
-        spec_path.write_text(json.dumps(spec), encoding="utf-8")
-        argv = [sys.executable, "-I", "-S", str(_LAUNCHER), str(spec_path)]
-        yield Confined(argv, {"TMPDIR": private_tmp})
+        yield confined_argv(info, policy, [_SHELL, "-c", command], hidden, Path(private_tmp))
     finally:
         shutil.rmtree(private_tmp, ignore_errors=True)
 
 
-def _bwrap_argv(policy: PathPolicy, masked: tuple[Path, ...], command: str) -> list[str]:
+def confined_argv(info: SandboxInfo, policy: PathPolicy, argv: list[str],
+                  hidden: tuple[Path, ...], private_tmp: Path) -> Confined:
+    """``argv`` (and all it starts) under ``info``'s backend: writes only beneath
+    ``policy.roots`` and ``private_tmp`` (the caller's to create and remove; under
+    bubblewrap a fresh ``/tmp`` instead), the forbidden and ``hidden`` paths masked
+    (a root inside a hidden directory stays reachable), no new Unix-socket
+    connections under Landlock (it cannot mask a socket's path)."""
+    if info.backend == "bwrap":
+        return Confined(_bwrap_argv(policy, (*policy.forbidden, *hidden), argv),
+                        {"TMPDIR": "/tmp"})
+    if info.backend != "landlock":
+        return Confined(list(argv))
+    rules = landlock_rules(policy, private_tmp, info.landlock_abi, hidden)
+    spec = {"abi": info.landlock_abi, "rules": rules, "argv": list(argv),
+            "deny_unix_sockets": True}
+    spec_path = private_tmp / f".landlock-spec-{os.getpid()}-{id(spec)}.json"
+    spec_path.write_text(json.dumps(spec), encoding="utf-8")  # too long for an argument
+    launcher = [sys.executable, "-I", "-S", str(_LAUNCHER), str(spec_path)]
+    return Confined(launcher, {"TMPDIR": str(private_tmp)})
+
+
+def _bwrap_argv(policy: PathPolicy, masked: tuple[Path, ...], command: list[str]) -> list[str]:
     """``/`` read-only, a fresh ``/tmp``, the roots writable, then fresh ``/dev`` and
     ``/proc`` with ``/proc/sys`` and ``/sys`` read-only (even a root of ``/`` does not
-    reach raw disks or kernel settings), then the masks (last, so forbidden wins)."""
+    reach raw disks or kernel settings), then the masks (last, so forbidden wins; a
+    root inside a masked directory is bound again inside the mask)."""
     argv = [shutil.which("bwrap") or "bwrap", "--ro-bind", "/", "/", "--tmpfs", "/tmp"]
     if os.path.isdir("/var/tmp"):
         argv += ["--tmpfs", "/var/tmp"]
-    for root in policy.roots:
-        if root.is_dir():  # an agent workspace may not exist yet
-            argv += ["--bind", str(root), str(root)]
+    roots = [root for root in policy.roots if root.is_dir()]  # a workspace may not exist yet
+    for root in roots:
+        argv += ["--bind", str(root), str(root)]
     argv += ["--dev", "/dev", "--proc", "/proc"]
     for kernel in ("/proc/sys", "/sys"):  # root may write sysctls without capabilities
         if os.path.isdir(kernel):
@@ -116,24 +129,30 @@ def _bwrap_argv(policy: PathPolicy, masked: tuple[Path, ...], command: str) -> l
         if any(forbidden != d and forbidden.is_relative_to(d) for d in masked_dirs):
             continue  # already hidden by a masked directory above it (now read-only)
         if forbidden.is_dir():
-            argv += ["--tmpfs", str(forbidden), "--remount-ro", str(forbidden)]
+            argv += ["--tmpfs", str(forbidden)]
+            for root in roots:
+                if root != forbidden and root.is_relative_to(forbidden) and not any(
+                        root.is_relative_to(f) for f in policy.forbidden):
+                    argv += ["--bind", str(root), str(root)]
+            argv += ["--remount-ro", str(forbidden)]
         elif forbidden.exists():
             argv += ["--ro-bind", "/dev/null", str(forbidden)]
-    return [*argv, *BWRAP_ISOLATION, "--chdir", str(policy.cwd), "--", _SHELL, "-c", command]
+    return [*argv, *BWRAP_ISOLATION, "--chdir", str(policy.cwd), "--", *command]
 
 
 def landlock_rules(policy: PathPolicy, private_tmp: Path, abi: int,
                    hidden: tuple[Path, ...] = ()) -> list[list[Any]]:
     """``[path, rights]`` rules: read (and execute) everywhere, full rights beneath the
-    roots and ``private_tmp``, read-write on a few devices; never beneath a forbidden or
-    hidden path."""
+    roots and ``private_tmp``, read-write on a few devices; never beneath a forbidden
+    path, nor beneath a hidden one but for a root inside it."""
     everything = _ABI1_ALL | (_REFER if abi >= 2 else 0) | (_TRUNCATE if abi >= 3 else 0) \
         | (_IOCTL_DEV if abi >= 5 else 0)
     rules: list[list[Any]] = []
     forbidden = (*policy.forbidden, *hidden)
     _carve(Path("/"), _READ_RIGHTS, (*forbidden, Path("/dev")), rules)  # no raw disks
     for root in (*policy.roots, private_tmp):  # even a root of / writes no kernel interface
-        _carve(root, everything, (*forbidden, *_KERNEL_INTERFACES), rules)
+        around = tuple(path for path in hidden if not root.is_relative_to(path))
+        _carve(root, everything, (*policy.forbidden, *around, *_KERNEL_INTERFACES), rules)
     for device in _DEVICES:
         if os.path.exists(device):
             _carve(Path(device), _READ_FILE | _WRITE_FILE | (everything & _TRUNCATE),
