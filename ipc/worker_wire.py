@@ -64,12 +64,14 @@ host grants them back with :class:`Credit` (the turn's agent waits meanwhile).""
 class AgentProcessEntry(TypedDict):
     """One external agent process of a worker (``provider = "acp"``), as its heartbeat
     reports it: ``sessions`` are the agent sessions it holds, ``restarts`` how often the
-    worker started it again (after a crash or a turn it would not cancel)."""
+    worker started it again (after a crash or a turn it would not cancel), ``confinement``
+    the sandbox backend that confines it (``bwrap``, ``landlock``) or ``none``."""
 
     alias: str
     pid: int
     sessions: int
     restarts: int
+    confinement: str
 
 
 class WireError(ValueError):

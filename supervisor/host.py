@@ -121,7 +121,9 @@ class Host:
             max_workers=settings.workers_max,
             inherit=agent_variables(settings.agents.values()),
             env=worker_sandbox_environment(self.sandbox, settings.allow_unsandboxed_shell,
-                                           (settings.data_dir, settings.socket_path)),
+                                           (settings.data_dir, settings.socket_path),
+                                           (settings.config_dir,),
+                                           settings.data_dir / "agent-homes"),
         )
         become_subreaper()
         await self.pool.start()

@@ -18,7 +18,7 @@ import os
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ from actors.persistence import (
     WriteMode,
 )
 from actors.worker.agents import agent_config_problem
+from actors.worker.agents.acp_confine import TENANT_ROOT_META_KEY
 from ipc.acp import Blob, NewSessionRequest, PromptRequest, blob_marker, replay_events
 from ipc.errors import InternalError, InvalidParams, RpcError, SessionNotFound
 from ipc.events import CurrentMode, TurnRecord, item_to_wire
@@ -222,10 +223,19 @@ class Sessions:
             cwd=info.cwd, mode=info.mode, forbidden_paths=list(self.settings.forbidden_paths),
             permission_timeout=self.settings.session_timeout_secs,
             history=[item_to_wire(i) for i in agent_history(items)],
-            mcp_servers=list(info.mcp_servers), meta=dict(info.meta),
+            mcp_servers=list(info.mcp_servers), meta=self._open_meta(info.meta),
         ))
         host.scale_workers()
         return route
+
+    def _open_meta(self, meta: Mapping[str, Any]) -> dict[str, Any]:
+        """The stored ``meta`` for the worker, with a tenant's ``workspace_root`` (the
+        writable root of the tenant's hosted agent processes)."""
+        opened = dict(meta)
+        tenant = self.host.settings.tenants.get(str(meta.get(TENANT_META_KEY) or ""))
+        if tenant is not None and tenant.workspace_root is not None:
+            opened[TENANT_ROOT_META_KEY] = os.path.realpath(tenant.workspace_root)
+        return opened
 
     async def _forget(self, route: Route) -> None:
         self.live.drop(route)

@@ -87,7 +87,8 @@ def _agent_entry(agent: AgentProcessEntry) -> dict[str, Any]:
     """A worker's agent process (from its last heartbeat) with the host's psutil figures."""
     rss, cpu = process_figures(agent["pid"])
     return {"agentAlias": agent["alias"], "pid": agent["pid"], "rssBytes": rss,
-            "cpuPercent": cpu, "sessions": agent["sessions"], "restarts": agent["restarts"]}
+            "cpuPercent": cpu, "sessions": agent["sessions"], "restarts": agent["restarts"],
+            "sandbox": agent.get("confinement", "none")}
 
 
 def host_status(sessions: Sessions, owners: Owners) -> dict[str, Any]:

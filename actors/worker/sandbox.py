@@ -38,6 +38,10 @@ SANDBOX_CHOICES = ("auto", "bwrap", "landlock", "none")
 SANDBOX_VARIABLE = "ZEROCLAW_SHELL_SANDBOX"
 UNSANDBOXED_VARIABLE = "ZEROCLAW_ALLOW_UNSANDBOXED_SHELL"
 HIDDEN_VARIABLE = "ZEROCLAW_SHELL_HIDDEN"
+#: What a hosted agent process must not see besides those (the config dir), and where the
+#: state dirs (HOME) of the tenants' agent processes live.
+AGENT_HIDDEN_VARIABLE = "ZEROCLAW_AGENT_HIDDEN"
+AGENT_STATE_VARIABLE = "ZEROCLAW_AGENT_STATE"
 _PROBE_TIMEOUT = 10.0
 _SHELL = "/bin/sh"
 _CREATE_RULESET, _CREATE_RULESET_VERSION = 444, 1
@@ -150,12 +154,16 @@ def _probe_landlock() -> tuple[int, str]:
 
 
 def worker_sandbox_environment(info: SandboxInfo, allow_unsandboxed: bool,
-                               hidden: Iterable[Path] = ()) -> dict[str, str]:
-    """The variables the host gives its workers: the backend it resolved, the switch, and
-    the host's own paths (data dir, sockets) that commands must not see."""
+                               hidden: Iterable[Path] = (), agent_hidden: Iterable[Path] = (),
+                               agent_state: Path | None = None) -> dict[str, str]:
+    """The variables the host gives its workers: the backend it resolved, the switch, the
+    host's own paths (data dir, sockets) that commands must not see, those hosted agent
+    processes must not see either (the config dir), and the agents' state dirs."""
     return {SANDBOX_VARIABLE: info.backend if info.confines else "none",
             UNSANDBOXED_VARIABLE: "1" if allow_unsandboxed else "0",
-            HIDDEN_VARIABLE: os.pathsep.join(str(path) for path in hidden)}
+            HIDDEN_VARIABLE: os.pathsep.join(str(path) for path in hidden),
+            AGENT_HIDDEN_VARIABLE: os.pathsep.join(str(path) for path in agent_hidden),
+            AGENT_STATE_VARIABLE: str(agent_state or "")}
 
 
 def worker_sandbox_settings(

@@ -205,7 +205,8 @@ def _agent_lines(agents: list[dict[str, Any]]) -> list[str]:
     """A worker's hosted agent processes, indented under its row."""
     return [f"{'└ ' + str(a.get('pid')):>10}  {_mib(a.get('rssBytes')):>10}  "
             f"{float(a.get('cpuPercent') or 0):>6.1f}  {a.get('sessions', 0):>8}  "
-            f"agent {a.get('agentAlias')}, restarts {a.get('restarts', 0)}" for a in agents]
+            f"agent {a.get('agentAlias')}, restarts {a.get('restarts', 0)}, "
+            f"sandbox {a.get('sandbox', 'none')}" for a in agents]
 
 
 def _once(client: StatusClient, as_json: bool, out: TextIO) -> int:

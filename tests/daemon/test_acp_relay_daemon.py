@@ -97,9 +97,11 @@ async def test_an_editor_gone_with_a_relayed_request_pending_leaves_the_agent_an
 
 
 def _agent_pid(client: Any, sid: str) -> str:
+    """Which agent process serves ``sid`` (its own token: a confined process's pid is
+    the one of its PID namespace)."""
     client.notifications.clear()
     client.request("session/prompt", {"sessionId": sid,
-                                      "prompt": [{"type": "text", "text": "pid"}]})
+                                      "prompt": [{"type": "text", "text": "ident"}]})
     return "".join(u["update"]["content"]["text"] for u in client.updates()
                    if u["update"].get("sessionUpdate") == "agent_message_chunk")
 
@@ -119,7 +121,7 @@ def test_tenants_never_share_a_hosted_agent_process(daemons: Any, scratch_dir: P
         bob_sid = bob.request("session/new", {"cwd": str(scratch_dir)})["sessionId"]
         again = alice.request("session/new", {"cwd": str(scratch_dir)})["sessionId"]
         alice_pid, bob_pid = _agent_pid(alice, alice_sid), _agent_pid(bob, bob_sid)
-        assert alice_pid.isdigit() and bob_pid.isdigit()
+        assert len(alice_pid) == len(bob_pid) == 32
         assert alice_pid != bob_pid
         assert _agent_pid(alice, again) == alice_pid  # a tenant's sessions still share one
         alice.request("session/close", {"sessionId": again})

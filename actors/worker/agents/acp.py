@@ -5,6 +5,8 @@ Config (``[agents.<alias>]``): ``command`` (argv array, no shell; ``argv[0]`` an
 absolute path or a name on PATH), ``env`` (a table added to a clean environment),
 ``per_session`` (one process per session instead of one per worker, alias and gateway
 tenant),
+``sandbox`` and ``allow_unconfined_tenants`` (how its process is confined:
+:mod:`actors.worker.agents.acp_confine`),
 ``agent_start_timeout_secs`` (default 30: for ``initialize`` and ``session/new``),
 ``cancel_grace_secs`` (default 5: how long a cancelled turn may take to end in the
 agent before the turn ends ``cancelled`` and the agent process is restarted).
@@ -41,6 +43,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from actors.worker.agents.acp_client import HANDLERS, NOTIFICATIONS
+from actors.worker.agents.acp_confine import AgentJail, jail_for, setting_problem
 from actors.worker.agents.acp_process import AgentProcess, LaunchSpec, SessionLink, clean_env
 from actors.worker.agents.acp_turn import AcpTurn
 from actors.worker.agents.base import Agent, AgentFailure, SessionSetup, TurnContext, TurnResult
@@ -101,6 +104,9 @@ def command_problem(config: Mapping[str, Any]) -> str | None:
         value = config.get(key, default)
         if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
             return f"{key} must be a positive number"
+    sandboxing = setting_problem(config)
+    if sandboxing is not None:
+        return sandboxing
     if _executable(command[0], dict(env)) is None:
         return f"executable {command[0]!r} not found (not an absolute path or a name on PATH)"
     return None
@@ -114,7 +120,7 @@ def _executable(name: str, env: dict[str, str]) -> str | None:
     return shutil.which(name, path=clean_env(env).get("PATH", os.defpath))
 
 
-def _launch_spec(config: Mapping[str, Any]) -> LaunchSpec:
+def _launch_spec(config: Mapping[str, Any], jail: AgentJail | None = None) -> LaunchSpec:
     alias = str(config.get("alias", "acp"))
     problem = command_problem(config)
     if problem is not None:
@@ -124,10 +130,12 @@ def _launch_spec(config: Mapping[str, Any]) -> LaunchSpec:
     env.update(config.get("env") or {})
     argv = list(config["command"])
     argv[0] = _executable(argv[0], env) or argv[0]
+    cwd = str(jail.policy.cwd) if jail is not None else str(config.get("workspace")
+                                                            or os.getcwd())
     return LaunchSpec(
-        alias=alias, argv=tuple(argv), env=clean_env(env),
-        cwd=str(config.get("workspace") or os.getcwd()),
+        alias=alias, argv=tuple(argv), env=clean_env(env), cwd=cwd,
         start_timeout=float(config.get("agent_start_timeout_secs", DEFAULT_START_TIMEOUT)),
+        jail=jail,
     )
 
 
@@ -180,7 +188,8 @@ class _Processes:
             running = list(self._running.items())
             restarts = dict(self._restarts)
         return [AgentProcessEntry(alias=p.alias, pid=p.pid or 0, sessions=len(p.links),
-                                  restarts=restarts.get(key, 0))
+                                  restarts=restarts.get(key, 0),
+                                  confinement=p.spec.confinement)
                 for key, p in running if p.alive and p.pid is not None]
 
     def stop_all(self) -> None:
@@ -272,7 +281,7 @@ class AcpAgent(Agent):
         self._setup: SessionSetup | None = None
         self._process: AgentProcess | None = None
         self._link: SessionLink | None = None
-        self._key = self.alias
+        self._key = self._base_key = self.alias
         self._start_error: str | None = None
         self._agent_sessions = 0
         self._context_lost = False
@@ -288,7 +297,7 @@ class AcpAgent(Agent):
         self._restorable = stored if isinstance(stored, str) and stored else None
         tenant = setup.meta.get("tenant")  # a process never serves two gateway tenants
         if isinstance(tenant, str) and tenant:
-            self._key = f"{self.alias}@{tenant}"
+            self._base_key = self._key = f"{self.alias}@{tenant}"
         if self.config.get("per_session") is True:
             self._key = f"{self.alias}/{setup.sid}"
         try:
@@ -403,7 +412,10 @@ class AcpAgent(Agent):
             self._restorable = self._link.agent_session_id
         self._drop_link()
         self._process = self._link = None
-        process = _PROCESSES.acquire(self._key, _launch_spec(self.config))
+        jail = jail_for(self.config, setup)  # a tenant's session without a sandbox: refused
+        if self.config.get("per_session") is not True:
+            self._key = self._base_key + jail.key  # other writable roots: another process
+        process = _PROCESSES.acquire(self._key, _launch_spec(self.config, jail))
         agent_sid = self._reopen(process, setup)
         if agent_sid is None:
             agent_sid = self._new_session(process, setup)

@@ -26,14 +26,18 @@ import contextlib
 import logging
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from actors.worker.agents.acp_confine import AgentJail
 from actors.worker.agents.acp_terminals import Terminals
 from actors.worker.agents.base import AgentFailure, ClientChannel
 from actors.worker.tools import PathPolicy
@@ -73,13 +77,20 @@ def clean_env(extra: Mapping[str, str], base: Mapping[str, str] | None = None) -
 
 @dataclass(frozen=True, slots=True)
 class LaunchSpec:
-    """How to start one agent: ``argv[0]`` is already resolved to an absolute path."""
+    """How to start one agent: ``argv[0]`` is already resolved to an absolute path;
+    ``jail`` its confinement (None: unconfined, as in unit tests)."""
 
     alias: str
     argv: tuple[str, ...]
     env: dict[str, str]
     cwd: str
     start_timeout: float
+    jail: AgentJail | None = None
+
+    @property
+    def confinement(self) -> str:
+        """The backend that confines it (``bwrap``, ``landlock``), or ``none``."""
+        return self.jail.backend if self.jail is not None else "none"
 
 
 @dataclass(slots=True)
@@ -129,6 +140,7 @@ class AgentProcess:
         self._proc: subprocess.Popen[bytes] | None = None
         self._endpoint: Endpoint | None = None
         self._reader_task: asyncio.Task[None] | None = None
+        self._private_tmp: str | None = None
 
     # --- lifecycle (caller's thread) --------------------------------------------
 
@@ -186,6 +198,8 @@ class AgentProcess:
                 _signal_group(proc, signal.SIGKILL)
                 proc.wait()
         self.exited.set()
+        if self._private_tmp is not None:
+            shutil.rmtree(self._private_tmp, ignore_errors=True)
         for link in list(self.links.values()):
             link.terminals.close_all()
         if self._thread.is_alive():
@@ -274,11 +288,20 @@ class AgentProcess:
     def _spawn(self) -> subprocess.Popen[bytes]:
         spec = self.spec
         os.makedirs(spec.cwd, exist_ok=True)
-        argv = [sys.executable, "-I", "-S", "-c", _LAUNCHER, str(os.getpid()), *spec.argv]
+        command, env = list(spec.argv), dict(spec.env)
+        if spec.jail is not None:
+            self._private_tmp = tempfile.mkdtemp(prefix=f"zeroclaw-agent-{spec.alias}-")
+            confined = spec.jail.command(command, Path(self._private_tmp))
+            command = confined.argv
+            env.update(confined.env)
+            if spec.jail.home is not None:
+                env["HOME"] = str(spec.jail.home)
+        argv = [sys.executable, "-I", "-S", "-c", _LAUNCHER, str(os.getpid()), *command]
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, cwd=spec.cwd, env=spec.env,
+                                stderr=subprocess.PIPE, cwd=spec.cwd, env=env,
                                 start_new_session=True, close_fds=True)
-        log.info("agent %s started (pid %d)", self.alias, proc.pid)
+        log.info("agent %s started (pid %d, sandbox %s)", self.alias, proc.pid,
+                 spec.confinement)
         return proc
 
     def _bound(self, table: Mapping[str, Callable[..., Any]]) -> dict[str, Callable[..., Any]]:

@@ -1,0 +1,138 @@
+"""Where a hosted ACP agent process may write, and the command line that confines it
+there with the shell's backend (:mod:`actors.worker.tools.sandbox`).
+
+A process serves several sessions, so its writable roots are what all of them share:
+
+- a gateway tenant's process (always confined): the tenant's ``workspace_root`` (the
+  session's cwd when the tenant has none, so sessions in other directories get their
+  own process), a state dir of its own as its HOME
+  (``<data_dir>/agent-homes/<tenant>/<alias>``), and a private tmp;
+- the owner's process with ``[agents.NAME] sandbox = "auto"``: the user's HOME, the
+  agent's workspace and the session's cwd when it is elsewhere (then its own process),
+  and a private tmp. ``sandbox = "off"`` (the default for the owner) runs it unconfined.
+
+Masked in both: zeroclaw's config dir (the config file, tenants' token hashes, agents'
+env), its data dir (store, sockets, logs), the daemon socket and the forbidden paths;
+a root inside one of them stays reachable. The network stays open. Everything the
+agent starts inherits the confinement.
+
+Without a backend a tenant's process is refused unless ``[agents.NAME]
+allow_unconfined_tenants = true``; the owner's runs unconfined with a warning. Runs on
+a session actor's thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from actors.worker.agents.base import AgentFailure, SessionSetup
+from actors.worker.sandbox import (
+    AGENT_HIDDEN_VARIABLE,
+    AGENT_STATE_VARIABLE,
+    SandboxInfo,
+    worker_sandbox_settings,
+)
+from actors.worker.tools.paths import PathPolicy, canonical
+from actors.worker.tools.sandbox import Confined, confined_argv
+
+__all__ = ["SANDBOX_SETTINGS", "TENANT_ROOT_META_KEY", "AgentJail", "jail_for", "setting_problem"]
+
+log = logging.getLogger("zeroclaw.agent")
+
+#: The values of ``[agents.NAME] sandbox`` (for the owner's processes; tenants' are confined).
+SANDBOX_SETTINGS = ("auto", "off")
+#: The key of a session's open ``meta`` that carries its tenant's ``workspace_root``.
+TENANT_ROOT_META_KEY = "tenantWorkspaceRoot"
+
+
+@dataclass(frozen=True, slots=True)
+class AgentJail:
+    """How one agent process runs: ``backend`` (``none``: unconfined), ``policy`` (its
+    cwd, writable roots and forbidden paths), the paths ``hidden`` from it, and the HOME
+    it gets (None: the user's)."""
+
+    backend: str
+    info: SandboxInfo
+    policy: PathPolicy
+    hidden: tuple[Path, ...] = ()
+    home: Path | None = None
+
+    @property
+    def key(self) -> str:
+        """What tells processes apart besides alias and tenant: their writable roots."""
+        if self.backend == "none":
+            return ""
+        return "|" + os.pathsep.join(str(root) for root in self.policy.roots)
+
+    def command(self, argv: list[str], private_tmp: Path) -> Confined:
+        """``argv`` confined (unchanged when unconfined); ``private_tmp`` the caller's."""
+        if self.backend == "none":
+            return Confined(list(argv))
+        return confined_argv(self.info, self.policy, argv, self.hidden, private_tmp)
+
+
+def setting_problem(config: Mapping[str, Any]) -> str | None:
+    """What is wrong with the agent's ``sandbox`` and ``allow_unconfined_tenants``, or None."""
+    if config.get("sandbox", "off") not in SANDBOX_SETTINGS:
+        return f"sandbox must be one of {', '.join(SANDBOX_SETTINGS)}"
+    if not isinstance(config.get("allow_unconfined_tenants", False), bool):
+        return "allow_unconfined_tenants must be true or false"
+    return None
+
+
+def jail_for(config: Mapping[str, Any], setup: SessionSetup,
+             env: Mapping[str, str] | None = None) -> AgentJail:
+    """The confinement of the process that serves ``setup``'s session; AgentFailure for a
+    tenant's session when no backend confines it here (and that is not allowed)."""
+    env = os.environ if env is None else env
+    info, _, hidden = worker_sandbox_settings(env)
+    hidden += tuple(Path(os.path.realpath(p)) for p in
+                    (env.get(AGENT_HIDDEN_VARIABLE) or "").split(os.pathsep) if os.path.isabs(p))
+    alias = str(config.get("alias", "acp"))
+    tenant = setup.meta.get("tenant")
+    if isinstance(tenant, str) and tenant:
+        return _tenant_jail(config, setup, info, hidden, tenant, env)
+    workspace = canonical(str(config.get("workspace") or os.getcwd()))
+    home = env.get("HOME")
+    roots = [canonical(home)] if home and os.path.isabs(home) else []
+    roots.append(workspace)
+    cwd = setup.paths.cwd
+    if not any(cwd.is_relative_to(root) for root in roots):
+        roots.append(cwd)
+    policy = PathPolicy(cwd=workspace, roots=tuple(dict.fromkeys(roots)),
+                        forbidden=setup.paths.forbidden)
+    if config.get("sandbox", "off") == "off":
+        return AgentJail("none", info, policy)
+    if not info.confines:
+        log.warning("agent %s runs unconfined: no sandbox here (%s)", alias, info.reason)
+        return AgentJail("none", info, policy)
+    return AgentJail(info.backend, info, policy, hidden)
+
+
+def _tenant_jail(config: Mapping[str, Any], setup: SessionSetup, info: SandboxInfo,
+                 hidden: tuple[Path, ...], tenant: str, env: Mapping[str, str]) -> AgentJail:
+    alias = str(config.get("alias", "acp"))
+    root_text = setup.meta.get(TENANT_ROOT_META_KEY)
+    root = canonical(root_text) if isinstance(root_text, str) and root_text else setup.paths.cwd
+    state_dir = env.get(AGENT_STATE_VARIABLE) or ""
+    if not os.path.isabs(state_dir):
+        raise AgentFailure(f"agent {alias}: no state dir for tenants' agent processes")
+    home = Path(state_dir, tenant, alias)
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    policy = PathPolicy(cwd=root, roots=(root, canonical(str(home))),
+                        forbidden=setup.paths.forbidden)
+    if info.confines:
+        return AgentJail(info.backend, info, policy, hidden, home)
+    if config.get("allow_unconfined_tenants") is True:
+        log.warning("agent %s runs unconfined for tenant %s: no sandbox here (%s)", alias,
+                    tenant, info.reason)
+        return AgentJail("none", info, policy, hidden, home)
+    raise AgentFailure(
+        f"agent {alias} cannot serve a gateway tenant here: no sandbox confines its "
+        f"process ({info.reason or 'none available'}); install bubblewrap or use a kernel "
+        f"with Landlock, or set [agents.{alias}] allow_unconfined_tenants = true")

@@ -1,0 +1,117 @@
+"""A gateway tenant's hosted ACP agent process, attacked from inside as a prompt-injected
+agent would: the agent itself and the commands it runs (its own children) try to read
+zeroclaw's config file (tenants' token hashes, agents' env) and store, connect to
+``daemon.sock`` and ``acp.sock`` (owner access to every session), and write outside
+the tenant's workspace root. Each backend the machine has (bubblewrap, Landlock) is
+forced in turn with ``[autonomy] sandbox``; ``status`` names it next to the process.
+Without a backend a tenant's session on such an agent is refused, the owner's runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from actors.worker.sandbox import detect
+from tests.e2e.test_acp_hosting import _toml_list, fixture_command
+
+from .gateway_helpers import GatewayDaemon, gateway_config
+from .helpers import DaemonProc, RpcFailure
+from .test_acp_hosted_daemon import agent_entries
+from .test_acp_relay_daemon import _said_over
+
+BACKENDS = [pytest.param(name, marks=pytest.mark.skipif(
+    not detect(name).confines, reason=f"{name}: {detect(name).reason}")) for name in
+    ("bwrap", "landlock")]
+
+
+def _hosted(scratch_dir: Path, sandbox: str, agent_extra: str = "") -> Path:
+    """config.toml: the fixture agent as the default, the tenants, alice with a
+    workspace root; returns that root."""
+    root = scratch_dir / "roots" / "alice"
+    gateway_config(scratch_dir, f"""
+[acp]
+default_agent = "hosted"
+[autonomy]
+sandbox = "{sandbox}"
+[agents.hosted]
+provider = "acp"
+command = {_toml_list(fixture_command())}
+{agent_extra}
+[workers]
+max = 1
+""", alice=f'workspace_root = "{root}"')
+    return root
+
+
+def _agent_sandbox(daemon: DaemonProc) -> str:
+    """The ``sandbox`` of the one agent process in ``status`` (it holds one session)."""
+    return str(agent_entries(daemon, 1)[1]["sandbox"])
+
+
+def _runs(alice: Any, sid: str, command: str) -> str:
+    return _said_over(alice, sid, f"run {command}")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_tenants_agent_cannot_reach_the_hosts_files_and_sockets(
+        daemons: Any, scratch_dir: Path, backend: str) -> None:
+    root = _hosted(scratch_dir, backend)
+    daemon = daemons(scratch_dir, "--gateway", "127.0.0.1:0")
+    gateway = GatewayDaemon(daemon)
+    config = scratch_dir / "config.toml"
+    store = daemon.socket_path.parent / "sessions" / "acp-sessions.db"
+    sockets = (daemon.socket_path, daemon.socket_path.parent / "acp.sock")
+    assert store.exists() and all(s.exists() for s in sockets)
+    outside = scratch_dir / "outside.txt"
+    with gateway.client("alice") as alice:
+        sid = alice.request("session/new", {})["sessionId"]
+        assert _said_over(alice, sid, f"peek {config}").startswith("peek failed")
+        assert _said_over(alice, sid, f"peek {store}").startswith("peek failed")
+        for path in sockets:
+            assert _said_over(alice, sid, f"dial {path}").startswith("dial failed")
+        assert _said_over(alice, sid, f"put {outside} agent").startswith("put failed")
+        assert _said_over(alice, sid, f"put {root}/agent.txt agent") == "put"
+        said = _runs(alice, sid, f"cat {config}; cat {store}; echo child > {outside}")
+        assert "token_sha256" not in said and "SQLite" not in said, said
+        said = _runs(alice, sid, "python3 -c \"import socket; socket.socket(socket.AF_UNIX)"
+                                 f".connect('{sockets[0]}')\" && echo CONNECTED")
+        assert "CONNECTED" not in said, said
+        said = _runs(alice, sid, f"echo child > {root}/child.txt && echo kept > $HOME/state")
+        assert said.startswith("exit=0"), said
+        assert _agent_sandbox(daemon) == backend
+    assert not outside.exists()
+    assert (root / "agent.txt").read_text() == "agent"
+    assert (root / "child.txt").read_text() == "child\n"
+    home = daemon.socket_path.parent / "agent-homes" / "alice" / "hosted"
+    assert (home / "state").read_text() == "kept\n"  # its own state dir, as HOME
+
+
+def test_without_a_sandbox_tenants_are_refused_and_the_owner_is_served(
+        daemons: Any, scratch_dir: Path) -> None:
+    _hosted(scratch_dir, "none", 'sandbox = "auto"')
+    daemon = daemons(scratch_dir, "--gateway", "127.0.0.1:0")
+    gateway = GatewayDaemon(daemon)
+    with gateway.client("alice") as alice:
+        sid = alice.request("session/new", {})["sessionId"]
+        with pytest.raises(RpcFailure) as refused:
+            _said_over(alice, sid, "hello")
+        assert refused.value.code in (-32602, -32603)
+        assert "allow_unconfined_tenants" in refused.value.message
+    with daemon.client() as owner:
+        sid = owner.request("session/new", {"cwd": str(scratch_dir)})["sessionId"]
+        result = owner.request("session/prompt", {
+            "sessionId": sid, "prompt": [{"type": "text", "text": "hello"}]})
+        assert result["stopReason"] == "end_turn", result
+        assert _agent_sandbox(daemon) == "none"
+    assert "runs unconfined: no sandbox here" in daemon.stderr()
+
+
+def test_unconfined_tenants_when_the_config_says_so(daemons: Any, scratch_dir: Path) -> None:
+    _hosted(scratch_dir, "none", "allow_unconfined_tenants = true")
+    gateway = GatewayDaemon(daemons(scratch_dir, "--gateway", "127.0.0.1:0"))
+    with gateway.client("alice") as alice:
+        sid = alice.request("session/new", {})["sessionId"]
+        assert _said_over(alice, sid, "hello") == "hello"
