@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 from pathlib import Path
 
@@ -140,3 +141,20 @@ def test_a_forbidden_file_inside_a_forbidden_directory_still_lets_commands_run(
                                                                    "daemon.sock")))
     result = ShellTool(sandbox=detect(backend)).run({"command": "echo ran"}, env)
     assert result.ok and result.text == "ran\n"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_command_cannot_connect_to_a_hidden_socket(tmp_path: Path, backend: str) -> None:
+    """Landlock does not cover ``connect`` to a socket's path, so the daemon's socket in
+    its hidden data dir was reachable from a confined command; socket pairs still work."""
+    (tmp_path / "data").mkdir()
+    listening = socket.socket(socket.AF_UNIX)
+    listening.bind(str(tmp_path / "data" / "daemon.sock"))
+    listening.listen()
+    env = session(tmp_path, forbidden=(str(tmp_path / "data"),))
+    dial = (f"python3 -c \"import socket; socket.socket(socket.AF_UNIX).connect("
+            f"'{tmp_path / 'data' / 'daemon.sock'}')\" && echo CONNECTED; "
+            "python3 -c \"import socket; socket.socketpair(); print('paired')\"")
+    with listening:
+        result = ShellTool(sandbox=detect(backend)).run({"command": dial}, env)
+    assert "CONNECTED" not in result.text and "paired" in result.text, result.text
