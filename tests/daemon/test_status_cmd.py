@@ -115,14 +115,14 @@ def test_degraded_when_a_worker_does_not_respond() -> None:
 
 def test_agent_processes_are_listed_under_their_worker() -> None:
     agent = {"agentAlias": "claude", "pid": 4242, "rssBytes": 50 * 2**20, "cpuPercent": 1.5,
-             "sessions": 3, "restarts": 1}
+             "sessions": 3, "restarts": 1, "sandbox": "bwrap"}
     table = render({"sessions": [], "workers": [
         {"pid": 1, "rssBytes": 10, "cpuPercent": 0, "sessions": 3, "agents": [agent]},
         {"pid": 2, "rssBytes": 10, "cpuPercent": 0, "sessions": 0, "agents": []}]})
     lines = table.splitlines()
     row = lines.index(next(line for line in lines if line.strip().startswith("1 ")))
     assert lines[row + 1].split() == ["└", "4242", "50.0", "MiB", "1.5", "3", "agent",
-                                      "claude,", "restarts", "1"]
+                                      "claude,", "restarts", "1,", "sandbox", "bwrap"]
     assert lines[row + 2].strip().startswith("2 ")
 
 
