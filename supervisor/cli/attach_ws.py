@@ -9,6 +9,10 @@ over a WebSocket (the ``websockets`` library's threading client) and its dialer.
   as a binary frame, which the gateway answers -32700); each frame the gateway sends
   comes out as one line. A line over the frame limit is not sent: the editor gets
   -32600 ``id: null`` ("frame too large"), as ``acp.sock`` would answer it.
+- A frame of the gateway over the frame limit (decompressed) fails the connection
+  (close 1009) before its payload is read, as the gateway does for the editor's: a
+  hostile gateway holds at most :data:`_QUEUED_FRAMES` frames of the limit's size in
+  the editor's memory. The bridge then ends as when the gateway goes away.
 - A WebSocket cannot be half-closed: when the editor closes stdin, the gateway's
   requests to it (permission questions) are answered with an error, as the daemon
   does for a client whose input ended, and the connection is closed normally once
@@ -55,6 +59,9 @@ log = logging.getLogger("zeroclaw.attach")
 TOKEN_ENV = "ZEROCLAW_GATEWAY_TOKEN"
 DIAL_SECS = 10.0  # a gateway that does not answer (restarting, say) is tried this long
 _RETRY_SECS = 0.2
+#: Frames of the gateway read ahead of the editor (each at most the frame limit).
+_QUEUED_FRAMES = 2
+_MESSAGE_TOO_BIG = 1009
 _TOO_LARGE = orjson.dumps({"jsonrpc": "2.0", "id": None,
                            "error": InvalidRequest("frame too large").to_error()}) + b"\n"
 _INPUT_ENDED = InternalError("the client's input ended").to_error()
@@ -169,7 +176,8 @@ class GatewayDialer:
         try:
             return connect(self.url, additional_headers={"Authorization": f"Bearer {self._token}"},
                            subprotocols=[Subprotocol("acp")], ssl=self._tls, open_timeout=DIAL_SECS,
-                           max_size=None, logger=_library_logger())
+                           max_size=self._frame_limit, max_queue=_QUEUED_FRAMES,
+                           logger=_library_logger())
         except InvalidStatus as error:
             raise AttachRefused(_refusal(self.where, error.response.status_code,
                                          bytes(error.response.body))) from None
@@ -286,7 +294,10 @@ class WebSocketChannel:
         while True:
             try:
                 frame = self._connection.recv(decode=False)
-            except ConnectionClosed:
+            except ConnectionClosed as closed:
+                if closed.sent is not None and closed.sent.code == _MESSAGE_TOO_BIG:
+                    log.error("the gateway sent a frame over the frame limit; closed the "
+                              "connection (WebSocket close 1009: %s)", closed.sent.reason)
                 return b""
             if b'"method"' in frame and b'"id"' in frame and not self._asked_editor(frame):
                 continue

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import signal
@@ -15,6 +16,7 @@ from typing import Any
 
 import psutil
 import pytest
+from websockets.exceptions import ConnectionClosed
 from websockets.sync.server import ServerConnection, serve
 
 from tests.e2e.procs import host_env, reap_leaks
@@ -190,6 +192,39 @@ def test_a_connection_dropped_before_any_answer_is_dialled_again_and_replayed(
         assert editor.quit() == 0
         server.shutdown()
     assert seen == [(1, f"Bearer {TOKENS['alice']}")] * 2
+
+
+def test_a_gateway_frame_over_the_frame_limit_is_not_read_into_memory(
+        editor_dir: Path) -> None:
+    """A hostile gateway sends a frame far over the editor's frame limit: the bridge
+    fails the connection before reading it (close 1009), the editor never sees it,
+    its pending request is answered -32603 and the bridge ends."""
+    (editor_dir / "config.toml").write_text("[acp]\nframe_limit = 4096\n")
+    closed: list[Any] = []
+
+    def handler(connection: ServerConnection) -> None:
+        request = json.loads(connection.recv())
+        connection.send(json.dumps({"jsonrpc": "2.0", "id": request["id"],
+                                    "result": {"protocolVersion": 1}}))
+        connection.recv()
+        with contextlib.suppress(ConnectionClosed):
+            connection.send(json.dumps({"jsonrpc": "2.0", "method": "session/update",
+                                        "params": {"huge": "x" * 1_000_000}}))
+            connection.recv()
+        closed.append(connection.close_code)
+
+    with serve(handler, "127.0.0.1", 0, compression=None) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        port = server.socket.getsockname()[1]
+        editor = Editor(editor_dir, token_env(), attach=(f"ws://127.0.0.1:{port}/acp",))
+        assert editor.request("initialize", {"protocolVersion": 1}) == {"protocolVersion": 1}
+        answer = editor.answer(editor.send("session/list", {}))
+        assert answer["error"]["code"] == -32603, answer
+        assert editor.proc.wait(15) == 1
+        assert "1009" in editor.stderr_text()
+        editor.stderr.close()
+        server.shutdown()
+    assert closed == [1009]
 
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is needed for a test cert")
