@@ -32,6 +32,10 @@ def test_command_problems_name_the_reason() -> None:
                                               "agent_start_timeout_secs": 0}))
     grace = command_problem({"command": ["python3"], "cancel_grace_secs": "5"})
     assert grace == "cancel_grace_secs must be a positive number"
+    assert command_problem({"command": ["python3"], "sandbox": "bwrap"}) == (
+        "sandbox must be one of auto, off")
+    assert "true or false" in str(command_problem({"command": ["python3"],
+                                                   "allow_unconfined_tenants": "yes"}))
     assert "unknown agent provider 'gpt'" in str(agent_config_problem({"provider": "gpt"}))
     assert agent_config_problem({"provider": "echo"}) is None
 

@@ -18,7 +18,7 @@ from actors.worker.sandbox import detect
 from tests.e2e.test_acp_hosting import _toml_list, fixture_command
 
 from .gateway_helpers import GatewayDaemon, gateway_config
-from .helpers import DaemonProc, RpcFailure
+from .helpers import DaemonProc, RpcClient, RpcFailure
 from .test_acp_hosted_daemon import agent_entries
 from .test_acp_relay_daemon import _said_over
 
@@ -87,6 +87,28 @@ def test_a_tenants_agent_cannot_reach_the_hosts_files_and_sockets(
     assert (root / "child.txt").read_text() == "child\n"
     home = daemon.socket_path.parent / "agent-homes" / "alice" / "hosted"
     assert (home / "state").read_text() == "kept\n"  # its own state dir, as HOME
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_owners_agent_with_sandbox_auto_writes_only_home_workspace_and_cwd(
+        daemons: Any, scratch_dir: Path, backend: str) -> None:
+    _hosted(scratch_dir, backend, 'sandbox = "auto"')
+    home, project = scratch_dir / "home", scratch_dir / "project"
+    for directory in (home / "state", project):
+        directory.mkdir(parents=True)
+    daemon = daemons(scratch_dir, env_extra={"HOME": str(home)})
+    config, outside = scratch_dir / "config.toml", scratch_dir / "outside.txt"
+    with RpcClient(daemon.socket_path.parent / "acp.sock") as owner:
+        sid = owner.request("session/new", {"cwd": str(project)})["sessionId"]
+        assert _said_over(owner, sid, f"peek {config}").startswith("peek failed")
+        assert _said_over(owner, sid, f"dial {daemon.socket_path}").startswith("dial failed")
+        said = _runs(owner, sid, f"echo a > {project}/a.txt && echo b > $HOME/state/b.txt"
+                                 f" && echo c > {outside}")
+        assert not said.startswith("exit=0"), said
+        assert _agent_sandbox(daemon) == backend
+    assert (project / "a.txt").read_text() == "a\n"
+    assert (home / "state" / "b.txt").read_text() == "b\n"
+    assert not outside.exists()
 
 
 def test_without_a_sandbox_tenants_are_refused_and_the_owner_is_served(

@@ -290,8 +290,9 @@ class AgentProcess:
         os.makedirs(spec.cwd, exist_ok=True)
         command, env = list(spec.argv), dict(spec.env)
         if spec.jail is not None:
-            self._private_tmp = tempfile.mkdtemp(prefix=f"zeroclaw-agent-{spec.alias}-")
-            confined = spec.jail.command(command, Path(self._private_tmp))
+            if spec.jail.backend == "landlock":  # bubblewrap gives it a fresh /tmp
+                self._private_tmp = tempfile.mkdtemp(prefix=f"zeroclaw-agent-{spec.alias}-")
+            confined = spec.jail.command(command, Path(self._private_tmp or "/tmp"))
             command = confined.argv
             env.update(confined.env)
             if spec.jail.home is not None:
