@@ -33,7 +33,11 @@ from actors.persistence import (
     WriteMode,
 )
 from actors.worker.agents import agent_config_problem
-from actors.worker.agents.acp_confine import TENANT_ROOT_META_KEY
+from actors.worker.agents.acp_confine import (
+    TENANT_ROOT_META_KEY,
+    tenant_may_use,
+    unconfined_refusal,
+)
 from ipc.acp import Blob, NewSessionRequest, PromptRequest, blob_marker, replay_events
 from ipc.errors import InternalError, InvalidParams, RpcError, SessionNotFound
 from ipc.events import CurrentMode, TurnRecord, item_to_wire
@@ -138,6 +142,8 @@ class Sessions:
         (only the daemon dialect passes it), else a fresh UUID. ``tenant``: the gateway
         tenant it belongs to, kept in its stored ``meta`` (None: the host's owner)."""
         agent = self.resolve_agent(request.agent_alias)
+        if tenant and not tenant_may_use(agent.to_wire(), self.host.sandbox):
+            raise InvalidParams(unconfined_refusal(agent.alias, self.host.sandbox.reason))
         cwd = self.resolve_cwd(request.cwd, agent)
         meta = {TENANT_META_KEY: tenant} if tenant else {}
         sid = request.session_id

@@ -117,10 +117,9 @@ def test_without_a_sandbox_tenants_are_refused_and_the_owner_is_served(
     daemon = daemons(scratch_dir, "--gateway", "127.0.0.1:0")
     gateway = GatewayDaemon(daemon)
     with gateway.client("alice") as alice:
-        sid = alice.request("session/new", {})["sessionId"]
         with pytest.raises(RpcFailure) as refused:
-            _said_over(alice, sid, "hello")
-        assert refused.value.code in (-32602, -32603)
+            alice.request("session/new", {})
+        assert refused.value.code == -32602
         assert "allow_unconfined_tenants" in refused.value.message
     with daemon.client() as owner:
         sid = owner.request("session/new", {"cwd": str(scratch_dir)})["sessionId"]
@@ -137,3 +136,24 @@ def test_unconfined_tenants_when_the_config_says_so(daemons: Any, scratch_dir: P
     with gateway.client("alice") as alice:
         sid = alice.request("session/new", {})["sessionId"]
         assert _said_over(alice, sid, "hello") == "hello"
+
+
+@pytest.mark.skipif(not detect("auto").confines, reason="no sandbox backend here")
+def test_a_stored_tenant_session_is_refused_its_agent_once_no_sandbox_is_left(
+        daemons: Any, scratch_dir: Path) -> None:
+    """The host checks at session/new; a session stored before (when a backend was
+    there) meets the worker's own check at its next prompt."""
+    root = _hosted(scratch_dir, "auto")
+    daemon = daemons(scratch_dir, "--gateway", "127.0.0.1:0")
+    with GatewayDaemon(daemon).client("alice") as alice:
+        sid = alice.request("session/new", {})["sessionId"]
+        assert _said_over(alice, sid, "hello") == "hello"
+    assert daemon.terminate() == 0
+    _hosted(scratch_dir, "none")
+    gateway = GatewayDaemon(daemons(scratch_dir, "--gateway", "127.0.0.1:0"))
+    with gateway.client("alice") as alice:
+        alice.request("session/load", {"sessionId": sid, "cwd": str(root), "mcpServers": []})
+        with pytest.raises(RpcFailure) as refused:
+            _said_over(alice, sid, "hello again")
+        assert refused.value.code == -32603
+        assert "allow_unconfined_tenants" in refused.value.message

@@ -40,7 +40,15 @@ from actors.worker.sandbox import (
 from actors.worker.tools.paths import PathPolicy, canonical
 from actors.worker.tools.sandbox import Confined, confined_argv
 
-__all__ = ["SANDBOX_SETTINGS", "TENANT_ROOT_META_KEY", "AgentJail", "jail_for", "setting_problem"]
+__all__ = [
+    "SANDBOX_SETTINGS",
+    "TENANT_ROOT_META_KEY",
+    "AgentJail",
+    "jail_for",
+    "setting_problem",
+    "tenant_may_use",
+    "unconfined_refusal",
+]
 
 log = logging.getLogger("zeroclaw.agent")
 
@@ -132,7 +140,17 @@ def _tenant_jail(config: Mapping[str, Any], setup: SessionSetup, info: SandboxIn
         log.warning("agent %s runs unconfined for tenant %s: no sandbox here (%s)", alias,
                     tenant, info.reason)
         return AgentJail("none", info, policy, hidden, home)
-    raise AgentFailure(
-        f"agent {alias} cannot serve a gateway tenant here: no sandbox confines its "
-        f"process ({info.reason or 'none available'}); install bubblewrap or use a kernel "
-        f"with Landlock, or set [agents.{alias}] allow_unconfined_tenants = true")
+    raise AgentFailure(unconfined_refusal(alias, info.reason))
+
+
+def unconfined_refusal(alias: str, reason: str) -> str:
+    """Why a tenant's session cannot use agent ``alias`` here (no backend: ``reason``)."""
+    return (f"agent {alias} cannot serve a gateway tenant here: no sandbox confines its "
+            f"process ({reason or 'none available'}); install bubblewrap or use a kernel "
+            f"with Landlock, or set [agents.{alias}] allow_unconfined_tenants = true")
+
+
+def tenant_may_use(config: Mapping[str, Any], info: SandboxInfo) -> bool:
+    """Whether a tenant's session may use this agent config with backend ``info``."""
+    return (config.get("provider") != "acp" or info.confines
+            or config.get("allow_unconfined_tenants") is True)
