@@ -4,11 +4,16 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from actors.worker.agents import agent_config_problem
 from actors.worker.agents.acp import command_problem
+from actors.worker.agents.acp_confine import jail_for
 from actors.worker.agents.acp_process import clean_env
 from actors.worker.agents.acp_updates import ToolNames, events_from_update
+from actors.worker.agents.base import SessionSetup
+from actors.worker.sandbox import AGENT_STATE_VARIABLE, SANDBOX_VARIABLE
+from actors.worker.tools import PathPolicy
 from ipc.events import (
     MessageChunk,
     PlanEntry,
@@ -96,3 +101,15 @@ def test_malformed_updates_give_no_events() -> None:
                 {"sessionUpdate": "plan", "entries": "no"},
                 {"sessionUpdate": "agent_message_chunk", "content": {"type": "image"}}):
         assert events_from_update(bad, tools) == []
+
+
+def test_a_tenants_agent_state_dir_stays_one_level_below_the_state_root(tmp_path: Path) -> None:
+    """Tenant names may be "." or ".." (and aliases odd): never a way out of the state dir."""
+    state = tmp_path / "agent-homes"
+    env = {AGENT_STATE_VARIABLE: str(state), SANDBOX_VARIABLE: "none"}
+    for tenant, alias in ((".", "a"), ("..", "sessions"), ("t", "../x")):
+        setup = SessionSetup(sid="s", paths=PathPolicy.build(str(tmp_path), str(tmp_path), ()),
+                             mode=lambda: "full", meta={"tenant": tenant})
+        config = {"alias": alias, "allow_unconfined_tenants": True}
+        home = jail_for(config, setup, env).home
+        assert home is not None and home.parent.parent == state, home

@@ -23,8 +23,10 @@ a session actor's thread.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +56,7 @@ log = logging.getLogger("zeroclaw.agent")
 
 #: The values of ``[agents.NAME] sandbox`` (for the owner's processes; tenants' are confined).
 SANDBOX_SETTINGS = ("auto", "off")
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 #: The key of a session's open ``meta`` that carries its tenant's ``workspace_root``.
 TENANT_ROOT_META_KEY = "tenantWorkspaceRoot"
 
@@ -130,7 +133,7 @@ def _tenant_jail(config: Mapping[str, Any], setup: SessionSetup, info: SandboxIn
     state_dir = env.get(AGENT_STATE_VARIABLE) or ""
     if not os.path.isabs(state_dir):
         raise AgentFailure(f"agent {alias}: no state dir for tenants' agent processes")
-    home = Path(state_dir, tenant, alias)
+    home = Path(state_dir, _dir_name(tenant), _dir_name(alias))
     home.mkdir(mode=0o700, parents=True, exist_ok=True)
     policy = PathPolicy(cwd=root, roots=(root, canonical(str(home))),
                         forbidden=setup.paths.forbidden)
@@ -141,6 +144,13 @@ def _tenant_jail(config: Mapping[str, Any], setup: SessionSetup, info: SandboxIn
                     tenant, info.reason)
         return AgentJail("none", info, policy, hidden, home)
     raise AgentFailure(unconfined_refusal(alias, info.reason))
+
+
+def _dir_name(name: str) -> str:
+    """``name`` as one path component ("." and ".." and odd characters hashed)."""
+    if name not in (".", "..") and _PLAIN_NAME.fullmatch(name):
+        return name
+    return "_" + hashlib.sha256(name.encode()).hexdigest()[:16]
 
 
 def unconfined_refusal(alias: str, reason: str) -> str:
