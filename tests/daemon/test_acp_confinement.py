@@ -157,3 +157,23 @@ def test_a_stored_tenant_session_is_refused_its_agent_once_no_sandbox_is_left(
             _said_over(alice, sid, "hello again")
         assert refused.value.code == -32603
         assert "allow_unconfined_tenants" in refused.value.message
+
+
+@pytest.mark.skipif(not detect("auto").confines, reason="no sandbox backend here")
+def test_a_tenant_without_a_workspace_root_gets_a_process_per_cwd(
+        daemons: Any, scratch_dir: Path) -> None:
+    """bob has no workspace root: a process writes only its first session's cwd, so a
+    session in another directory gets a process of its own."""
+    _hosted(scratch_dir, "auto")
+    one, two = scratch_dir / "bob-one", scratch_dir / "bob-two"
+    for directory in (one, two):
+        directory.mkdir()
+    gateway = GatewayDaemon(daemons(scratch_dir, "--gateway", "127.0.0.1:0"))
+    with gateway.client("bob") as bob:
+        first = bob.request("session/new", {"cwd": str(one)})["sessionId"]
+        second = bob.request("session/new", {"cwd": str(two)})["sessionId"]
+        again = bob.request("session/new", {"cwd": str(one)})["sessionId"]
+        idents = [_said_over(bob, sid, "ident") for sid in (first, second, again)]
+        assert idents[0] == idents[2] != idents[1]
+        assert _said_over(bob, first, f"put {two}/from-one.txt x").startswith("put failed")
+        assert _said_over(bob, second, f"put {two}/own.txt x") == "put"
