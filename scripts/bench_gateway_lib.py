@@ -9,10 +9,16 @@ free loopback port and one admin tenant whose token only this process knows.
 The "floor" of a rate is the same request over ``acp.sock`` of the same daemon, so
 the ratio is what the WebSocket hop costs: ``initialize`` round trips (blocking
 clients of the same weight on both sides; target >= 0.8x) and prompt turns with the
-echo agent at 1 and 8 sessions (asyncio clients; target >= 0.8x). First, for scale,
-the bound of any TCP server against a Unix socket here: the do-nothing echo floor's
-``initialize`` round trips over TCP loopback against over a Unix socket. On a
-second, fresh daemon: the host's RSS added by 256 idle ``/acp`` connections (target
+echo agent at 1 and 8 sessions (asyncio clients; target >= 0.8x). The ``initialize``
+rounds also time, with the same clients and in the same alternated rounds, servers
+that do only the transport's unavoidable work, so the report shows where the gap
+lies: the line echo floor (``echo_floor.py``) over a Unix socket and over TCP
+loopback (what TCP costs), the WebSocket floor (``ws_floor.py``: the library's
+sans-I/O protocol on a plain asyncio Protocol; what the framing costs) and the same
+answers from the library's asyncio server (what that layer costs); ``/acp`` is
+shown against the WebSocket floor as well as acp.sock. Every rate carries the CPU
+time per operation of the server (process tree) and of the client (this process).
+On a second, fresh daemon: the host's RSS added by 256 idle ``/acp`` connections (target
 <= 64 MiB; the floor: as many idle ``acp.sock`` connections), then ``/metrics`` p50/p99
 with 1,000 live sessions (target p99 <= 20 ms; the floor: a 404 from the same
 listener, i.e. the HTTP exchange without the metrics).
@@ -29,17 +35,22 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, replace
 from functools import partial
+from pathlib import Path
 from typing import Any, cast
 
 import orjson
+import psutil
 from bench_daemon_lib import MIB, floor_socket, settle
 from bench_lib import (
     FLOOR_SCRIPT,
     BenchSizes,
     Goal,
+    Measure,
     MetricSpec,
     Sample,
+    best_of_rounds,
     measure_pair,
     new_session,
     progress,
@@ -58,6 +69,7 @@ __all__ = ["run_gateway"]
 IDLE_CONNECTIONS = 256
 METRICS_SESSIONS = 1000
 HTTP_TIMEOUT = 30.0
+WS_FLOOR_SCRIPT = Path(__file__).resolve().parent / "ws_floor.py"
 
 
 class WsPeer(RpcPeer):
@@ -230,24 +242,67 @@ class WsClient:
 Blocking = NdjsonClient | WsClient
 
 
-async def initialize_rate(sizes: BenchSizes, open_client: Callable[[], Blocking]) -> Sample:
-    """Sequential ``initialize`` round trips per second, blocking client, one connection."""
+def _cpu_seconds(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return float(times.user + times.system)
+
+
+def _server_cpu_seconds(root: psutil.Process) -> tuple[float, float]:
+    """CPU seconds used so far by ``root`` and its descendants, and by ``root`` alone."""
+    own = _cpu_seconds(root)
+    total = own
+    for child in root.children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            total += _cpu_seconds(child)
+    return total, own
+
+
+async def with_cpu_split(server: psutil.Process, measure: Measure) -> Sample:
+    """``measure``'s sample with the CPU time per operation, in µs, of the server
+    (``server`` and its descendants; ``host``: ``server`` alone) and of the client
+    (this process), from the kernel's per-process counters."""
+    server_before, host_before = _server_cpu_seconds(server)
+    client_before = time.process_time()
+    sample = await measure()
+    client = time.process_time() - client_before
+    server_after, host_after = _server_cpu_seconds(server)
+    per_operation = 1e6 / sample.count
+    return replace(sample, details={
+        **sample.details,
+        "server_cpu_us": round((server_after - server_before) * per_operation, 1),
+        "host_cpu_us": round((host_after - host_before) * per_operation, 1),
+        "client_cpu_us": round(client * per_operation, 1)})
+
+
+async def initialize_rate(sizes: BenchSizes, open_client: Callable[[], Blocking],
+                          server: psutil.Process) -> Sample:
+    """Sequential ``initialize`` round trips per second, blocking client, one connection,
+    with the CPU split per round trip (see :func:`with_cpu_split`)."""
     client = open_client()
     try:
         async def step() -> object:
             return client.request("initialize", {"protocolVersion": 1})
 
         await timed(200, step)
-        return await timed(sizes.socket_initializes, step, sizes.min_seconds)
+        return await with_cpu_split(server, partial(
+            timed, sizes.socket_initializes, step, sizes.min_seconds))
     finally:
         client.close()
 
 
+@dataclass(frozen=True)
+class ChildServer:
+    """A floor server run as a child process on 127.0.0.1: its port and process."""
+
+    port: int
+    process: psutil.Process
+
+
 @contextlib.contextmanager
-def tcp_floor() -> Iterator[int]:
-    """``echo_floor.py --tcp`` on a free port, as a child process: its port."""
+def child_server(script: Path, *args: str) -> Iterator[ChildServer]:
+    """``script *args PORT`` on a free port, as a child process, until the block ends."""
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, str(FLOOR_SCRIPT), "--tcp", str(port)],
+    proc = subprocess.Popen([sys.executable, str(script), *args, str(port)],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:
@@ -256,9 +311,9 @@ def tcp_floor() -> Iterator[int]:
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
                 break
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the TCP echo floor did not start")
+                raise RuntimeError(f"{script.name} {' '.join(args)} did not start")
             time.sleep(0.02)
-        yield port
+        yield ChildServer(port, psutil.Process(proc.pid))
     finally:
         proc.terminate()
         try:
@@ -266,17 +321,6 @@ def tcp_floor() -> Iterator[int]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
-
-
-async def transport_bound(sizes: BenchSizes) -> dict[str, Any]:
-    """The same initialize loop against the do-nothing echo floor over TCP loopback and
-    over a Unix socket: the best ratio a TCP gateway could reach against acp.sock."""
-    spec = MetricSpec("gateway_transport_bound", "gateway",
-                      "bound: echo floor initialize, TCP loopback vs Unix", "req/s")
-    with floor_socket() as unix, tcp_floor() as port:
-        return await measure_pair(
-            spec, partial(initialize_rate, sizes, partial(NdjsonClient, unix.socket_path)),
-            partial(initialize_rate, sizes, partial(TcpNdjsonClient, port)), sizes.rounds)
 
 
 @contextlib.asynccontextmanager
@@ -295,28 +339,76 @@ async def acp_sessions(open_peer: Connect, cwd: str,
         await asyncio.gather(*(peer.close() for peer in peers))
 
 
-async def turn_rate(sessions: int, sizes: BenchSizes, cwd: str, open_peer: Connect) -> Sample:
-    """Prompt turns per second, ``sessions`` connections prompting their session at once."""
+async def turn_rate(sessions: int, sizes: BenchSizes, cwd: str, open_peer: Connect,
+                    server: psutil.Process) -> Sample:
+    """Prompt turns per second, ``sessions`` connections prompting their session at once,
+    with the CPU split per turn (server: the host, its workers and their agents)."""
     async with acp_sessions(open_peer, cwd, sessions) as pairs:
         await asyncio.gather(*(prompt(peer, sid) for peer, sid in pairs))  # warm every session
-        return await run_turns(pairs, sizes.turns_each, sizes.min_seconds)
+        return await with_cpu_split(server, partial(
+            run_turns, pairs, sizes.turns_each, sizes.min_seconds))
+
+
+INITIALIZE_ROWS = (
+    # name, title, zeroclaw side, floor side, design side
+    ("gateway_transport_bound", "bound: line floor initialize, TCP vs Unix",
+     "line floor, TCP", "line floor, Unix", None),
+    ("gateway_ws_floor", "bound: WebSocket floor initialize vs line floor, TCP",
+     "WebSocket floor", "line floor, TCP", None),
+    ("gateway_ws_library", "bound: websockets asyncio server vs WebSocket floor",
+     "websockets asyncio server", "WebSocket floor", None),
+    ("gateway_initialize", "initialize round trips", "/acp", "acp.sock", "WebSocket floor"),
+)
+"""The rows built from one alternated run of every ``initialize`` side: the bounds of
+the transport, then ``/acp`` against acp.sock (the target) and the WebSocket floor."""
+
+
+async def _initialize_rates(sizes: BenchSizes, gateway: GatewayDaemon) -> dict[str, Any]:
+    """``initialize`` round trips with the same blocking clients on every side, in the
+    same alternated rounds: the line echo floor over a Unix socket and over TCP, the
+    WebSocket floor (sans-I/O) and the same answers from the library's asyncio server,
+    then the daemon's acp.sock and ``/acp``."""
+    with contextlib.ExitStack() as stack:
+        unix = stack.enter_context(floor_socket())
+        tcp = stack.enter_context(child_server(FLOOR_SCRIPT, "--tcp"))
+        ws = stack.enter_context(child_server(WS_FLOOR_SCRIPT))
+        library = stack.enter_context(child_server(WS_FLOOR_SCRIPT, "--library"))
+        host = gateway.daemon.process
+
+        def ws_side(port: int) -> Callable[[], Blocking]:
+            return partial(WsClient, f"ws://127.0.0.1:{port}/acp", gateway.token)
+
+        clients: dict[str, tuple[Callable[[], Blocking], psutil.Process]] = {
+            "line floor, Unix": (partial(NdjsonClient, unix.socket_path), unix.process),
+            "line floor, TCP": (partial(TcpNdjsonClient, tcp.port), tcp.process),
+            "WebSocket floor": (ws_side(ws.port), ws.process),
+            "websockets asyncio server": (ws_side(library.port), library.process),
+            "acp.sock": (partial(NdjsonClient, gateway.acp_socket), host),
+            "/acp": (partial(WsClient, gateway.ws_url, gateway.token), host)}
+        spec = MetricSpec("gateway_initialize", "gateway", "initialize round trips", "req/s")
+        best = await best_of_rounds(spec, {
+            side: partial(initialize_rate, sizes, open_client, server)
+            for side, (open_client, server) in clients.items()}, sizes.rounds)
+    metrics = {}
+    for name, title, zeroclaw, floor, design in INITIALIZE_ROWS:
+        goal = Goal(">=", 0.8) if name == "gateway_initialize" else None
+        row = MetricSpec(name, "gateway", title, "req/s", goal=goal)
+        metrics[name] = row.entry(best[zeroclaw], best[floor],
+                                  best[design] if design else None)
+    return metrics
 
 
 async def _rates(sizes: BenchSizes, gateway: GatewayDaemon) -> dict[str, Any]:
-    spec = MetricSpec("gateway_initialize", "gateway", "initialize round trips", "req/s",
-                      goal=Goal(">=", 0.8))
-    metrics = {spec.name: await measure_pair(
-        spec, partial(initialize_rate, sizes, partial(NdjsonClient, gateway.acp_socket)),
-        partial(initialize_rate, sizes, partial(WsClient, gateway.ws_url, gateway.token)),
-        sizes.rounds)}
+    metrics = await _initialize_rates(sizes, gateway)
     floor, zeroclaw = _sides(gateway)
     cwd = str(gateway.daemon.config_dir)
+    host = gateway.daemon.process
     for count in (1, 8):
         spec = MetricSpec(f"gateway_turns_{count}", "gateway", turns_title(count), "turns/s",
                           goal=Goal(">=", 0.8))
         metrics[spec.name] = await measure_pair(
-            spec, partial(turn_rate, count, sizes, cwd, floor),
-            partial(turn_rate, count, sizes, cwd, zeroclaw), sizes.rounds)
+            spec, partial(turn_rate, count, sizes, cwd, floor, host),
+            partial(turn_rate, count, sizes, cwd, zeroclaw, host), sizes.rounds)
     return metrics
 
 
@@ -394,10 +486,9 @@ async def _live(sizes: BenchSizes, gateway: GatewayDaemon) -> dict[str, Any]:
 
 async def run_gateway(sizes: BenchSizes) -> dict[str, dict[str, Any]]:
     """Every gateway metric against acp.sock of the same daemon: the result entries."""
-    metrics = {"gateway_transport_bound": await transport_bound(sizes)}
     progress("starting zeroclaw daemon with the gateway, for the rates")
     with gateway_daemon(64) as gateway:
-        metrics.update(await _rates(sizes, gateway))
+        metrics = await _rates(sizes, gateway)
     progress("starting a fresh daemon for idle connections and /metrics")
     with gateway_daemon(METRICS_SESSIONS + 8) as gateway:
         metrics.update(await _live(sizes, gateway))

@@ -53,6 +53,7 @@ __all__ = [
     "Goal",
     "MetricSpec",
     "Sample",
+    "best_of_rounds",
     "measure_pair",
     "new_session",
     "progress",
@@ -194,11 +195,10 @@ async def _attempt(spec: MetricSpec, side: str, measure: Measure, label: str) ->
     return sample
 
 
-async def measure_pair(spec: MetricSpec, floor: Measure, zeroclaw: Measure,
-                       rounds: int, design: Measure | None = None) -> dict[str, Any]:
-    """``rounds`` alternated rounds (floor, design floor when given, then zeroclaw);
-    each side keeps its best."""
-    measures = {"floor": floor, **({"design": design} if design else {}), "zeroclaw": zeroclaw}
+async def best_of_rounds(spec: MetricSpec, measures: dict[str, Measure],
+                         rounds: int) -> dict[str, Sample | str]:
+    """``rounds`` alternated rounds of every side, in the order given; each side's best
+    (or, when every round of it failed, the last error)."""
     runs: dict[str, list[Sample | str]] = {side: [] for side in measures}
     for round_no in range(1, rounds + 1):
         label = f" (round {round_no}/{rounds})" if rounds > 1 else ""
@@ -209,7 +209,16 @@ async def measure_pair(spec: MetricSpec, floor: Measure, zeroclaw: Measure,
         samples = [run for run in runs[side] if isinstance(run, Sample)]
         return spec.best(samples) if samples else str(runs[side][-1])
 
-    return spec.entry(best("zeroclaw"), best("floor"), best("design") if design else None)
+    return {side: best(side) for side in measures}
+
+
+async def measure_pair(spec: MetricSpec, floor: Measure, zeroclaw: Measure,
+                       rounds: int, design: Measure | None = None) -> dict[str, Any]:
+    """``rounds`` alternated rounds (floor, design floor when given, then zeroclaw);
+    each side keeps its best."""
+    measures = {"floor": floor, **({"design": design} if design else {}), "zeroclaw": zeroclaw}
+    best = await best_of_rounds(spec, measures, rounds)
+    return spec.entry(best["zeroclaw"], best["floor"], best["design"] if design else None)
 
 
 def turns_title(sessions: int) -> str:

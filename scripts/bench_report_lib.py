@@ -50,6 +50,18 @@ def _columns(rows: Sequence[Sequence[str]], left: int) -> list[str]:
     return lines
 
 
+def _cpu_split(entry: dict[str, Any]) -> str:
+    """CPU µs per operation, server (host alone, where it has children) + client."""
+    sides = []
+    for side in ("zeroclaw", "design", "floor"):
+        server, host = entry.get(f"{side}_server_cpu_us"), entry.get(f"{side}_host_cpu_us")
+        if server is None:
+            continue
+        own = f" (host {host:.1f})" if host is not None and host != server else ""
+        sides.append(f"{side} {server:.1f}{own} + {entry[f'{side}_client_cpu_us']:.1f}")
+    return "CPU µs per operation, server + client: " + "; ".join(sides)
+
+
 def _notes(metrics: dict[str, Any]) -> list[str]:
     notes = []
     for entry in metrics.values():
@@ -69,6 +81,8 @@ def _notes(metrics: dict[str, Any]) -> list[str]:
         if entry.get("zeroclaw_updates_per_turn") is not None:
             notes.append(f"  {entry['title']}: zeroclaw sent {entry['zeroclaw_updates_per_turn']:,}"
                          " updates per turn (chunks merge while the client lags)")
+        if entry.get("zeroclaw_server_cpu_us") is not None:
+            notes.append(f"  {entry['title']}: {_cpu_split(entry)}")
         if entry.get("zeroclaw_processes") is not None:
             notes.append(f"  {entry['title']}: {entry['zeroclaw_processes']} processes"
                          " (host + workers)")
