@@ -26,6 +26,7 @@ import itertools
 import os
 import signal
 import sys
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -138,7 +139,8 @@ async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
     writer.close()
 
 
-async def _serve_until_stopped(server: asyncio.Server) -> None:
+async def serve_until_stopped(server: AbstractAsyncContextManager[object]) -> None:
+    """Run ``server`` until SIGINT or SIGTERM."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signal_number in (signal.SIGINT, signal.SIGTERM):
@@ -153,14 +155,14 @@ async def serve_unix(path: Path) -> None:
     server = await asyncio.start_unix_server(_handle, path=str(path), limit=FRAME_LIMIT)
     os.chmod(path, 0o600)
     try:
-        await _serve_until_stopped(server)
+        await serve_until_stopped(server)
     finally:
         path.unlink(missing_ok=True)
 
 
 async def serve_tcp(port: int) -> None:
     """Serve TCP on 127.0.0.1:``port`` until SIGINT/SIGTERM."""
-    await _serve_until_stopped(
+    await serve_until_stopped(
         await asyncio.start_server(_handle, "127.0.0.1", port, limit=FRAME_LIMIT))
 
 

@@ -22,13 +22,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import socket
 import sys
-from contextlib import AbstractAsyncContextManager
 from typing import cast
 
-from echo_floor import FRAME_LIMIT, answer_line
+from echo_floor import FRAME_LIMIT, answer_line, serve_until_stopped
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.frames import Frame, Opcode
 from websockets.http11 import Request
@@ -79,19 +77,10 @@ class SansIoEcho(asyncio.Protocol):
             self.transport.close()
 
 
-async def _serve_until_stopped(server: AbstractAsyncContextManager[object]) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signal_number in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signal_number, stop.set)
-    async with server:
-        await stop.wait()
-
-
 async def serve_sans_io(port: int) -> None:
     """Serve :class:`SansIoEcho` on 127.0.0.1:``port`` until SIGINT/SIGTERM."""
     loop = asyncio.get_running_loop()
-    await _serve_until_stopped(await loop.create_server(SansIoEcho, "127.0.0.1", port))
+    await serve_until_stopped(await loop.create_server(SansIoEcho, "127.0.0.1", port))
 
 
 async def _library_echo(connection: ServerConnection) -> None:
@@ -103,7 +92,7 @@ async def _library_echo(connection: ServerConnection) -> None:
 
 async def serve_library(port: int) -> None:
     """Serve the same answers from the library's asyncio server until SIGINT/SIGTERM."""
-    await _serve_until_stopped(await serve(
+    await serve_until_stopped(await serve(
         _library_echo, "127.0.0.1", port, max_size=FRAME_LIMIT, compression=None))
 
 
