@@ -8,8 +8,14 @@ import sys
 from actors.worker.agents import agent_config_problem
 from actors.worker.agents.acp import command_problem
 from actors.worker.agents.acp_process import clean_env
-from actors.worker.agents.acp_updates import ToolNames, events_from_update
+from actors.worker.agents.acp_updates import (
+    ToolNames,
+    events_from_update,
+    events_from_updates,
+    merged_chunks,
+)
 from ipc.events import (
+    CurrentMode,
     MessageChunk,
     PlanEntry,
     PlanUpdate,
@@ -92,3 +98,17 @@ def test_malformed_updates_give_no_events() -> None:
                 {"sessionUpdate": "plan", "entries": "no"},
                 {"sessionUpdate": "agent_message_chunk", "content": {"type": "image"}}):
         assert events_from_update(bad, tools) == []
+
+
+def test_updates_that_arrive_together_merge_their_consecutive_chunks_in_order() -> None:
+    def chunk(kind: str, text: str) -> dict[str, object]:
+        return {"sessionUpdate": kind, "content": {"type": "text", "text": text}}
+
+    updates = [chunk("agent_message_chunk", "a"), chunk("agent_message_chunk", "b"),
+               chunk("agent_thought_chunk", "t"), chunk("agent_thought_chunk", "u"),
+               {"sessionUpdate": "current_mode_update", "currentModeId": "plan"},
+               chunk("agent_message_chunk", "c"), {"sessionUpdate": "unknown_kind"},
+               chunk("agent_message_chunk", "d")]
+    assert merged_chunks(events_from_updates(updates, ToolNames())) == [
+        MessageChunk("ab"), ThoughtChunk("tu"), CurrentMode("plan"), MessageChunk("cd")]
+    assert merged_chunks([]) == []

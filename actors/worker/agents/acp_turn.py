@@ -16,7 +16,7 @@ from typing import Any
 
 from actors.worker.agents.acp_client import CANCELLED_OUTCOME
 from actors.worker.agents.acp_process import AgentProcess, SessionLink
-from actors.worker.agents.acp_updates import ToolNames, events_from_update
+from actors.worker.agents.acp_updates import ToolNames, events_from_updates, merged_chunks
 from actors.worker.agents.base import AgentFailure, TurnContext
 from ipc.jsonrpc import ConnectionLost, RemoteError
 
@@ -74,20 +74,37 @@ class AcpTurn:
                 future.cancel()
                 return
             try:
-                kind, payload = self.link.inbox.get(timeout=_POLL_SECS)
+                first = self.link.inbox.get(timeout=_POLL_SECS)
             except queue.Empty:
                 continue
-            if kind in ("done", "exited"):
+            if self._handle([first, *_drain(self.link.inbox)]):
                 return
-            self._handle(kind, payload)
 
-    def _handle(self, kind: str, payload: Any) -> None:
-        if kind == "update":
-            for event in events_from_update(payload, self.tools):
+    def _handle(self, messages: list[tuple[str, Any]]) -> bool:
+        """Relay ``messages`` (what the inbox held, oldest first) in order; True once
+        the turn is over (its answer came or the agent exited). The updates among
+        them go out as one run of events, their consecutive chunks merged."""
+        updates: list[Any] = []
+        for index, (kind, payload) in enumerate(messages):
+            if kind == "update":
+                updates.append(payload)
+                continue
+            self._relay(updates)
+            updates = []
+            if kind in ("done", "exited"):
+                _cancel_permissions(messages[index + 1:])  # what came after the answer
+                return True
+            if kind == "permission":
+                params, reply = payload
+                reply(self._permission(params))
+        self._relay(updates)
+        return False
+
+    def _relay(self, updates: list[Any]) -> None:
+        """The events of ``updates``, consecutive chunks of one kind as one event."""
+        if updates:
+            for event in merged_chunks(events_from_updates(updates, self.tools)):
                 self.ctx.emit(event)
-        elif kind == "permission":
-            params, reply = payload
-            reply(self._permission(params))
 
     def _permission(self, params: Any) -> dict[str, Any]:
         """The agent's permission request, decided by the session's mode or the client."""
@@ -113,9 +130,7 @@ class AcpTurn:
 
     def _answer_leftovers(self) -> None:
         """Permission requests still queued when the turn ended are answered cancelled."""
-        for kind, payload in _drain(self.link.inbox):
-            if kind == "permission":
-                payload[1](CANCELLED_OUTCOME)
+        _cancel_permissions(_drain(self.link.inbox))
 
     def _stop_reason(self, future: concurrent.futures.Future[Any]) -> str | None:
         if not future.done() and not self.process.alive:
@@ -133,6 +148,13 @@ class AcpTurn:
             raise AgentFailure(self.process.failure_text("during the turn")) from None
         reason = result.get("stopReason") if isinstance(result, Mapping) else None
         return reason if reason in _STOP_REASONS else None
+
+
+def _cancel_permissions(messages: list[tuple[str, Any]]) -> None:
+    """Answer the permission requests among ``messages`` cancelled (no turn takes them)."""
+    for kind, payload in messages:
+        if kind == "permission":
+            payload[1](CANCELLED_OUTCOME)
 
 
 def _drain(inbox: queue.SimpleQueue[tuple[str, Any]]) -> list[tuple[str, Any]]:
