@@ -32,7 +32,7 @@ import sys
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from actors.worker.agents.acp_terminals import Terminals
 from actors.worker.agents.base import AgentFailure, ClientChannel
@@ -42,7 +42,7 @@ from ipc.extensions import ExtensionMethods
 from ipc.framing import OVERSIZED, FrameReader, new_stream_reader
 from ipc.jsonrpc import ConnectionLost, Endpoint, RemoteError
 
-__all__ = ["AgentProcess", "LaunchSpec", "SessionLink", "clean_env"]
+__all__ = ["AgentProcess", "LaunchSpec", "SessionLink", "TurnInbox", "clean_env"]
 
 log = logging.getLogger("zeroclaw.agent")
 
@@ -82,12 +82,23 @@ class LaunchSpec:
     start_timeout: float
 
 
+class TurnInbox(Protocol):
+    """The open turn of a session, as the agent process's loop thread sees it."""
+
+    def update(self, update: Any) -> None:
+        """One ``session/update`` of the agent (the loop thread)."""
+
+    def put(self, message: tuple[str, Any]) -> None:
+        """A message for the turn's thread, behind the updates before it (any thread)."""
+
+
 @dataclass(slots=True)
 class SessionLink:
     """What the agent sends about one of its sessions goes here (from the loop thread).
 
-    ``inbox`` is read by the session's actor thread during a turn; ``turn_open``
-    says whether one is reading it. The agent's ``fs/*`` and ``terminal/*``
+    ``turn`` takes the agent's updates and requests during a turn (the turn's
+    :class:`TurnInbox`; None between turns), ``inbox`` is read by the session's
+    actor thread during a turn. The agent's ``fs/*`` and ``terminal/*``
     requests go to the session's client through ``client`` (zeroclaw's session
     ``sid``), or are served here under ``paths`` and ``mode``, with ``terminals``.
     ``mode_switched`` hears each ``current_mode_update`` of the agent, in a turn or not.
@@ -100,7 +111,7 @@ class SessionLink:
     client: ClientChannel | None = None
     mode_switched: Callable[[str], None] | None = None
     inbox: queue.SimpleQueue[tuple[str, Any]] = field(default_factory=queue.SimpleQueue)
-    turn_open: threading.Event = field(default_factory=threading.Event)
+    turn: TurnInbox | None = None
     terminals: Terminals = field(init=False)
 
     def __post_init__(self) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import queue
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -49,20 +50,21 @@ class AcpTurn:
         self._answer_leftovers()  # from before this turn
         if self.ctx.cancelled.is_set():
             return None  # cancelled before it reached the agent
-        link.turn_open.set()
+        relay = link.turn = UpdateRelay(self.ctx, self.tools, link.inbox)
         try:
             future = self.process.call("session/prompt", {
                 "sessionId": link.agent_session_id,
                 "prompt": [{"type": "text", "text": prompt}],
             })
-            future.add_done_callback(lambda _f: link.inbox.put(("done", None)))
-            self._pump(future)
+            future.add_done_callback(lambda _f: relay.put(("done", None)))
+            self._pump(future, relay)
         finally:
-            link.turn_open.clear()
+            link.turn = None
+            relay.close()  # the record is this thread's from now on
             self._answer_leftovers()
         return self._stop_reason(future)
 
-    def _pump(self, future: concurrent.futures.Future[Any]) -> None:
+    def _pump(self, future: concurrent.futures.Future[Any], relay: UpdateRelay) -> None:
         """Relay the agent's messages until its answer, its exit, or the cancel grace."""
         cancel_sent: float | None = None
         while self.process.alive or not self.link.inbox.empty():
@@ -79,6 +81,7 @@ class AcpTurn:
                 continue
             if self._handle([first, *_drain(self.link.inbox)]):
                 return
+            relay.caught_up()
 
     def _handle(self, messages: list[tuple[str, Any]]) -> bool:
         """Relay ``messages`` (what the inbox held, oldest first) in order; True once
@@ -94,6 +97,9 @@ class AcpTurn:
             if kind in ("done", "exited"):
                 _cancel_permissions(messages[index + 1:])  # what came after the answer
                 return True
+            if kind == "aborted":  # the loop thread could not stream an update
+                _cancel_permissions(messages[index + 1:])
+                raise AgentFailure(str(payload))
             if kind == "permission":
                 params, reply = payload
                 reply(self._permission(params))
@@ -148,6 +154,89 @@ class AcpTurn:
             raise AgentFailure(self.process.failure_text("during the turn")) from None
         reason = result.get("stopReason") if isinstance(result, Mapping) else None
         return reason if reason in _STOP_REASONS else None
+
+
+class UpdateRelay:
+    """A turn's updates as events, relayed on the agent process's loop thread (no hop
+    through the session's thread): each burst of updates that arrived together goes
+    out once the loop has read it, consecutive chunks merged. While the stream window
+    has room; once a burst used it up, updates queue in the session's inbox for the
+    turn's thread, which waits for credit, until that thread has caught up
+    (:meth:`caught_up`). The window is thus overrun by one burst at most.
+
+    Thread-safe: one lock orders the loop thread's relaying, the queueing, and the
+    turn's end (:meth:`close`), after which the turn's record is its thread's alone.
+    """
+
+    def __init__(self, ctx: TurnContext, tools: ToolNames,
+                 inbox: queue.SimpleQueue[tuple[str, Any]]) -> None:
+        self._ctx = ctx
+        self._tools = tools
+        self._inbox = inbox
+        self._lock = threading.Lock()
+        self._burst: list[Any] = []  # updates read but not relayed yet
+        self._queued = False  # the turn's thread relays (the window was used up)
+        self._open = True
+
+    def update(self, update: Any) -> None:
+        """One update of the agent (the loop thread): relayed with its burst."""
+        with self._lock:
+            if not self._open:
+                return
+            if self._queued:
+                self._inbox.put(("update", update))
+                return
+            self._burst.append(update)
+            if len(self._burst) == 1:  # runs once the loop read what is there
+                asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        """Relay the burst (the loop thread), or queue it behind what is queued."""
+        with self._lock:
+            self._flush()
+
+    def put(self, message: tuple[str, Any]) -> None:
+        """``message`` for the turn's thread, behind the updates before it (any thread);
+        the updates after it queue behind it. A permission request that comes after
+        the turn is answered cancelled."""
+        with self._lock:
+            if not self._open:
+                _cancel_permissions([message])
+                return
+            self._flush()
+            self._queued = self._queued or message[0] == "permission"
+            self._inbox.put(message)
+
+    def caught_up(self) -> None:
+        """The turn's thread relayed what was queued (and the window has room again):
+        the loop thread relays from now on, unless more was queued meanwhile."""
+        with self._lock:
+            if self._queued and self._inbox.empty():
+                self._queued = False
+
+    def close(self) -> None:
+        """The turn ended (its thread): later updates are dropped."""
+        with self._lock:
+            self._open = False
+            self._burst = []
+
+    def _flush(self) -> None:
+        burst, self._burst = self._burst, []
+        if not burst or not self._open:
+            return
+        if self._queued:
+            for update in burst:
+                self._inbox.put(("update", update))
+            return
+        room = True
+        try:
+            for event in merged_chunks(events_from_updates(burst, self._tools)):
+                room = self._ctx.emit_nowait(event) and room
+        except AgentFailure as exc:  # it cannot be streamed: the turn fails on it
+            self._open = False
+            self._inbox.put(("aborted", str(exc)))
+            return
+        self._queued = not room
 
 
 def _cancel_permissions(messages: list[tuple[str, Any]]) -> None:
