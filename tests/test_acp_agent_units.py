@@ -145,8 +145,9 @@ def test_the_relay_streams_bursts_merged_and_queues_in_order_once_the_window_is_
     def burst(*updates: dict[str, object]) -> None:
         for update in updates:
             loop.call_soon(relay.update, update)
-        loop.call_soon(loop.call_soon, loop.stop)  # after the relay's flush
+        loop.call_soon(loop.call_soon, loop.stop)  # after the relay's first flush
         loop.run_forever()
+        relay.flush()  # what a later burst gathers goes on within GATHER_SECS
 
     try:
         burst(chunk("a"), chunk("b"))  # one burst: one event, and the window is full

@@ -338,8 +338,9 @@ class AgentProcess:
         log.warning("agent %s (pid %d) ended with status %s", self.alias, self._proc.pid,
                     self.exit_status)
         links = list(self.links.values())
-        for link in links:
-            link.inbox.put(("exited", None))
+        for link in links:  # behind what its open turn gathered
+            turn = link.turn
+            (turn.put if turn is not None else link.inbox.put)(("exited", None))
         for link in links:  # what it ran in zeroclaw's terminals ends with it
             await asyncio.to_thread(link.terminals.close_all)
 

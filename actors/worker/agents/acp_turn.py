@@ -24,6 +24,10 @@ from ipc.jsonrpc import ConnectionLost, RemoteError
 __all__ = ["AcpTurn"]
 
 _POLL_SECS = 0.05
+#: After a turn's first burst, the agent's updates are gathered this long at most
+#: before they go on: a streaming agent costs the host an update per millisecond at
+#: most, not one per chunk, and its first chunk is not held back.
+GATHER_SECS = 0.001
 _STOP_REASONS = frozenset({"end_turn", "max_tokens", "max_turn_requests", "refusal", "cancelled"})
 _WANTED_OPTIONS = {
     "allow_once": ("allow_once",),
@@ -158,8 +162,10 @@ class AcpTurn:
 
 class UpdateRelay:
     """A turn's updates as events, relayed on the agent process's loop thread (no hop
-    through the session's thread): each burst of updates that arrived together goes
-    out once the loop has read it, consecutive chunks merged. While the stream window
+    through the session's thread): the first burst of updates that arrived together
+    goes out once the loop has read it, later ones gathered for :data:`GATHER_SECS`,
+    consecutive chunks merged; a message for the turn's thread (the answer, a
+    permission request) takes what was gathered along first. While the stream window
     has room; once a burst used it up, updates queue in the session's inbox for the
     turn's thread, which waits for credit, until that thread has caught up
     (:meth:`caught_up`). The window is thus overrun by one burst at most.
@@ -177,6 +183,7 @@ class UpdateRelay:
         self._burst: list[Any] = []  # updates read but not relayed yet
         self._queued = False  # the turn's thread relays (the window was used up)
         self._open = True
+        self._gather = 0.0  # the first burst goes at once
 
     def update(self, update: Any) -> None:
         """One update of the agent (the loop thread): relayed with its burst."""
@@ -187,8 +194,9 @@ class UpdateRelay:
                 self._inbox.put(("update", update))
                 return
             self._burst.append(update)
-            if len(self._burst) == 1:  # runs once the loop read what is there
-                asyncio.get_running_loop().call_soon(self.flush)
+            if len(self._burst) == 1:  # at least once the loop read what is there
+                asyncio.get_running_loop().call_later(self._gather, self.flush)
+                self._gather = GATHER_SECS
 
     def flush(self) -> None:
         """Relay the burst (the loop thread), or queue it behind what is queued."""
