@@ -91,6 +91,9 @@ class TurnInbox(Protocol):
     def put(self, message: tuple[str, Any]) -> None:
         """A message for the turn's thread, behind the updates before it (any thread)."""
 
+    def flush(self) -> None:
+        """Relay the updates gathered so far now (the loop thread)."""
+
 
 @dataclass(slots=True)
 class SessionLink:
@@ -330,6 +333,10 @@ class AgentProcess:
                     endpoint.receive(frame)
         except (OSError, ValueError) as exc:
             log.warning("agent %s: stdout failed: %s", self.alias, exc)
+        for link in list(self.links.values()):  # a turn that sees it exited has it all
+            turn = link.turn
+            if turn is not None:
+                turn.flush()
         self.exited.set()  # first: no new turn may pick this process from now on
         endpoint.receive_eof()
         assert self._proc is not None
