@@ -3,18 +3,28 @@
 
 from __future__ import annotations
 
+import asyncio
+import queue
 import sys
 from pathlib import Path
+from typing import Any, cast
 
-from actors.worker.agents import agent_config_problem
+from actors.worker.agents import TurnContext, agent_config_problem
 from actors.worker.agents.acp import command_problem
 from actors.worker.agents.acp_confine import jail_for
 from actors.worker.agents.acp_process import clean_env
-from actors.worker.agents.acp_updates import ToolNames, events_from_update
+from actors.worker.agents.acp_turn import UpdateRelay
+from actors.worker.agents.acp_updates import (
+    ToolNames,
+    events_from_update,
+    events_from_updates,
+    merged_chunks,
+)
 from actors.worker.agents.base import SessionSetup
 from actors.worker.sandbox import AGENT_STATE_VARIABLE, SANDBOX_VARIABLE
 from actors.worker.tools import PathPolicy
 from ipc.events import (
+    CurrentMode,
     MessageChunk,
     PlanEntry,
     PlanUpdate,
@@ -96,6 +106,7 @@ def test_a_tool_call_announced_as_finished_is_started_and_finished() -> None:
 
 def test_malformed_updates_give_no_events() -> None:
     tools = ToolNames()
+    bad: object
     for bad in (None, [], "x", {"sessionUpdate": "tool_call"},
                 {"sessionUpdate": "usage_update", "used": "1", "size": 2},
                 {"sessionUpdate": "plan", "entries": "no"},
@@ -113,3 +124,70 @@ def test_a_tenants_agent_state_dir_stays_one_level_below_the_state_root(tmp_path
         config = {"alias": alias, "allow_unconfined_tenants": True}
         home = jail_for(config, setup, env).home
         assert home is not None and home.parent.parent == state, home
+
+
+def test_updates_that_arrive_together_merge_their_consecutive_chunks_in_order() -> None:
+    def chunk(kind: str, text: str) -> dict[str, object]:
+        return {"sessionUpdate": kind, "content": {"type": "text", "text": text}}
+
+    updates = [chunk("agent_message_chunk", "a"), chunk("agent_message_chunk", "b"),
+               chunk("agent_thought_chunk", "t"), chunk("agent_thought_chunk", "u"),
+               {"sessionUpdate": "current_mode_update", "currentModeId": "plan"},
+               chunk("agent_message_chunk", "c"), {"sessionUpdate": "unknown_kind"},
+               chunk("agent_message_chunk", "d")]
+    assert merged_chunks(events_from_updates(updates, ToolNames())) == [
+        MessageChunk("ab"), ThoughtChunk("tu"), CurrentMode("plan"), MessageChunk("cd")]
+    assert merged_chunks([]) == []
+
+
+class _Stream:
+    """A turn's context that keeps what is emitted; its window is used up after ``room``
+    events."""
+
+    def __init__(self, room: int) -> None:
+        self.events: list[object] = []
+        self.room = room
+
+    def emit_nowait(self, event: object) -> bool:
+        self.events.append(event)
+        return len(self.events) < self.room
+
+
+def test_the_relay_streams_bursts_merged_and_queues_in_order_once_the_window_is_full() -> None:
+    inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+    stream = _Stream(room=1)
+    relay = UpdateRelay(cast(TurnContext, stream), ToolNames(), inbox)
+    loop = asyncio.new_event_loop()
+    replies: list[object] = []
+
+    def chunk(text: str) -> dict[str, object]:
+        return {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text}}
+
+    def burst(*updates: dict[str, object]) -> None:
+        for update in updates:
+            loop.call_soon(relay.update, update)
+        loop.call_soon(loop.call_soon, loop.stop)  # after the relay's first flush
+        loop.run_forever()
+        relay.flush()  # what a later burst gathers goes on within GATHER_SECS
+
+    try:
+        burst(chunk("a"), chunk("b"))  # one burst: one event, and the window is full
+        assert stream.events == [MessageChunk("ab")]
+        burst(chunk("c"))  # queued for the turn's thread
+        relay.put(("permission", ({}, replies.append)))
+        burst(chunk("d"))  # behind the permission request
+        relay.put(("done", None))
+        queued = [inbox.get_nowait() for _ in range(4)]
+        assert [kind for kind, _ in queued] == ["update", "permission", "update", "done"]
+        assert [queued[0][1], queued[2][1]] == [chunk("c"), chunk("d")]
+        relay.caught_up()  # the turn's thread relayed them: the loop thread again
+        stream.room = 10
+        burst(chunk("e"))
+        assert stream.events == [MessageChunk("ab"), MessageChunk("e")] and inbox.empty()
+        relay.close()
+        burst(chunk("f"))
+        relay.put(("permission", ({}, replies.append)))
+    finally:
+        loop.close()
+    assert stream.events == [MessageChunk("ab"), MessageChunk("e")] and inbox.empty()
+    assert replies == [{"outcome": {"outcome": "cancelled"}}]  # after the turn: cancelled

@@ -83,7 +83,7 @@ class StreamWindow:
 
     def __init__(self, size: int = STREAM_WINDOW_BYTES) -> None:
         self.size = size
-        self._spent = 0  # written by the turn's thread only
+        self._spent = 0  # written by the thread streaming the turn (one at a time)
         self._granted = 0  # written under the lock by the IO thread only
         self._open = False
         self._changed = threading.Condition(threading.Lock())
@@ -97,6 +97,11 @@ class StreamWindow:
         with self._changed:
             while self._spent - self._granted >= self.size and not self._open:
                 self._changed.wait()
+
+    def spend_nowait(self, nbytes: int) -> bool:
+        """Count ``nbytes`` just queued, without waiting: whether there is still room."""
+        self._spent += nbytes
+        return self._spent - self._granted < self.size or self._open
 
     def grant(self, nbytes: int) -> None:
         """The host passed ``nbytes`` on (IO thread)."""

@@ -203,6 +203,7 @@ class StreamCredit(Protocol):
     """The turn's stream window: :meth:`spend` waits while the client lags behind."""
 
     def spend(self, nbytes: int) -> None: ...
+    def spend_nowait(self, nbytes: int) -> bool: ...
 
 
 class TurnSession(Protocol):
@@ -267,6 +268,15 @@ class ActorTurnContext:
         size = self._send(TurnEvent(sid=self._sid, turn_id=self._turn_id, event=wire))
         if size:
             self._window.spend(size)
+
+    def emit_nowait(self, event: Event) -> bool:
+        """:meth:`emit` without waiting for credit: whether the stream window still has
+        room. Any thread, while the turn's thread does not emit (a hosted agent's
+        loop thread relays its updates so)."""
+        self._recorder.add(event)
+        size = self._send(TurnEvent(sid=self._sid, turn_id=self._turn_id,
+                                    event=event_to_wire(event)))
+        return self._window.spend_nowait(size) if size else True
 
     def _send(self, message: WorkerMessage) -> int | None:
         """Hand ``message`` to the IO thread; raises :class:`TurnAborted` when it

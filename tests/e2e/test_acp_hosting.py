@@ -26,7 +26,9 @@ import pytest
 from .conftest import SdkHostFactory
 from .helpers import split_turns, stored_session
 from .procs import REPO_ROOT, reap_leaks, write_config
+from .rawclient import RawHost
 from .sdkhost import SdkHost, expect_error
+from .test_stream_limits import answers_and_chunks, prompt_frame
 
 FIXTURE_AGENT = REPO_ROOT / "tests" / "fixtures" / "acp_fixture_agent.py"
 CANCEL_MARKER = "[turn cancelled via client]"
@@ -471,3 +473,26 @@ async def test_agent_ignoring_cancel_ends_the_turn_after_the_grace_and_is_restar
         entry = await _agent_status(host, int(text))
         assert entry["restarts"] == 1 and entry["agentAlias"] == "hosted"
         assert entry["sessions"] == 1 and entry["rssBytes"] > 0
+
+
+def test_a_long_stream_to_a_client_that_lags_arrives_whole_and_in_the_agents_order(
+    raw_host: RawHost, config_dir: Path, workspace: Path, tmp_path: Path
+) -> None:
+    """The client reads nothing until the agent has sent its whole stream: what came in
+    bursts went on merged, in the agent's order, and the answer (the kept turn) has
+    all of it."""
+    acp_config(config_dir, fixture_command(), level="full")
+    raw_host.initialize()
+    sid = raw_host.new_session(workspace)
+    marker, count = tmp_path / "flooded", 60_000
+    request_id = prompt_frame(raw_host, sid, f"flood {count} {marker}")
+    deadline = time.monotonic() + 30
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)  # the agent's own progress: nothing here to wait on
+    assert marker.exists()
+    answers, chunks = answers_and_chunks(raw_host, {request_id}, timeout=60)
+    expected = "".join(f"{number} " for number in range(count))
+    assert "".join(chunks[sid]) == expected
+    assert answers[request_id]["result"]["content"] == expected
+    again = raw_host.call("session/prompt", {"sessionId": sid, "prompt": "after"})
+    assert again["content"] == "after"

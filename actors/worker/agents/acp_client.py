@@ -51,10 +51,11 @@ def _on_update(process: AgentProcess, params: Any) -> None:
     mode_id = _switched_mode(update)
     if mode_id is not None and link.mode_switched is not None:
         link.mode_switched(mode_id)  # the host's view of the agent's mode, in a turn or not
-    if not link.turn_open.is_set():
+    turn = link.turn
+    if turn is None:
         log.debug("agent %s: session/update outside a turn dropped", process.alias)
         return
-    link.inbox.put(("update", update))
+    turn.update(update)
 
 
 def _switched_mode(update: Any) -> str | None:
@@ -67,7 +68,8 @@ def _switched_mode(update: Any) -> str | None:
 
 def _on_permission(process: AgentProcess, params: Any) -> Any:
     link = _link(process, params)
-    if link is None or not link.turn_open.is_set():
+    turn = link.turn if link is not None else None
+    if turn is None:
         return CANCELLED_OUTCOME
     loop = asyncio.get_running_loop()
     answer: asyncio.Future[Any] = loop.create_future()
@@ -75,7 +77,7 @@ def _on_permission(process: AgentProcess, params: Any) -> Any:
     def reply(outcome: dict[str, Any]) -> None:  # any thread
         loop.call_soon_threadsafe(_settle, answer, outcome)
 
-    link.inbox.put(("permission", (params, reply)))
+    turn.put(("permission", (params, reply)))
     return answer
 
 

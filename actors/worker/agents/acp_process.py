@@ -35,7 +35,7 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from actors.worker.agents.acp_confine import AgentJail
 from actors.worker.agents.acp_terminals import Terminals
@@ -46,7 +46,7 @@ from ipc.extensions import ExtensionMethods
 from ipc.framing import OVERSIZED, FrameReader, new_stream_reader
 from ipc.jsonrpc import ConnectionLost, Endpoint, RemoteError
 
-__all__ = ["AgentProcess", "LaunchSpec", "SessionLink", "clean_env"]
+__all__ = ["AgentProcess", "LaunchSpec", "SessionLink", "TurnInbox", "clean_env"]
 
 log = logging.getLogger("zeroclaw.agent")
 
@@ -93,12 +93,26 @@ class LaunchSpec:
         return self.jail.backend if self.jail is not None else "none"
 
 
+class TurnInbox(Protocol):
+    """The open turn of a session, as the agent process's loop thread sees it."""
+
+    def update(self, update: Any) -> None:
+        """One ``session/update`` of the agent (the loop thread)."""
+
+    def put(self, message: tuple[str, Any]) -> None:
+        """A message for the turn's thread, behind the updates before it (any thread)."""
+
+    def flush(self) -> None:
+        """Relay the updates gathered so far now (the loop thread)."""
+
+
 @dataclass(slots=True)
 class SessionLink:
     """What the agent sends about one of its sessions goes here (from the loop thread).
 
-    ``inbox`` is read by the session's actor thread during a turn; ``turn_open``
-    says whether one is reading it. The agent's ``fs/*`` and ``terminal/*``
+    ``turn`` takes the agent's updates and requests during a turn (the turn's
+    :class:`TurnInbox`; None between turns), ``inbox`` is read by the session's
+    actor thread during a turn. The agent's ``fs/*`` and ``terminal/*``
     requests go to the session's client through ``client`` (zeroclaw's session
     ``sid``), or are served here under ``paths`` and ``mode``, with ``terminals``.
     ``mode_switched`` hears each ``current_mode_update`` of the agent, in a turn or not.
@@ -111,7 +125,7 @@ class SessionLink:
     client: ClientChannel | None = None
     mode_switched: Callable[[str], None] | None = None
     inbox: queue.SimpleQueue[tuple[str, Any]] = field(default_factory=queue.SimpleQueue)
-    turn_open: threading.Event = field(default_factory=threading.Event)
+    turn: TurnInbox | None = None
     terminals: Terminals = field(init=False)
 
     def __post_init__(self) -> None:
@@ -343,6 +357,10 @@ class AgentProcess:
                     endpoint.receive(frame)
         except (OSError, ValueError) as exc:
             log.warning("agent %s: stdout failed: %s", self.alias, exc)
+        for link in list(self.links.values()):  # a turn that sees it exited has it all
+            turn = link.turn
+            if turn is not None:
+                turn.flush()
         self.exited.set()  # first: no new turn may pick this process from now on
         endpoint.receive_eof()
         assert self._proc is not None
@@ -351,8 +369,9 @@ class AgentProcess:
         log.warning("agent %s (pid %d) ended with status %s", self.alias, self._proc.pid,
                     self.exit_status)
         links = list(self.links.values())
-        for link in links:
-            link.inbox.put(("exited", None))
+        for link in links:  # behind what its open turn gathered
+            turn = link.turn
+            (turn.put if turn is not None else link.inbox.put)(("exited", None))
         for link in links:  # what it ran in zeroclaw's terminals ends with it
             await asyncio.to_thread(link.terminals.close_all)
 

@@ -10,19 +10,24 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import queue
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from actors.worker.agents.acp_client import CANCELLED_OUTCOME
 from actors.worker.agents.acp_process import AgentProcess, SessionLink
-from actors.worker.agents.acp_updates import ToolNames, events_from_update
+from actors.worker.agents.acp_updates import ToolNames, events_from_updates, merged_chunks
 from actors.worker.agents.base import AgentFailure, TurnContext
 from ipc.jsonrpc import ConnectionLost, RemoteError
 
 __all__ = ["AcpTurn"]
 
 _POLL_SECS = 0.05
+#: After a turn's first burst, the agent's updates are gathered this long at most
+#: before they go on: a streaming agent costs the host an update per millisecond at
+#: most, not one per chunk, and its first chunk is not held back.
+GATHER_SECS = 0.001
 _STOP_REASONS = frozenset({"end_turn", "max_tokens", "max_turn_requests", "refusal", "cancelled"})
 _WANTED_OPTIONS = {
     "allow_once": ("allow_once",),
@@ -49,20 +54,21 @@ class AcpTurn:
         self._answer_leftovers()  # from before this turn
         if self.ctx.cancelled.is_set():
             return None  # cancelled before it reached the agent
-        link.turn_open.set()
+        relay = link.turn = UpdateRelay(self.ctx, self.tools, link.inbox)
         try:
             future = self.process.call("session/prompt", {
                 "sessionId": link.agent_session_id,
                 "prompt": [{"type": "text", "text": prompt}],
             })
-            future.add_done_callback(lambda _f: link.inbox.put(("done", None)))
-            self._pump(future)
+            future.add_done_callback(lambda _f: relay.put(("done", None)))
+            self._pump(future, relay)
         finally:
-            link.turn_open.clear()
+            link.turn = None
+            relay.close()  # the record is this thread's from now on
             self._answer_leftovers()
         return self._stop_reason(future)
 
-    def _pump(self, future: concurrent.futures.Future[Any]) -> None:
+    def _pump(self, future: concurrent.futures.Future[Any], relay: UpdateRelay) -> None:
         """Relay the agent's messages until its answer, its exit, or the cancel grace."""
         cancel_sent: float | None = None
         while self.process.alive or not self.link.inbox.empty():
@@ -74,20 +80,41 @@ class AcpTurn:
                 future.cancel()
                 return
             try:
-                kind, payload = self.link.inbox.get(timeout=_POLL_SECS)
+                first = self.link.inbox.get(timeout=_POLL_SECS)
             except queue.Empty:
                 continue
-            if kind in ("done", "exited"):
+            if self._handle([first, *_drain(self.link.inbox)]):
                 return
-            self._handle(kind, payload)
+            relay.caught_up()
 
-    def _handle(self, kind: str, payload: Any) -> None:
-        if kind == "update":
-            for event in events_from_update(payload, self.tools):
+    def _handle(self, messages: list[tuple[str, Any]]) -> bool:
+        """Relay ``messages`` (what the inbox held, oldest first) in order; True once
+        the turn is over (its answer came or the agent exited). The updates among
+        them go out as one run of events, their consecutive chunks merged."""
+        updates: list[Any] = []
+        for index, (kind, payload) in enumerate(messages):
+            if kind == "update":
+                updates.append(payload)
+                continue
+            self._relay(updates)
+            updates = []
+            if kind in ("done", "exited"):
+                _cancel_permissions(messages[index + 1:])  # what came after the answer
+                return True
+            if kind == "aborted":  # the loop thread could not stream an update
+                _cancel_permissions(messages[index + 1:])
+                raise AgentFailure(str(payload))
+            if kind == "permission":
+                params, reply = payload
+                reply(self._permission(params))
+        self._relay(updates)
+        return False
+
+    def _relay(self, updates: list[Any]) -> None:
+        """The events of ``updates``, consecutive chunks of one kind as one event."""
+        if updates:
+            for event in merged_chunks(events_from_updates(updates, self.tools)):
                 self.ctx.emit(event)
-        elif kind == "permission":
-            params, reply = payload
-            reply(self._permission(params))
 
     def _permission(self, params: Any) -> dict[str, Any]:
         """The agent's permission request, decided by the session's mode or the client."""
@@ -113,9 +140,7 @@ class AcpTurn:
 
     def _answer_leftovers(self) -> None:
         """Permission requests still queued when the turn ended are answered cancelled."""
-        for kind, payload in _drain(self.link.inbox):
-            if kind == "permission":
-                payload[1](CANCELLED_OUTCOME)
+        _cancel_permissions(_drain(self.link.inbox))
 
     def _stop_reason(self, future: concurrent.futures.Future[Any]) -> str | None:
         if not future.done() and not self.process.alive:
@@ -133,6 +158,100 @@ class AcpTurn:
             raise AgentFailure(self.process.failure_text("during the turn")) from None
         reason = result.get("stopReason") if isinstance(result, Mapping) else None
         return reason if reason in _STOP_REASONS else None
+
+
+class UpdateRelay:
+    """A turn's updates as events, relayed on the agent process's loop thread (no hop
+    through the session's thread): the first burst of updates that arrived together
+    goes out once the loop has read it, later ones gathered for :data:`GATHER_SECS`,
+    consecutive chunks merged; a message for the turn's thread (the answer, a
+    permission request) takes what was gathered along first. While the stream window
+    has room; once a burst used it up, updates queue in the session's inbox for the
+    turn's thread, which waits for credit, until that thread has caught up
+    (:meth:`caught_up`). The window is thus overrun by one burst at most.
+
+    Thread-safe: one lock orders the loop thread's relaying, the queueing, and the
+    turn's end (:meth:`close`), after which the turn's record is its thread's alone.
+    """
+
+    def __init__(self, ctx: TurnContext, tools: ToolNames,
+                 inbox: queue.SimpleQueue[tuple[str, Any]]) -> None:
+        self._ctx = ctx
+        self._tools = tools
+        self._inbox = inbox
+        self._lock = threading.Lock()
+        self._burst: list[Any] = []  # updates read but not relayed yet
+        self._queued = False  # the turn's thread relays (the window was used up)
+        self._open = True
+        self._gather = 0.0  # the first burst goes at once
+
+    def update(self, update: Any) -> None:
+        """One update of the agent (the loop thread): relayed with its burst."""
+        with self._lock:
+            if not self._open:
+                return
+            if self._queued:
+                self._inbox.put(("update", update))
+                return
+            self._burst.append(update)
+            if len(self._burst) == 1:  # at least once the loop read what is there
+                asyncio.get_running_loop().call_later(self._gather, self.flush)
+                self._gather = GATHER_SECS
+
+    def flush(self) -> None:
+        """Relay the burst (the loop thread), or queue it behind what is queued."""
+        with self._lock:
+            self._flush()
+
+    def put(self, message: tuple[str, Any]) -> None:
+        """``message`` for the turn's thread, behind the updates before it (any thread);
+        the updates after it queue behind it. A permission request that comes after
+        the turn is answered cancelled."""
+        with self._lock:
+            if not self._open:
+                _cancel_permissions([message])
+                return
+            self._flush()
+            self._queued = self._queued or message[0] == "permission"
+            self._inbox.put(message)
+
+    def caught_up(self) -> None:
+        """The turn's thread relayed what was queued (and the window has room again):
+        the loop thread relays from now on, unless more was queued meanwhile."""
+        with self._lock:
+            if self._queued and self._inbox.empty():
+                self._queued = False
+
+    def close(self) -> None:
+        """The turn ended (its thread): later updates are dropped."""
+        with self._lock:
+            self._open = False
+            self._burst = []
+
+    def _flush(self) -> None:
+        burst, self._burst = self._burst, []
+        if not burst or not self._open:
+            return
+        if self._queued:
+            for update in burst:
+                self._inbox.put(("update", update))
+            return
+        room = True
+        try:
+            for event in merged_chunks(events_from_updates(burst, self._tools)):
+                room = self._ctx.emit_nowait(event) and room
+        except AgentFailure as exc:  # it cannot be streamed: the turn fails on it
+            self._open = False
+            self._inbox.put(("aborted", str(exc)))
+            return
+        self._queued = not room
+
+
+def _cancel_permissions(messages: list[tuple[str, Any]]) -> None:
+    """Answer the permission requests among ``messages`` cancelled (no turn takes them)."""
+    for kind, payload in messages:
+        if kind == "permission":
+            payload[1](CANCELLED_OUTCOME)
 
 
 def _drain(inbox: queue.SimpleQueue[tuple[str, Any]]) -> list[tuple[str, Any]]:

@@ -9,8 +9,9 @@ replayed user chunks) give no event: zeroclaw keeps its own commands and titles.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
@@ -26,7 +27,8 @@ from ipc.events import (
     UsageUpdate,
 )
 
-__all__ = ["ToolNames", "content_text", "events_from_update"]
+__all__ = ["ToolNames", "content_text", "events_from_update", "events_from_updates",
+           "merged_chunks"]
 
 _FINAL = ("completed", "failed")
 
@@ -95,6 +97,28 @@ def events_from_update(update: Any, tools: ToolNames) -> list[Event]:
         mode_id = _str(update.get("currentModeId"))
         return [CurrentMode(mode_id)] if mode_id else []
     return []
+
+
+def events_from_updates(updates: list[Any], tools: ToolNames) -> list[Event]:
+    """The zeroclaw events of several ``update`` objects, in order."""
+    events: list[Event] = []
+    for update in updates:
+        events.extend(events_from_update(update, tools))
+    return events
+
+
+def merged_chunks(events: list[Event]) -> list[Event]:
+    """``events`` with each run of consecutive message (or thought) chunks as one chunk
+    of their joined text: what arrived together goes out as one update."""
+    merged: list[Event] = []
+    for kind, run in itertools.groupby(events, key=type):
+        if kind is MessageChunk:
+            merged.append(MessageChunk("".join(cast(MessageChunk, e).text for e in run)))
+        elif kind is ThoughtChunk:
+            merged.append(ThoughtChunk("".join(cast(ThoughtChunk, e).text for e in run)))
+        else:
+            merged.extend(run)
+    return merged
 
 
 def _tool_call(update: Mapping[str, Any], tools: ToolNames) -> list[Event]:

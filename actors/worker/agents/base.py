@@ -129,6 +129,12 @@ class TurnContext(Protocol):
         """Stream one event to the client (and into the turn's record)."""
         ...
 
+    def emit_nowait(self, event: Event) -> bool:
+        """:meth:`emit` without waiting while the client lags: whether it may go on
+        so (False: the stream window is used up, the next events go through
+        :meth:`emit`). Any thread, never while another emits for the turn."""
+        ...
+
     def ask_permission(
         self, tool_call_id: str, tool_name: str, title: str, kind: str, raw_input: Any
     ) -> str | None:
