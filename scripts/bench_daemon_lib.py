@@ -222,7 +222,7 @@ def status_latencies(client: NdjsonClient,
                      calls: int) -> tuple[list[float], list[float], int | None]:
     """Per ``status`` call, the milliseconds until its whole answer is in and those
     the client then takes to decode it (with 10,000 sessions listed, a 2 MB line);
-    the sessions the last one listed (None: floor). ``client`` gets nothing else."""
+    the sessions the last one listed. ``client`` gets nothing else."""
     for _ in range(min(20, calls)):  # warm up
         client.request("status")
     answered, decoded, listed = [], [], None
