@@ -86,8 +86,9 @@ class BenchSizes:
     turns_each: int = 10  # per session, at least
     concurrency: tuple[int, ...] = (1, 8, 64)
     socket_initializes: int = 5000
-    live_sessions: int = 1000
-    status_calls: int = 1000
+    live_sessions: int = 10_000
+    live_connections: int = 8  # open the live sessions over this many connections at once
+    status_calls: int = 300
     persist_sessions: int = 64
     wakeup_turns: int = 300
     wakeup_idle_seconds: float = 2.0
@@ -95,7 +96,8 @@ class BenchSizes:
     @classmethod
     def quick(cls) -> BenchSizes:
         return cls(rounds=1, min_seconds=0.3, cold_starts=3, initializes=200, session_news=100,
-                   turns_each=3, socket_initializes=1000, status_calls=200,
+                   turns_each=3, socket_initializes=1000, live_sessions=2000,
+                   status_calls=100,
                    wakeup_turns=150, wakeup_idle_seconds=1.0)
 
 

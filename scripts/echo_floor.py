@@ -7,7 +7,10 @@ Usage: ``echo_floor.py`` (stdio), ``echo_floor.py --unix PATH`` (Unix socket) or
 Every request line is answered at once from the asyncio loop thread, with the
 same shapes the ACP host returns, so a benchmark client can drive both alike:
 
-- ``session/new``    -> ``{"sessionId": "floor-<n>"}``
+- ``session/new``    -> ``{"sessionId": "floor-<n>"}`` (open until ``session/close``)
+- ``status``         -> ``{"activeSessions": n, "sessions": [...]}``: an entry of
+  the daemon's shape and size per open session, kept encoded between calls (what
+  moving the daemon's answer costs, and nothing else)
 - ``session/prompt`` -> the prompt echoed back word by word as ``session/update``
   ``agent_message_chunk`` notifications (as the echo agent streams it), then
   ``{"sessionId": ..., "stopReason": "end_turn", "content": <the prompt>}``
@@ -36,11 +39,40 @@ __all__ = ["answer_line", "main", "serve_stdio", "serve_tcp", "serve_unix"]
 
 FRAME_LIMIT = 32 * 1024 * 1024
 _session_numbers = itertools.count(1)
+_open_sessions: dict[str, None] = {}  # in the order they were opened
+_status_sessions: dict[str, Any] = {"version": 0, "listed": -1, "json": b"[]"}
+
+
+def _status_entry(session_id: str) -> bytes:
+    """A session as the daemon's ``status`` lists one (same keys, same sizes)."""
+    return orjson.dumps({
+        "sessionId": session_id.rjust(36, "0"), "agentAlias": "default", "state": "idle",
+        "clients": 1, "lastActivity": 1796319020.6498363, "turns": 0,
+        "usage": {"totalTokens": 0}, "cwd": "/tmp/zclfloor00/agents/default/workspace",
+        "title": None})
+
+
+def _status() -> dict[str, Any]:
+    """The open sessions, encoded again only after one opened or closed."""
+    cache = _status_sessions
+    if cache["listed"] != cache["version"]:
+        cache["json"] = b"[" + b",".join(map(_status_entry, _open_sessions)) + b"]"
+        cache["listed"] = cache["version"]
+    return {"activeSessions": len(_open_sessions), "sessions": orjson.Fragment(cache["json"])}
 
 
 def _result_for(method: object, params: object) -> dict[str, Any]:
     if method == "session/new":
-        return {"sessionId": f"floor-{next(_session_numbers)}"}
+        new_id = f"floor-{next(_session_numbers)}"
+        _open_sessions[new_id] = None
+        _status_sessions["version"] += 1
+        return {"sessionId": new_id}
+    if method == "session/close" and isinstance(params, dict):
+        if _open_sessions.pop(params.get("sessionId"), 0) is None:  # type: ignore[arg-type]
+            _status_sessions["version"] += 1
+        return {}
+    if method == "status":
+        return _status()
     if method == "session/prompt":
         session_id = params.get("sessionId") if isinstance(params, dict) else None
         text = params.get("prompt") if isinstance(params, dict) else None

@@ -116,6 +116,7 @@ class LiveTable:
         self.by_worker: dict[str, set[str]] = {}
         self._placed: set[str] = set()  # the ids that hold a place under max_sessions
         self._room: asyncio.Future[None] | None = None  # see room() and pulse()
+        self.routes_version = 0  # changes whenever a session's route comes or goes
 
     # --- reading -----------------------------------------------------------------------
 
@@ -315,6 +316,7 @@ class LiveTable:
     # --- bookkeeping -----------------------------------------------------------------------
 
     def _set_route(self, entry: LiveSession, route: Route | None) -> None:
+        self.routes_version += 1
         old = entry.route
         if old is not None:
             sids = self.by_worker.get(old.worker_id)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING
 
 from ipc.errors import SessionNotFound, SessionNotOwned
@@ -34,6 +34,8 @@ class Owners:
     def __init__(self) -> None:
         self._clients: dict[str, list[Peer]] = {}
         self._departed: weakref.WeakSet[Peer] = weakref.WeakSet()
+        #: Told the session id whenever its clients change (:mod:`supervisor.status_book`).
+        self.on_change: Callable[[str], None] | None = None
 
     def join(self, sid: str, peer: Peer) -> None:
         """``peer`` holds ``sid`` from now on (created, loaded, resumed or adopted it);
@@ -43,6 +45,7 @@ class Owners:
         clients = self._clients.setdefault(sid, [])
         if peer not in clients:
             clients.append(peer)
+            self._changed(sid)
 
     def check(self, sid: str, peer: Peer, *, adopt: bool = False) -> None:
         """Raise -32003 when other connections hold ``sid`` and ``peer`` does not.
@@ -77,6 +80,11 @@ class Owners:
             clients.remove(peer)
             if not clients:
                 del self._clients[sid]
+            self._changed(sid)
+
+    def _changed(self, sid: str) -> None:
+        if self.on_change is not None:
+            self.on_change(sid)
 
     async def ending(self, sid: str, operation: Awaitable[None]) -> None:
         """Await a close, stop or delete of ``sid``; whoever held it when it began lets

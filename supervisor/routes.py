@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import InitVar, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -66,7 +67,8 @@ class Route:
     ``usage.totalTokens``: the store's token count of the session; ``title``: the
     store's title, the first line of its first kept prompt, None until then), so
     answering ``status`` copies no session state; only ``clients`` is filled in
-    then, from the ownership table.
+    then, from the ownership table. Each change ends in :meth:`touch`, which tells
+    ``on_status_change``.
     """
 
     sid: str
@@ -85,6 +87,8 @@ class Route:
     #: A hosted agent's own modes, once its session is open (:mod:`supervisor.agent_modes`).
     agent_modes: dict[str, Any] | None = None
     agent_opened: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Told the session id whenever ``status`` changes (:mod:`supervisor.status_book`).
+    on_status_change: Callable[[str], None] | None = field(default=None, compare=False)
 
     def __post_init__(self, turns: int, tokens: int, title: str | None) -> None:
         self.status = {"sessionId": self.sid, "agentAlias": self.agent_alias, "state": "idle",
@@ -103,7 +107,10 @@ class Route:
         return self.peer if self.peer.offers(method) else None
 
     def touch(self) -> None:
+        """Every change of ``status`` ends here."""
         self.status["lastActivity"] = time.time()
+        if self.on_status_change is not None:
+            self.on_status_change(self.sid)
 
     def turn_started(self) -> None:
         self.status["state"] = "busy"

@@ -4,8 +4,10 @@ Runs on the asyncio loop thread and waits on nothing: the session entries are
 the loop's own view of the live sessions (each route's entry, updated as its turns
 are admitted and settled), so ``status`` never asks the supervisor, a worker or
 the writer, and a prompt's answer is never followed by a status that still shows
-its turn running. Worker figures come from the pool plus psutil,
-sampled at most once a second per worker (Process objects are kept, since the
+its turn running. On the daemon socket the session list goes out as JSON kept
+encoded between calls (:mod:`supervisor.status_book`): with thousands of idle
+sessions, a call re-encodes only what changed. Worker figures come from the pool
+plus psutil, sampled at most once a second per worker (Process objects are kept, since the
 first ``cpu_percent()`` of a new one is always 0.0). Each worker lists its hosted
 agent processes as its last heartbeat named them (restarts are the worker's count),
 with psutil figures sampled the same way, as are the host process's own
@@ -19,15 +21,20 @@ from __future__ import annotations
 
 import os
 import time
+import weakref
 from collections import Counter
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+import orjson
 import psutil
 
 from supervisor import __version__
+from supervisor.status_book import SessionStatusBook
 
 if TYPE_CHECKING:
     from ipc.worker_wire import AgentProcessEntry
+    from supervisor.live import LiveTable
     from supervisor.ownership import Owners
     from supervisor.routes import Route
     from supervisor.sessions import Sessions
@@ -40,6 +47,7 @@ _processes: dict[int, psutil.Process] = {}
 _SILENT_BEATS = 2.0  # a worker silent this many heartbeats is reported unresponsive
 _SAMPLE_SECS = 1.0
 _samples: dict[int, tuple[float, int, float]] = {}  # pid -> (taken at, rss, cpu%)
+_books: weakref.WeakKeyDictionary[LiveTable, SessionStatusBook] = weakref.WeakKeyDictionary()
 
 
 def _session_entries(routes: list[Route],
@@ -91,10 +99,30 @@ def _agent_entry(agent: AgentProcessEntry) -> dict[str, Any]:
             "sandbox": agent.get("confinement", "none")}
 
 
-def host_status(sessions: Sessions, owners: Owners) -> dict[str, Any]:
-    """The ``status`` result; ``clients`` of a session = connections holding it."""
+def _encoded_entries(live: LiveTable, owners: Owners) -> tuple[orjson.Fragment, int,
+                                                                dict[str, int]]:
+    """The wire entries as one JSON fragment (encoded once per change), how many,
+    and how many sessions each worker hosts."""
+    book = _books.get(live)
+    if book is None:
+        book = _books[live] = SessionStatusBook()
+    entries = orjson.Fragment(book.sessions_json(live, owners))
+    return entries, len(book), {w: len(sids) for w, sids in live.by_worker.items()}
+
+
+def host_status(sessions: Sessions, owners: Owners, *,
+                encoded_sessions: bool = False) -> dict[str, Any]:
+    """The ``status`` result; ``clients`` of a session = connections holding it.
+    ``encoded_sessions``: ``sessions`` is an ``orjson.Fragment`` (for a caller that
+    only sends the answer), kept encoded between calls as long as nothing changed."""
     host = sessions.host
-    entries, per_worker = _session_entries(host.live.routes(), owners)
+    entries: list[dict[str, Any]] | orjson.Fragment
+    per_worker: Mapping[str, int]
+    if encoded_sessions:
+        entries, active, per_worker = _encoded_entries(host.live, owners)
+    else:
+        entries, per_worker = _session_entries(host.live.routes(), owners)
+        active = len(entries)
     pool = host.pool
     now = time.monotonic()
     silent_after = _SILENT_BEATS * pool.heartbeat_secs
@@ -117,7 +145,7 @@ def host_status(sessions: Sessions, owners: Owners) -> dict[str, Any]:
         "cpuPercent": cpu,
         "uptimeSecs": round(time.time() - host.started_at, 3),
         "turnsCommitted": host.turn_stats.committed,
-        "activeSessions": len(entries),
+        "activeSessions": active,
         "sessions": entries,
         "workers": workers,
         "usage": host.usage.to_wire(),

@@ -461,3 +461,33 @@ def _reap_adopted(pid: int) -> bool:
     except ChildProcessError:
         return reaped(pid)
     return done == pid
+
+
+async def test_a_worker_busy_with_a_long_burst_of_opens_still_beats(
+    make_pool: MakePool,
+) -> None:
+    """``session/new`` does not wait for the worker, so a burst of opens can keep its
+    inbox full for longer than the hung threshold (three beats); it must keep
+    beating meanwhile, not be killed as hung with every session on it."""
+    harness = await make_pool(max_workers=1)
+    worker_id = await harness.pool.wait_ready(WAIT)
+    history = [{"role": "user", "text": "earlier prompt " * 20}] * 40  # some work per open
+    opens = 3000
+    for n in range(opens):
+        assert harness.pool.send(worker_id, OpenSession(
+            sid=f"s{n}", agent={"provider": "echo", "alias": "main"},
+            workspace_dir=str(harness.cwd), cwd=str(harness.cwd), mode="full",
+            forbidden_paths=[], permission_timeout=WAIT, history=history,
+        ))
+    opened = 0
+    exited = asyncio.ensure_future(harness.exited.wait())
+    try:
+        async with asyncio.timeout(50):
+            while opened < opens:
+                message = asyncio.ensure_future(harness.queue.get())
+                await asyncio.wait([message, exited], return_when=asyncio.FIRST_COMPLETED)
+                assert harness.exits == [], f"declared hung after {opened} opens"
+                assert not isinstance(message.result()[1], OpenFailed), message.result()
+                opened += isinstance(message.result()[1], SessionOpened)
+    finally:
+        exited.cancel()

@@ -81,6 +81,7 @@ logger = logging.getLogger("zeroclaw.worker")
 HOST_SILENCE_BEATS = 5
 _HWM = 10_000
 _FRAMES_PER_SEND = 256  # envelopes sent as the parts of one zmq message
+_FRAMES_PER_RECEIVE = 256  # host messages handled before the loop beats and flushes again
 _STOP_ACTORS_SECS = 2.0
 
 
@@ -221,7 +222,10 @@ class WorkerProcess:
                 backlog.popleft()
 
     def _receive_all(self) -> None:
-        while True:
+        """Handle what the host sent, at most :data:`_FRAMES_PER_RECEIVE` messages: a
+        long burst (``session/new`` does not wait for its open) must not hold off the
+        heartbeat and the replies, or the host would kill this worker as hung."""
+        for _ in range(_FRAMES_PER_RECEIVE):
             try:
                 frame = self._dealer.recv(zmq.NOBLOCK)
             except zmq.Again:

@@ -36,6 +36,7 @@ from ipc.listener import ConnectionHandler, Listener, OpenFileGuard, raise_open_
 from ipc.transports import DEFAULT_WRITE_HIGH_WATER, serve_stream
 from supervisor import __version__
 from supervisor.config import Settings
+from supervisor.heap import keep_freed_buffers
 from supervisor.host_handle import HostHandle
 from supervisor.servers.acp_server import AcpServer
 from supervisor.servers.daemon_socket import (
@@ -326,4 +327,5 @@ def _gateway_problem(settings: Settings) -> str | None:
 
 def run_daemon(settings: Settings, *, ephemeral: bool = False) -> int:
     """Run the daemon until it is told to stop; the process exit code."""
+    keep_freed_buffers()
     return asyncio.run(_run(settings, ephemeral))

@@ -213,7 +213,7 @@ class RpcServer:
         return self._handshake
 
     async def status(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
-        return host_status(await self._sessions(), self.owners)
+        return host_status(await self._sessions(), self.owners, encoded_sessions=True)
 
     async def new_session(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
         request = rpc.new_session_request(params)
