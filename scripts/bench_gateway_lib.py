@@ -181,7 +181,7 @@ class TcpNdjsonClient(NdjsonClient):
 
     def __init__(self, port: int) -> None:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=HTTP_TIMEOUT)
-        self._buffer = b""
+        self._buffer = bytearray()
         self._next_id = 0
 
 
