@@ -65,6 +65,7 @@ from ipc.worker_wire import (
     SetMode,
     Shutdown,
     StartTurn,
+    TurnEvent,
     TurnFailed,
     UserAnswer,
     WireError,
@@ -82,13 +83,21 @@ HOST_SILENCE_BEATS = 5
 _HWM = 10_000
 _FRAMES_PER_SEND = 256  # envelopes sent as the parts of one zmq message
 _STOP_ACTORS_SECS = 2.0
+TICK_SECONDS = 0.002
+"""How long a streamed event may wait in the :class:`Outbox` for more to join it."""
 
 
 class Outbox:
     """Messages from any thread to the IO thread: a list plus an eventfd wake-up.
 
     The eventfd is written once per batch (until the IO thread takes it), not
-    once per message: a turn's burst of events costs one wake-up.
+    once per message: a turn's burst of events costs one wake-up. While the IO
+    thread *ticks* (it will look again within :data:`TICK_SECONDS` on its own, see
+    :meth:`take_all`), a :class:`ipc.worker_wire.TurnEvent` does not wake it at
+    all: streamed events wait for the tick or for the next message that does wake
+    it (the turn's end), and leave together. A short turn so costs the IO thread
+    one wake-up for all it sends, and it never wakes in the middle of the burst
+    to fight the turn's thread for the GIL.
     """
 
     def __init__(self) -> None:
@@ -96,6 +105,8 @@ class Outbox:
         self._lock = threading.Lock()
         self._closed = False
         self._signalled = False
+        self._ticking = False
+        self._events_held = False  # TurnEvents queued without a wake-up since the last take
         self.fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
 
     def put(self, message: WorkerMessage) -> int:
@@ -111,20 +122,37 @@ class Outbox:
             if self._closed:
                 return 0
             self._frames.append(frame)
-            if not self._signalled:
+            if self._signalled:
+                pass
+            elif self._ticking and type(message) is TurnEvent:
+                self._events_held = True
+            else:
                 self._signalled = True
                 os.eventfd_write(self.fd, 1)
         return len(frame)
 
-    def take_all(self) -> list[bytes]:
-        """Everything queued so far, oldest first (IO thread)."""
+    def take_all(self, *, tick: bool = False) -> list[bytes]:
+        """Everything queued so far, oldest first (IO thread).
+
+        Says whether the IO thread ticks from now on: when ``tick`` (it just
+        started a turn) or when what it takes now are events that waited for a
+        tick (a turn is streaming). A turn's end, or a pause in its stream,
+        stops the ticking, and the next event wakes the IO thread again.
+        """
         with self._lock:
             frames, self._frames = self._frames, []
+            self._ticking = tick or (self._events_held and not self._signalled)
+            self._events_held = False
             if self._signalled:
                 self._signalled = False
                 with contextlib.suppress(BlockingIOError):
                     os.eventfd_read(self.fd)
         return frames
+
+    @property
+    def ticking(self) -> bool:
+        """Whether the IO thread promised to look again within a tick (IO thread)."""
+        return self._ticking
 
     def close(self) -> None:
         with self._lock:
@@ -151,6 +179,7 @@ class WorkerProcess:
         self.permissions = PermissionBoard()
         self.sessions: dict[str, _LiveSession] = {}
         self._backlog: collections.deque[bytes] = collections.deque()
+        self._handoffs: list[tuple[_LiveSession, RunTurn | CloseActor]] = []
         self._exit_code: int | None = None
         self._last_heard = time.monotonic()
         self._next_beat = 0.0
@@ -176,10 +205,11 @@ class WorkerProcess:
                 self._beat_if_due()
                 want = zmq.POLLIN | (zmq.POLLOUT if self._backlog else 0)
                 poller.register(self._dealer, want)
-                events = dict(poller.poll(self._poll_timeout_ms()))
-                if events.get(self._dealer, 0) & zmq.POLLIN:
-                    self._receive_all()
-                self._backlog.extend(self.outbox.take_all())
+                timeout = self._poll_timeout_ms()
+                self._hand_off()
+                events = dict(poller.poll(timeout))
+                started = bool(events.get(self._dealer, 0) & zmq.POLLIN) and self._receive_all()
+                self._backlog.extend(self.outbox.take_all(tick=started))
                 self._flush()
                 self._check_host()
         finally:
@@ -187,6 +217,8 @@ class WorkerProcess:
         return self._exit_code
 
     def _poll_timeout_ms(self) -> int:
+        if self.outbox.ticking:
+            return max(1, round(TICK_SECONDS * 1000))
         until_beat = self._next_beat - time.monotonic()
         return max(1, int(min(until_beat, self.heartbeat / 2) * 1000))
 
@@ -220,18 +252,21 @@ class WorkerProcess:
             for _ in range(count):
                 backlog.popleft()
 
-    def _receive_all(self) -> None:
+    def _receive_all(self) -> bool:
+        """Dispatch every message the host sent; whether one of them started a turn."""
+        started = False
         while True:
             try:
                 frame = self._dealer.recv(zmq.NOBLOCK)
             except zmq.Again:
-                return
+                return started
             self._last_heard = time.monotonic()
             try:
                 message = decode(frame)
             except WireError as exc:
                 logger.warning("dropped a malformed frame from the host: %s", exc)
                 continue
+            started = started or type(message) is StartTurn
             try:
                 self._dispatch(message)
             except Exception:  # a bug must not take the other sessions down with it
@@ -292,13 +327,29 @@ class WorkerProcess:
         if live and cancel is None:
             reason = "session busy: a turn is already running"
         if live and cancel is not None:
-            try:
-                live.actor.tell(RunTurn(message.turn_id, message.prompt, cancel))
-                return
-            except pykka.ActorDeadError:
-                live.state.end_turn(cancel)
-                reason = "session actor is gone"
+            self._handoffs.append((live, RunTurn(message.turn_id, message.prompt, cancel)))
+            return
         self.outbox.put(TurnFailed(sid=message.sid, turn_id=message.turn_id, message=reason))
+
+    def _hand_off(self) -> None:
+        """Give the session actors what this round brought them (in arrival order),
+        as the last thing before the IO thread sleeps: an actor thread woken now
+        finds the GIL free, instead of waking a second time to take it."""
+        handoffs, self._handoffs = self._handoffs, []
+        for live, message in handoffs:
+            try:
+                live.actor.tell(message)
+            except pykka.ActorDeadError:
+                self._actor_gone(live, message)
+
+    def _actor_gone(self, live: _LiveSession, message: RunTurn | CloseActor) -> None:
+        sid = live.state.sid
+        if isinstance(message, RunTurn):
+            live.state.end_turn(message.cancelled)
+            self.outbox.put(TurnFailed(sid=sid, turn_id=message.turn_id,
+                                       message="session actor is gone"))
+        else:
+            self.outbox.put(SessionClosed(sid=sid, close_id=message.close_id))
 
     def _credit(self, sid: str, turn_id: str, nbytes: int) -> None:
         live = self.sessions.get(sid)
@@ -324,17 +375,14 @@ class WorkerProcess:
     def _close(self, sid: str, close_id: int) -> None:
         live = self.sessions.pop(sid, None)
         self._cancel(sid)
-        closed = SessionClosed(sid=sid, close_id=close_id)
         if live is None:
-            self.outbox.put(closed)
+            self.outbox.put(SessionClosed(sid=sid, close_id=close_id))
             return
-        try:
-            live.actor.tell(CloseActor(close_id))  # answers once the turn has ended
-        except pykka.ActorDeadError:
-            self.outbox.put(closed)
+        self._handoffs.append((live, CloseActor(close_id)))  # answers once the turn has ended
 
     def _teardown(self) -> None:
         """Cancel every turn, stop the actors (bounded), send what is queued, close."""
+        self._hand_off()
         for sid, live in self.sessions.items():
             live.state.cancel()
             self.permissions.withdraw_session(sid)
