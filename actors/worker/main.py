@@ -34,6 +34,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import pykka
 import zmq
@@ -255,11 +256,12 @@ class WorkerProcess:
     def _receive_all(self) -> bool:
         """Dispatch every message the host sent; whether one of them started a turn."""
         started = False
-        while True:
+        dealer = self._dealer
+        while cast(int, dealer.getsockopt(zmq.EVENTS)) & zmq.POLLIN:  # no zmq.Again to raise
             try:
-                frame = self._dealer.recv(zmq.NOBLOCK)
+                frame = dealer.recv(zmq.NOBLOCK)
             except zmq.Again:
-                return started
+                break
             self._last_heard = time.monotonic()
             try:
                 message = decode(frame)
@@ -271,6 +273,7 @@ class WorkerProcess:
                 self._dispatch(message)
             except Exception:  # a bug must not take the other sessions down with it
                 logger.exception("handling %s failed", type(message).__name__)
+        return started
 
     def _dispatch(self, message: HostMessage | WorkerMessage) -> None:
         match message:
