@@ -93,3 +93,16 @@ def test_a_streaming_turn_ticks_until_its_stream_pauses() -> None:
         assert _woken(outbox)
     finally:
         outbox.close()
+
+
+def test_a_turn_end_sent_by_its_own_thread_takes_the_events_before_it() -> None:
+    outbox = Outbox()
+    try:
+        outbox.take_all(tick=True)
+        outbox.put(TurnEvent(sid="s", turn_id="t1", event={"type": "message", "text": "w"}))
+        size, frames = outbox.put_and_take(TurnEnded(sid="s", turn_id="t1", record={}))
+        assert [type(decode(f)) for f in frames] == [TurnEvent, TurnEnded]
+        assert size == len(frames[-1]) and not _woken(outbox)  # the IO thread sleeps on
+        assert outbox.take_all() == [] and not outbox.ticking  # its tick finds nothing
+    finally:
+        outbox.close()

@@ -66,6 +66,7 @@ from ipc.worker_wire import (
     SetMode,
     Shutdown,
     StartTurn,
+    TurnEnded,
     TurnEvent,
     TurnFailed,
     UserAnswer,
@@ -82,6 +83,7 @@ logger = logging.getLogger("zeroclaw.worker")
 
 HOST_SILENCE_BEATS = 5
 _HWM = 10_000
+_TURN_ENDS = (TurnEnded, TurnFailed)
 _FRAMES_PER_SEND = 256  # envelopes sent as the parts of one zmq message
 _STOP_ACTORS_SECS = 2.0
 TICK_SECONDS = 0.002
@@ -150,6 +152,25 @@ class Outbox:
                     os.eventfd_read(self.fd)
         return frames
 
+    def put_and_take(self, message: WorkerMessage) -> tuple[int, list[bytes]]:
+        """Queue ``message`` without waking the IO thread and take everything queued,
+        for the caller to send now (holding the DEALER): its size, and the frames."""
+        frame = encode(message)
+        with self._lock:
+            if self._closed:
+                return 0, []
+            frames, self._frames = self._frames, []
+            self._events_held = False
+        frames.append(frame)
+        return len(frame), frames
+
+    def wake(self) -> None:
+        """Wake the IO thread (any thread): the DEALER needs it."""
+        with self._lock:
+            if not self._signalled and not self._closed:
+                self._signalled = True
+                os.eventfd_write(self.fd, 1)
+
     @property
     def ticking(self) -> bool:
         """Whether the IO thread promised to look again within a tick (IO thread)."""
@@ -186,6 +207,11 @@ class WorkerProcess:
         self._next_beat = 0.0
         self._ctx = zmq.Context()
         self._dealer = self._connect()
+        self._dealer_fd = cast(int, self._dealer.getsockopt(zmq.FD))
+        #: Held by whichever thread uses the DEALER: the IO thread, or a session's
+        #: thread sending its turn's end (:meth:`send`). zmq lets a socket move
+        #: between threads behind a full memory barrier; the lock is one.
+        self._dealer_lock = threading.Lock()
 
     def _connect(self) -> zmq.Socket[bytes]:
         dealer = self._ctx.socket(zmq.DEALER)
@@ -201,21 +227,48 @@ class WorkerProcess:
         self.outbox.put(WorkerReady(pid=os.getpid()))
         poller = zmq.Poller()
         poller.register(self.outbox.fd, zmq.POLLIN)
+        poller.register(self._dealer_fd, zmq.POLLIN)  # edge-triggered: EVENTS says what
         try:
             while self._exit_code is None:
                 self._beat_if_due()
-                want = zmq.POLLIN | (zmq.POLLOUT if self._backlog else 0)
-                poller.register(self._dealer, want)
-                timeout = self._poll_timeout_ms()
-                self._hand_off()
-                events = dict(poller.poll(timeout))
-                started = bool(events.get(self._dealer, 0) & zmq.POLLIN) and self._receive_all()
-                self._backlog.extend(self.outbox.take_all(tick=started))
-                self._flush()
+                with self._dealer_lock:
+                    started = self._receive_all()
+                    self._backlog.extend(self.outbox.take_all(tick=started))
+                    self._flush()
+                    pending = self._dealer_pending()
                 self._check_host()
+                timeout = 0 if pending else self._poll_timeout_ms()
+                self._hand_off()
+                poller.poll(timeout)
         finally:
             self._teardown()
         return self._exit_code
+
+    def send(self, message: WorkerMessage) -> int:
+        """Queue ``message`` for the host (any thread; see :meth:`Outbox.put`).
+
+        A turn's end (TurnEnded, TurnFailed) is sent at once by the calling thread
+        (the session's), with everything queued before it, when the DEALER is free
+        and nothing waits for back-pressure: the IO thread is not woken for it.
+        """
+        if type(message) not in _TURN_ENDS or not self._dealer_lock.acquire(blocking=False):
+            return self.outbox.put(message)
+        try:
+            if self._backlog or self._dealer.closed:
+                return self.outbox.put(message)
+            size, frames = self.outbox.put_and_take(message)
+            self._backlog.extend(frames)
+            self._flush()
+            if self._backlog or self._dealer_pending():  # the IO thread must see to it:
+                self.outbox.wake()  # this send may have taken the FD's signal
+            return size
+        finally:
+            self._dealer_lock.release()
+
+    def _dealer_pending(self) -> bool:
+        """Whether the DEALER has input, or room for a backlog (holding its lock)."""
+        events = cast(int, self._dealer.getsockopt(zmq.EVENTS))
+        return bool(events & zmq.POLLIN or (self._backlog and events & zmq.POLLOUT))
 
     def _poll_timeout_ms(self) -> int:
         if self.outbox.ticking:
@@ -319,7 +372,7 @@ class WorkerProcess:
             self.outbox.put(OpenFailed(sid=sid, message=str(exc) or type(exc).__name__))
             return
         actor = SessionActor.start(config=config, state=state, agent=agent,
-                                   send=self.outbox.put, permissions=self.permissions)
+                                   send=self.send, permissions=self.permissions)
         self.sessions[sid] = _LiveSession(actor, state, agent)
         self.outbox.put(SessionOpened(sid=sid))
 
@@ -397,9 +450,10 @@ class WorkerProcess:
             except pykka.Timeout:
                 logger.warning("a session actor did not stop in time")
         stop_agent_processes()
-        self._backlog.extend(self.outbox.take_all())
-        self._flush()
-        self._dealer.close(linger=0)
+        with self._dealer_lock:
+            self._backlog.extend(self.outbox.take_all())
+            self._flush()
+            self._dealer.close(linger=0)
         self._ctx.term()
         self.outbox.close()
 
