@@ -28,6 +28,7 @@ import collections
 import contextlib
 import logging
 import os
+import select
 import signal
 import sys
 import threading
@@ -225,9 +226,9 @@ class WorkerProcess:
     def run(self) -> int:
         """Serve until Shutdown or the host is gone; the process exit code."""
         self.outbox.put(WorkerReady(pid=os.getpid()))
-        poller = zmq.Poller()
-        poller.register(self.outbox.fd, zmq.POLLIN)
-        poller.register(self._dealer_fd, zmq.POLLIN)  # edge-triggered: EVENTS says what
+        poller = select.poll()  # plain FDs: it lets go of the GIL at once
+        poller.register(self.outbox.fd, select.POLLIN)
+        poller.register(self._dealer_fd, select.POLLIN)  # edge-triggered: EVENTS says what
         try:
             while self._exit_code is None:
                 self._beat_if_due()
