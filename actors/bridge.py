@@ -31,6 +31,7 @@ __all__ = [
     "Request",
     "SimpleInboxActor",
     "ask",
+    "loop_callback",
     "loop_reply",
     "tell",
 ]
@@ -58,10 +59,18 @@ def loop_reply(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any]) -> 
         else:
             future.set_result(value)
 
+    return loop_callback(loop, settle)
+
+
+def loop_callback(loop: asyncio.AbstractEventLoop,
+                  then: Callable[[BaseException | None, Any], None]) -> ReplyCallback:
+    """A reply callback, callable from any thread, that calls ``then(error, value)``
+    on ``loop`` (once; nothing when the loop has closed meanwhile)."""
+
     def reply(error: BaseException | None, value: Any) -> None:
         # Runs on the actor's thread.
         try:
-            loop.call_soon_threadsafe(settle, error, value)
+            loop.call_soon_threadsafe(then, error, value)
         except RuntimeError:
             logger.debug("event loop closed; a reply was dropped")
 

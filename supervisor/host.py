@@ -19,7 +19,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from actors.bridge import ask, loop_reply, tell
+from actors.bridge import ask, loop_callback, loop_reply, tell
 from actors.persistence import (
     MarkKilled,
     PersistenceActor,
@@ -160,6 +160,14 @@ class Host:
         future: asyncio.Future[R] = loop.create_future()
         self.persistence.tell(PersistRequest(write, loop_reply(loop, future)))
         return future
+
+    def persist_then(self, write: StoreWrite[R],
+                     then: Callable[[BaseException | None, R], None]) -> None:
+        """Have the PersistenceActor do ``write``, then call ``then(error, value)`` on
+        the loop once it is committed (``error`` None) or failed: one hop back, no
+        future (a turn's commit, on the way of every prompt)."""
+        loop = asyncio.get_running_loop()
+        self.persistence.tell(PersistRequest(write, loop_callback(loop, then)))
 
     # --- workers ------------------------------------------------------------------------
 

@@ -11,7 +11,8 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
+from functools import partial
 from typing import Any, Protocol, TypeVar
 
 from actors.persistence import StoreWrite, WriteTurn
@@ -52,6 +53,9 @@ class TurnHost(Protocol):
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]: ...
 
     def persist(self, write: StoreWrite[R]) -> asyncio.Future[R]: ...
+
+    def persist_then(self, write: StoreWrite[R],
+                     then: Callable[[BaseException | None, R], None]) -> None: ...
 
     async def evict(self, sid: str) -> bool: ...
 
@@ -123,7 +127,7 @@ class TurnBook:
     def ended(self, turn: RunningTurn, record: TurnRecord) -> None:
         """The worker sent the turn's record: from now on its commit decides the answer."""
         turn.recorded = True
-        self.host.spawn(self.complete(turn, record))
+        self.commit(turn, record)
 
     def failed(self, turn: RunningTurn, message: str, record: TurnRecord | None) -> None:
         """The worker failed the turn (-32603 with ``message``); ``record``, what it
@@ -154,17 +158,27 @@ class TurnBook:
         return True
 
     async def complete(self, turn: RunningTurn, record: TurnRecord) -> None:
-        """Commit the turn's record, then settle it (also when its client is gone)."""
+        """Commit the turn's record, then settle it; returns once it is settled."""
+        self.commit(turn, record)
+        await turn.finished.wait()
+
+    def commit(self, turn: RunningTurn, record: TurnRecord) -> None:
+        """Have the turn's record committed, then settle the turn (also when its client
+        is gone). Returns at once: the commit's reply settles it, by a plain callback
+        on the loop (no task per turn)."""
         if turn.failure is not None:  # failed on the host: the record is not kept
             self._forget_unstored(turn)
             self.settle(turn, error=InternalError(turn.failure))
             return
-        try:
-            turns: int = await self.host.persist(WriteTurn(record))
-        except Exception as exc:
-            log.error("turn of %s not persisted: %s", turn.sid, exc)
+        self.host.persist_then(WriteTurn(record), partial(self._committed, turn, record))
+
+    def _committed(self, turn: RunningTurn, record: TurnRecord,
+                   error: BaseException | None, turns: int) -> None:
+        """The commit of ``record`` replied (loop thread): settle the turn."""
+        if error is not None:
+            log.error("turn of %s not persisted: %s", turn.sid, error)
             self._forget_unstored(turn)  # its first step runs before the client can answer
-            self.settle(turn, error=InternalError(str(exc)))
+            self.settle(turn, error=InternalError(str(error)))
             return
         self.host.usage.add_turn(record.tokens)
         self.host.turn_stats.record(record.stop_reason, record.finished_at - record.started_at,

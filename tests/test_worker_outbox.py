@@ -7,7 +7,7 @@ import select
 import threading
 
 from actors.worker.main import Outbox
-from ipc.worker_wire import SessionClosed, decode
+from ipc.worker_wire import SessionClosed, TurnEnded, TurnEvent, decode
 
 
 def test_a_burst_wakes_the_io_thread_once_and_keeps_order() -> None:
@@ -56,3 +56,53 @@ def test_put_after_close_is_dropped() -> None:
     outbox = Outbox()
     outbox.close()
     outbox.put(SessionClosed(sid="late"))  # must not raise
+
+
+def _woken(outbox: Outbox) -> bool:
+    return select.select([outbox.fd], [], [], 0)[0] == [outbox.fd]
+
+
+def test_events_of_a_starting_turn_wait_for_its_end_and_leave_together() -> None:
+    outbox = Outbox()
+    try:
+        assert outbox.take_all(tick=True) == [] and outbox.ticking  # a turn was handed off
+        for word in ("hello ", "world"):
+            outbox.put(TurnEvent(sid="s", turn_id="t1", event={"type": "message", "text": word}))
+        assert not _woken(outbox)  # the IO thread looks again within a tick anyway
+        outbox.put(TurnEnded(sid="s", turn_id="t1", record={}))
+        assert _woken(outbox)  # the turn's end wakes it, once
+        frames = [decode(f) for f in outbox.take_all()]
+        assert [type(m) for m in frames] == [TurnEvent, TurnEvent, TurnEnded]
+        assert not outbox.ticking and not _woken(outbox)
+    finally:
+        outbox.close()
+
+
+def test_a_streaming_turn_ticks_until_its_stream_pauses() -> None:
+    outbox = Outbox()
+    try:
+        outbox.take_all(tick=True)
+        event = TurnEvent(sid="s", turn_id="t1", event={"type": "message", "text": "w"})
+        outbox.put(event)
+        assert len(outbox.take_all()) == 1 and outbox.ticking  # taken at a tick: go on ticking
+        assert outbox.take_all() == [] and not outbox.ticking  # a tick found nothing: stop
+        outbox.put(event)
+        assert _woken(outbox)  # not ticking: the next event wakes the IO thread at once
+        assert len(outbox.take_all()) == 1 and not outbox.ticking
+        outbox.put(SessionClosed(sid="s"))
+        assert _woken(outbox)
+    finally:
+        outbox.close()
+
+
+def test_a_turn_end_sent_by_its_own_thread_takes_the_events_before_it() -> None:
+    outbox = Outbox()
+    try:
+        outbox.take_all(tick=True)
+        outbox.put(TurnEvent(sid="s", turn_id="t1", event={"type": "message", "text": "w"}))
+        size, frames = outbox.put_and_take(TurnEnded(sid="s", turn_id="t1", record={}))
+        assert [type(decode(f)) for f in frames] == [TurnEvent, TurnEnded]
+        assert size == len(frames[-1]) and not _woken(outbox)  # the IO thread sleeps on
+        assert outbox.take_all() == [] and not outbox.ticking  # its tick finds nothing
+    finally:
+        outbox.close()

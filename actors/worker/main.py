@@ -28,12 +28,14 @@ import collections
 import contextlib
 import logging
 import os
+import select
 import signal
 import sys
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import pykka
 import zmq
@@ -65,6 +67,8 @@ from ipc.worker_wire import (
     SetMode,
     Shutdown,
     StartTurn,
+    TurnEnded,
+    TurnEvent,
     TurnFailed,
     UserAnswer,
     WireError,
@@ -80,16 +84,25 @@ logger = logging.getLogger("zeroclaw.worker")
 
 HOST_SILENCE_BEATS = 5
 _HWM = 10_000
+_TURN_ENDS = (TurnEnded, TurnFailed)
 _FRAMES_PER_SEND = 256  # envelopes sent as the parts of one zmq message
 _FRAMES_PER_RECEIVE = 256  # host messages handled before the loop beats and flushes again
 _STOP_ACTORS_SECS = 2.0
+TICK_SECONDS = 0.002
+"""How long a streamed event may wait in the :class:`Outbox` for more to join it."""
 
 
 class Outbox:
     """Messages from any thread to the IO thread: a list plus an eventfd wake-up.
 
     The eventfd is written once per batch (until the IO thread takes it), not
-    once per message: a turn's burst of events costs one wake-up.
+    once per message: a turn's burst of events costs one wake-up. While the IO
+    thread *ticks* (it will look again within :data:`TICK_SECONDS` on its own, see
+    :meth:`take_all`), a :class:`ipc.worker_wire.TurnEvent` does not wake it at
+    all: streamed events wait for the tick or for the next message that does wake
+    it (the turn's end), and leave together. A short turn so costs the IO thread
+    one wake-up for all it sends, and it never wakes in the middle of the burst
+    to fight the turn's thread for the GIL.
     """
 
     def __init__(self) -> None:
@@ -97,6 +110,8 @@ class Outbox:
         self._lock = threading.Lock()
         self._closed = False
         self._signalled = False
+        self._ticking = False
+        self._events_held = False  # TurnEvents queued without a wake-up since the last take
         self.fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
 
     def put(self, message: WorkerMessage) -> int:
@@ -112,20 +127,56 @@ class Outbox:
             if self._closed:
                 return 0
             self._frames.append(frame)
-            if not self._signalled:
+            if self._signalled:
+                pass
+            elif self._ticking and type(message) is TurnEvent:
+                self._events_held = True
+            else:
                 self._signalled = True
                 os.eventfd_write(self.fd, 1)
         return len(frame)
 
-    def take_all(self) -> list[bytes]:
-        """Everything queued so far, oldest first (IO thread)."""
+    def take_all(self, *, tick: bool = False) -> list[bytes]:
+        """Everything queued so far, oldest first (IO thread).
+
+        Says whether the IO thread ticks from now on: when ``tick`` (it just
+        started a turn) or when what it takes now are events that waited for a
+        tick (a turn is streaming). A turn's end, or a pause in its stream,
+        stops the ticking, and the next event wakes the IO thread again.
+        """
         with self._lock:
             frames, self._frames = self._frames, []
+            self._ticking = tick or (self._events_held and not self._signalled)
+            self._events_held = False
             if self._signalled:
                 self._signalled = False
                 with contextlib.suppress(BlockingIOError):
                     os.eventfd_read(self.fd)
         return frames
+
+    def put_and_take(self, message: WorkerMessage) -> tuple[int, list[bytes]]:
+        """Queue ``message`` without waking the IO thread and take everything queued,
+        for the caller to send now (holding the DEALER): its size, and the frames."""
+        frame = encode(message)
+        with self._lock:
+            if self._closed:
+                return 0, []
+            frames, self._frames = self._frames, []
+            self._events_held = False
+        frames.append(frame)
+        return len(frame), frames
+
+    def wake(self) -> None:
+        """Wake the IO thread (any thread): the DEALER needs it."""
+        with self._lock:
+            if not self._signalled and not self._closed:
+                self._signalled = True
+                os.eventfd_write(self.fd, 1)
+
+    @property
+    def ticking(self) -> bool:
+        """Whether the IO thread promised to look again within a tick (IO thread)."""
+        return self._ticking
 
     def close(self) -> None:
         with self._lock:
@@ -152,11 +203,17 @@ class WorkerProcess:
         self.permissions = PermissionBoard()
         self.sessions: dict[str, _LiveSession] = {}
         self._backlog: collections.deque[bytes] = collections.deque()
+        self._handoffs: list[tuple[_LiveSession, RunTurn | CloseActor]] = []
         self._exit_code: int | None = None
         self._last_heard = time.monotonic()
         self._next_beat = 0.0
         self._ctx = zmq.Context()
         self._dealer = self._connect()
+        self._dealer_fd = cast(int, self._dealer.getsockopt(zmq.FD))
+        #: Held by whichever thread uses the DEALER: the IO thread, or a session's
+        #: thread sending its turn's end (:meth:`send`). zmq lets a socket move
+        #: between threads behind a full memory barrier; the lock is one.
+        self._dealer_lock = threading.Lock()
 
     def _connect(self) -> zmq.Socket[bytes]:
         dealer = self._ctx.socket(zmq.DEALER)
@@ -170,24 +227,54 @@ class WorkerProcess:
     def run(self) -> int:
         """Serve until Shutdown or the host is gone; the process exit code."""
         self.outbox.put(WorkerReady(pid=os.getpid()))
-        poller = zmq.Poller()
-        poller.register(self.outbox.fd, zmq.POLLIN)
+        poller = select.poll()  # plain FDs: it lets go of the GIL at once
+        poller.register(self.outbox.fd, select.POLLIN)
+        poller.register(self._dealer_fd, select.POLLIN)  # edge-triggered: EVENTS says what
         try:
             while self._exit_code is None:
                 self._beat_if_due()
-                want = zmq.POLLIN | (zmq.POLLOUT if self._backlog else 0)
-                poller.register(self._dealer, want)
-                events = dict(poller.poll(self._poll_timeout_ms()))
-                if events.get(self._dealer, 0) & zmq.POLLIN:
-                    self._receive_all()
-                self._backlog.extend(self.outbox.take_all())
-                self._flush()
+                with self._dealer_lock:
+                    started = self._receive_all()
+                    self._backlog.extend(self.outbox.take_all(tick=started))
+                    self._flush()
+                    pending = self._dealer_pending()
                 self._check_host()
+                timeout = 0 if pending else self._poll_timeout_ms()
+                self._hand_off()
+                poller.poll(timeout)
         finally:
             self._teardown()
         return self._exit_code
 
+    def send(self, message: WorkerMessage) -> int:
+        """Queue ``message`` for the host (any thread; see :meth:`Outbox.put`).
+
+        A turn's end (TurnEnded, TurnFailed) is sent at once by the calling thread
+        (the session's), with everything queued before it, when the DEALER is free
+        and nothing waits for back-pressure: the IO thread is not woken for it.
+        """
+        if type(message) not in _TURN_ENDS or not self._dealer_lock.acquire(blocking=False):
+            return self.outbox.put(message)
+        try:
+            if self._backlog or self._dealer.closed:
+                return self.outbox.put(message)
+            size, frames = self.outbox.put_and_take(message)
+            self._backlog.extend(frames)
+            self._flush()
+            if self._backlog or self._dealer_pending():  # the IO thread must see to it:
+                self.outbox.wake()  # this send may have taken the FD's signal
+            return size
+        finally:
+            self._dealer_lock.release()
+
+    def _dealer_pending(self) -> bool:
+        """Whether the DEALER has input, or room for a backlog (holding its lock)."""
+        events = cast(int, self._dealer.getsockopt(zmq.EVENTS))
+        return bool(events & zmq.POLLIN or (self._backlog and events & zmq.POLLOUT))
+
     def _poll_timeout_ms(self) -> int:
+        if self.outbox.ticking:
+            return max(1, round(TICK_SECONDS * 1000))
         until_beat = self._next_beat - time.monotonic()
         return max(1, int(min(until_beat, self.heartbeat / 2) * 1000))
 
@@ -221,25 +308,32 @@ class WorkerProcess:
             for _ in range(count):
                 backlog.popleft()
 
-    def _receive_all(self) -> None:
-        """Handle what the host sent, at most :data:`_FRAMES_PER_RECEIVE` messages: a
-        long burst (``session/new`` does not wait for its open) must not hold off the
-        heartbeat and the replies, or the host would kill this worker as hung."""
+    def _receive_all(self) -> bool:
+        """Dispatch what the host sent, at most :data:`_FRAMES_PER_RECEIVE` messages (a
+        long burst, e.g. ``session/new`` not waiting for its open, must not hold off
+        the heartbeat and the replies, or the host would kill this worker as hung; the
+        loop comes back at once for the rest); whether one of them started a turn."""
+        started = False
+        dealer = self._dealer
         for _ in range(_FRAMES_PER_RECEIVE):
+            if not cast(int, dealer.getsockopt(zmq.EVENTS)) & zmq.POLLIN:  # no zmq.Again
+                break
             try:
-                frame = self._dealer.recv(zmq.NOBLOCK)
+                frame = dealer.recv(zmq.NOBLOCK)
             except zmq.Again:
-                return
+                break
             self._last_heard = time.monotonic()
             try:
                 message = decode(frame)
             except WireError as exc:
                 logger.warning("dropped a malformed frame from the host: %s", exc)
                 continue
+            started = started or type(message) is StartTurn
             try:
                 self._dispatch(message)
             except Exception:  # a bug must not take the other sessions down with it
                 logger.exception("handling %s failed", type(message).__name__)
+        return started
 
     def _dispatch(self, message: HostMessage | WorkerMessage) -> None:
         match message:
@@ -285,7 +379,7 @@ class WorkerProcess:
             self.outbox.put(OpenFailed(sid=sid, message=str(exc) or type(exc).__name__))
             return
         actor = SessionActor.start(config=config, state=state, agent=agent,
-                                   send=self.outbox.put, permissions=self.permissions)
+                                   send=self.send, permissions=self.permissions)
         self.sessions[sid] = _LiveSession(actor, state, agent)
         self.outbox.put(SessionOpened(sid=sid))
 
@@ -296,13 +390,29 @@ class WorkerProcess:
         if live and cancel is None:
             reason = "session busy: a turn is already running"
         if live and cancel is not None:
-            try:
-                live.actor.tell(RunTurn(message.turn_id, message.prompt, cancel))
-                return
-            except pykka.ActorDeadError:
-                live.state.end_turn(cancel)
-                reason = "session actor is gone"
+            self._handoffs.append((live, RunTurn(message.turn_id, message.prompt, cancel)))
+            return
         self.outbox.put(TurnFailed(sid=message.sid, turn_id=message.turn_id, message=reason))
+
+    def _hand_off(self) -> None:
+        """Give the session actors what this round brought them (in arrival order),
+        as the last thing before the IO thread sleeps: an actor thread woken now
+        finds the GIL free, instead of waking a second time to take it."""
+        handoffs, self._handoffs = self._handoffs, []
+        for live, message in handoffs:
+            try:
+                live.actor.tell(message)
+            except pykka.ActorDeadError:
+                self._actor_gone(live, message)
+
+    def _actor_gone(self, live: _LiveSession, message: RunTurn | CloseActor) -> None:
+        sid = live.state.sid
+        if isinstance(message, RunTurn):
+            live.state.end_turn(message.cancelled)
+            self.outbox.put(TurnFailed(sid=sid, turn_id=message.turn_id,
+                                       message="session actor is gone"))
+        else:
+            self.outbox.put(SessionClosed(sid=sid, close_id=message.close_id))
 
     def _credit(self, sid: str, turn_id: str, nbytes: int) -> None:
         live = self.sessions.get(sid)
@@ -328,17 +438,14 @@ class WorkerProcess:
     def _close(self, sid: str, close_id: int) -> None:
         live = self.sessions.pop(sid, None)
         self._cancel(sid)
-        closed = SessionClosed(sid=sid, close_id=close_id)
         if live is None:
-            self.outbox.put(closed)
+            self.outbox.put(SessionClosed(sid=sid, close_id=close_id))
             return
-        try:
-            live.actor.tell(CloseActor(close_id))  # answers once the turn has ended
-        except pykka.ActorDeadError:
-            self.outbox.put(closed)
+        self._handoffs.append((live, CloseActor(close_id)))  # answers once the turn has ended
 
     def _teardown(self) -> None:
         """Cancel every turn, stop the actors (bounded), send what is queued, close."""
+        self._hand_off()
         for sid, live in self.sessions.items():
             live.state.cancel()
             self.permissions.withdraw_session(sid)
@@ -350,9 +457,10 @@ class WorkerProcess:
             except pykka.Timeout:
                 logger.warning("a session actor did not stop in time")
         stop_agent_processes()
-        self._backlog.extend(self.outbox.take_all())
-        self._flush()
-        self._dealer.close(linger=0)
+        with self._dealer_lock:
+            self._backlog.extend(self.outbox.take_all())
+            self._flush()
+            self._dealer.close(linger=0)
         self._ctx.term()
         self.outbox.close()
 
