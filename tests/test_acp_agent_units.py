@@ -4,16 +4,19 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import queue
 import sys
+import threading
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, cast
 
 from actors.worker.agents import TurnContext, agent_config_problem
 from actors.worker.agents.acp import command_problem
 from actors.worker.agents.acp_confine import jail_for
-from actors.worker.agents.acp_process import clean_env
-from actors.worker.agents.acp_turn import UpdateRelay
+from actors.worker.agents.acp_process import AgentProcess, SessionLink, clean_env
+from actors.worker.agents.acp_turn import AcpTurn, UpdateRelay
 from actors.worker.agents.acp_updates import (
     ToolNames,
     events_from_update,
@@ -191,3 +194,44 @@ def test_the_relay_streams_bursts_merged_and_queues_in_order_once_the_window_is_
         loop.close()
     assert stream.events == [MessageChunk("ab"), MessageChunk("e")] and inbox.empty()
     assert replies == [{"outcome": {"outcome": "cancelled"}}]  # after the turn: cancelled
+
+
+class _AnsweredThenExited:
+    """An agent process whose answer is settled by its loop thread only after the turn saw
+    the process exited, as when the agent answers and closes its stdout at once: the
+    loop marks the process exited at the end of its stdout before the answer's future
+    (settled a few loop steps after the answer was read) is done."""
+
+    def __init__(self) -> None:
+        self.answer: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self.exit_seen = threading.Event()
+        self.loop_thread = threading.Thread(target=self._settle_answer, daemon=True)
+        self.loop_thread.start()
+
+    def _settle_answer(self) -> None:
+        if self.exit_seen.wait(10) and not self.answer.cancelled():
+            self.answer.set_result({"stopReason": "end_turn"})
+
+    @property
+    def alive(self) -> bool:
+        self.exit_seen.set()
+        return False
+
+    def call(self, method: str, params: Any) -> concurrent.futures.Future[Any]:
+        return self.answer
+
+    def notify(self, method: str, params: Any) -> None:
+        pass
+
+    def failure_text(self, doing: str) -> str:
+        return f"agent exited {doing}"
+
+
+def test_a_turn_answered_just_before_the_agent_exited_ends_with_its_answer() -> None:
+    process = _AnsweredThenExited()
+    link = SessionLink("agent-session", cast(PathPolicy, None), lambda: "full")
+    ctx = SimpleNamespace(cancelled=threading.Event())
+    turn = AcpTurn(cast(AgentProcess, process), link, cast(TurnContext, ctx),
+                   lambda: "full", cancel_grace=1.0)
+    assert turn.run("hi") == "end_turn"
+    process.loop_thread.join(10)

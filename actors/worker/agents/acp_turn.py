@@ -28,6 +28,8 @@ _POLL_SECS = 0.05
 #: before they go on: a streaming agent costs the host an update per millisecond at
 #: most, not one per chunk, and its first chunk is not held back.
 GATHER_SECS = 0.001
+#: How long a turn whose agent exited waits for the loop thread to settle its answer.
+_ANSWER_AFTER_EXIT_SECS = 1.0
 _STOP_REASONS = frozenset({"end_turn", "max_tokens", "max_turn_requests", "refusal", "cancelled"})
 _WANTED_OPTIONS = {
     "allow_once": ("allow_once",),
@@ -71,7 +73,7 @@ class AcpTurn:
     def _pump(self, future: concurrent.futures.Future[Any], relay: UpdateRelay) -> None:
         """Relay the agent's messages until its answer, its exit, or the cancel grace."""
         cancel_sent: float | None = None
-        while self.process.alive or not self.link.inbox.empty():
+        while self._agent_may_speak(future):
             if self.ctx.cancelled.is_set() and cancel_sent is None:
                 self.process.notify("session/cancel", {"sessionId": self.link.agent_session_id})
                 cancel_sent = time.monotonic()
@@ -86,6 +88,16 @@ class AcpTurn:
             if self._handle([first, *_drain(self.link.inbox)]):
                 return
             relay.caught_up()
+
+    def _agent_may_speak(self, future: concurrent.futures.Future[Any]) -> bool:
+        """Whether the turn waits on: the agent runs, or what it sent is still queued.
+        Once it has exited, its answer may still be on its way: the loop thread marks the
+        process exited at the end of its stdout, a few loop steps before it settles an
+        answer read just before (or fails it, unanswered); that is waited for (bounded)."""
+        if self.process.alive or not self.link.inbox.empty():
+            return True
+        concurrent.futures.wait([future], timeout=_ANSWER_AFTER_EXIT_SECS)
+        return not self.link.inbox.empty()
 
     def _handle(self, messages: list[tuple[str, Any]]) -> bool:
         """Relay ``messages`` (what the inbox held, oldest first) in order; True once
