@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -39,3 +40,12 @@ def scratch_dir() -> Iterator[Path]:
     path = short_dir()
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def flood() -> Iterator[list[socket.socket]]:
+    """Client sockets of a test, closed afterwards."""
+    socks: list[socket.socket] = []
+    yield socks
+    for sock in socks:
+        sock.close()

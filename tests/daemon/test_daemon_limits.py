@@ -10,12 +10,11 @@ import errno
 import resource
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import ExitStack, closing
 from pathlib import Path
 
 import psutil
-import pytest
 
 from .helpers import DaemonProc, RpcClient
 
@@ -118,15 +117,6 @@ def test_the_soft_open_file_limit_is_raised_to_the_hard_one(daemons: Daemons) ->
     daemon = daemons(preexec_fn=_nofile(200, 1000))
     assert _limits(daemon.pid) == (1000, 1000)
     assert "raised the open-file limit from 200 to 1000" in daemon.stderr()
-
-
-@pytest.fixture
-def flood() -> Iterator[list[socket.socket]]:
-    """Client sockets of a test, closed afterwards."""
-    socks: list[socket.socket] = []
-    yield socks
-    for sock in socks:
-        sock.close()
 
 
 def _connect_until_refused(path: Path, into: list[socket.socket], most: int = 400) -> None:

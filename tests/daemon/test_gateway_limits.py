@@ -4,24 +4,13 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
-import pytest
 
 from .gateway_helpers import GatewayDaemon, gateway_config
 from .test_daemon_limits import _limits, _nofile, _wait_log
-
-
-@pytest.fixture
-def flood() -> Iterator[list[socket.socket]]:
-    """Client sockets of a test, closed afterwards."""
-    socks: list[socket.socket] = []
-    yield socks
-    for sock in socks:
-        sock.close()
 
 
 def _connect_until_stalled(port: int, into: list[socket.socket], most: int = 300) -> None:
