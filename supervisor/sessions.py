@@ -40,9 +40,10 @@ from actors.worker.agents.acp_confine import (
 )
 from ipc.acp import Blob, NewSessionRequest, PromptRequest, blob_marker, replay_events
 from ipc.errors import InternalError, InvalidParams, RpcError, SessionNotFound
-from ipc.events import CurrentMode, TurnRecord, item_to_wire
+from ipc.events import CurrentMode, item_to_wire
 from ipc.worker_wire import OpenSession, SetMode, StartTurn
 from storage.models import StoredSession
+from storage.prepared_writes import title_of
 from supervisor.config import AUTONOMY_LEVELS, AgentConfig
 from supervisor.host import Host, canonical_dir
 from supervisor.live import LiveSession
@@ -298,7 +299,7 @@ class Sessions:
             turns.settle(turn, error=exc if isinstance(exc, RpcError) else InternalError())
             raise
         if count == 1:
-            peer.send_event(turn.sid, self.host.session_info_event(_title(record)))
+            peer.send_event(turn.sid, self.host.session_info_event(title_of(record)))
         if record.extra.get("session_meta"):
             self.host.spawn(self._store_meta(turn.sid, dict(record.extra["session_meta"])))
         meta = dict(record.extra.get("meta") or {})
@@ -479,14 +480,6 @@ class Sessions:
             raise SessionNotFound(f"Session not found: {sid}")
         self.live.touch(sid)
         await self.host.persist(RecordEvent(sid, kind, payload))
-
-
-def _title(record: TurnRecord) -> str | None:
-    for item in record.items:
-        text = getattr(item, "text", "")
-        if getattr(item, "role", None) == "user" and text.strip():
-            return text.strip().splitlines()[0][:80]
-    return None
 
 
 def _write_uploads(uploads: Path, blobs: tuple[Blob, ...]) -> list[str]:
