@@ -16,6 +16,7 @@ from actors.worker.agents.llm.conversation import (
     system_prompt,
 )
 from actors.worker.agents.llm.http import SseDecoder, redact
+from actors.worker.agents.llm.model_io import env_proxy
 from actors.worker.agents.llm.reply import ReplyBuilder, ThinkSplitter
 from actors.worker.agents.llm.tool_specs import TOOL_SCHEMAS, model_tools
 from actors.worker.tools import default_tools
@@ -171,3 +172,15 @@ def test_a_key_that_cannot_be_a_header_is_refused_without_showing_it() -> None:
 def test_redact_hides_the_key() -> None:
     assert redact("bad key sk-123 (sk-123)", "sk-123") == "bad key *** (***)"
     assert redact("nothing", None) == "nothing"
+
+
+def test_the_environment_names_the_proxy_unless_no_proxy_covers_the_host(monkeypatch) -> None:
+    for name in ("http_proxy", "https_proxy", "no_proxy", "all_proxy", "HTTP_PROXY",
+                 "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    assert env_proxy("https://api.example.com/v1") is None
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.local:3128")
+    monkeypatch.setenv("NO_PROXY", "localhost,.internal")
+    assert env_proxy("https://api.example.com/v1") == "http://proxy.local:3128"
+    assert env_proxy("http://api.example.com/v1") is None  # only https is proxied
+    assert env_proxy("https://llm.internal/v1") is None

@@ -7,29 +7,26 @@ payload has arrived, a connection error, a 429 or a 5xx is retried with backoff
 (:class:`~actors.worker.agents.base.AgentFailure`) because the client has already seen
 part of the reply.
 
-The request is sent and its body read on a helper thread (:class:`_Pump`) that
-splits it into events and hands each read's events to the session actor's thread
-through a queue (one hand-over per read, not per line: a fast stream costs a
-thread wake-up per network read); the actor thread waits
-at most :data:`POLL_SECS` at a time, so a cancel is noticed promptly in every
-phase (connect, waiting for headers, a stalled stream); it then shuts the agent's
-connections down, which wakes the helper at once and tells the server. httpx is
-imported when the first request is made, so starting a host or a worker does not
-pay for it.
+The request is sent and its body read on the process's model I/O loop
+(:mod:`~actors.worker.agents.llm.model_io`, aiohttp), which splits the body into
+events and hands each read's events to the session actor's thread through a queue
+(:class:`_Pump`; one hand-over per read, not per line: a fast stream costs a thread
+wake-up per network read); the actor thread waits at most :data:`POLL_SECS` at a
+time, so a cancel is noticed promptly in every phase (connect, waiting for
+headers, a stalled stream); it then cancels the exchange on the loop, which
+closes its connection at once and so tells the server. aiohttp is imported when
+the first request is made, so starting a host or a worker does not pay for it.
 
 Error messages never contain the API key (:func:`redact`).
 """
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import itertools
 import logging
 import queue
 import random
 import re
-import socket
 import threading
 import time
 from collections.abc import Generator, Iterator, Mapping
@@ -40,11 +37,12 @@ import orjson
 
 from actors.worker.agents.base import AgentFailure
 from actors.worker.agents.llm.config import ModelSettings
+from actors.worker.agents.llm.model_io import ModelIo, env_proxy, model_io
 
 if TYPE_CHECKING:
     import ssl
 
-    import httpx
+    import aiohttp
 
 __all__ = ["POLL_SECS", "ModelHttp", "SseDecoder", "model_failure", "redact"]
 
@@ -99,57 +97,63 @@ class _Opened:
     first: list[bytes]
 
 
+@dataclass(frozen=True, slots=True)
+class _Request:
+    """What one attempt sends, and how (built on the actor's thread)."""
+
+    url: str
+    headers: dict[str, str]
+    content: bytes
+    timeout: aiohttp.ClientTimeout
+    proxy: str | None
+    tls: ssl.SSLContext | bool  # True: plain HTTP, no TLS context needed
+
+
 class _Pump:
-    """Sends one request and reads its body on a helper thread (see the module doc).
+    """Sends one request and reads its body on the process's model I/O loop (see the
+    module doc).
 
     Queue items: ``("status", _Status)``, ``("open", None)``, ``("events", list[bytes])``
     (the data of the events one read completed), ``("end", None)``, ``("error",
     Exception)``.
     """
 
-    def __init__(self, client: httpx.Client, request: httpx.Request) -> None:
+    def __init__(self, io: ModelIo, request: _Request) -> None:
         self._queue: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._held: tuple[str, Any] | None = None  # taken from the queue, not yet returned
-        self._stop = threading.Event()
-        self._response: httpx.Response | None = None
-        self._finished = False
-        self._lock = threading.Lock()
-        thread = threading.Thread(target=self._run, args=(client, request),
-                                  name="zeroclaw-model-http", daemon=True)
-        thread.start()
+        self._exchange = io.submit(self._run(io.session, request))
 
-    def _run(self, client: httpx.Client, request: httpx.Request) -> None:
-        """Helper thread: the whole exchange; every outcome ends up in the queue."""
+    async def _run(self, session: aiohttp.ClientSession, request: _Request) -> None:
+        """The loop thread: the whole exchange; every outcome ends up in the queue (a
+        cancel ends it without one: nobody reads the queue after :meth:`abort`)."""
         try:
-            response = client.send(request, stream=True)
+            response = await session.post(
+                request.url, headers=request.headers, data=request.content,
+                timeout=request.timeout, proxy=request.proxy, ssl=request.tls,
+                allow_redirects=False)
         except Exception as exc:
             self._queue.put(("error", exc))
             return
-        with self._lock:
-            self._response = response
         try:
-            outcome = self._read(response)
-        except Exception as exc:
+            outcome = await self._read(response)
+        except BaseException as exc:
+            response.close()  # unread: the server sees the connection end
+            if not isinstance(exc, Exception):
+                raise
             outcome = ("error", exc)
-        finally:
-            with self._lock:
-                self._finished = True
-                response.close()  # a fully read response leaves its connection for reuse
+        else:
+            response.release()  # read to its end: the connection is reused
         self._queue.put(outcome)
 
-    def _read(self, response: httpx.Response) -> tuple[str, Any]:
-        """Helper thread: queue the status or the lines; the last item to queue."""
-        if self._stop.is_set():
-            return ("error", RuntimeError("stopped"))
-        if response.status_code >= 400:
-            body = response.read()[:ERROR_BODY_LIMIT].decode("utf-8", "replace")
+    async def _read(self, response: aiohttp.ClientResponse) -> tuple[str, Any]:
+        """The loop thread: queue the status or the events; the last item to queue."""
+        if response.status >= 400:
+            body = (await response.read())[:ERROR_BODY_LIMIT].decode("utf-8", "replace")
             retry = _retry_after(response.headers.get("retry-after"))
-            return ("status", _Status(response.status_code, retry, body))
+            return ("status", _Status(response.status, retry, body))
         self._queue.put(("open", None))
         events = SseDecoder()
-        for chunk in response.iter_bytes():
-            if self._stop.is_set():
-                return ("error", RuntimeError("stopped"))
+        async for chunk in response.content.iter_any():  # all that has arrived
             batch = events.feed(chunk)
             if batch:
                 self._queue.put(("events", batch))
@@ -163,7 +167,7 @@ class _Pump:
 
         Events are merged with every event item already queued behind them (what
         arrived while the caller was busy), so a caller that falls behind a fast
-        stream catches up in one step rather than one per HTTP chunk."""
+        stream catches up in one step rather than one per network read."""
         item = self._held
         self._held = None
         while item is None and not cancelled.is_set():
@@ -182,18 +186,16 @@ class _Pump:
             if later[0] != "events":
                 self._held = later
                 return ("events", events)
-            events.extend(later[1])  # the helper made a new list for each item
+            events.extend(later[1])  # the loop made a new list for each item
 
     def abort(self) -> None:
-        """Stop the exchange (any thread): the helper's blocked read returns at once."""
-        self._stop.set()
-        with self._lock:
-            response = None if self._finished else self._response
-            if response is not None:
-                _shut_down(response.extensions.get("network_stream"))
+        """Stop the exchange (any thread): the loop cancels it at once, which closes
+        its connection (the server sees it end) wherever it is: connecting, waiting
+        for the response, reading the body."""
+        self._exchange.cancel()
 
     def drain(self, cancelled: threading.Event) -> None:
-        """After the last event: let the helper read the body's end (briefly), so the
+        """After the last event: let the loop read the body's end (briefly), so the
         connection can be reused."""
         if self._held is not None:  # the body's end came with the last events
             return
@@ -205,34 +207,6 @@ class _Pump:
                 continue
             if kind != "events":
                 return
-
-
-def _shut_down(network_stream: Any) -> None:
-    """Shut an httpcore network stream's socket down (any thread): a read blocked on
-    it returns at once, and the server sees the connection end."""
-    sock = network_stream.get_extra_info("socket") if network_stream is not None else None
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
-
-
-class _Connections:
-    """The connections one client opened, recorded through httpcore's ``trace``
-    extension (on the helper threads), so a cancel can end them all, even one whose
-    request still waits for its response headers."""
-
-    def __init__(self) -> None:
-        self._streams: collections.deque[Any] = collections.deque(maxlen=8)
-
-    def trace(self, name: str, info: dict[str, Any]) -> None:
-        if name in ("connection.connect_tcp.complete", "connection.start_tls.complete"):
-            self._streams.append(info.get("return_value"))
-
-    def shut_all(self) -> None:
-        streams = list(self._streams)
-        self._streams.clear()
-        for stream in streams:
-            _shut_down(stream)
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -315,17 +289,18 @@ class ModelHttp:
 
     def __init__(self, settings: ModelSettings) -> None:
         self.settings = settings
-        self._client: httpx.Client | None = None
-        self._connections = _Connections()
+        self._proxies: dict[str, str | None] = {}  # per URL: the environment's proxy
 
-    def _http(self) -> httpx.Client:
-        if self._client is None:
-            import httpx  # here, not at import: a worker without model agents never loads it
+    def _request(self, url: str, headers: Mapping[str, str], content: bytes) -> _Request:
+        import aiohttp  # here, not at import: a worker without model agents never loads it
 
-            timeout = self.settings.request_timeout_secs
-            self._client = httpx.Client(timeout=httpx.Timeout(timeout, connect=min(10.0, timeout)),
-                                        verify=_tls_context())
-        return self._client
+        if url not in self._proxies:
+            self._proxies[url] = env_proxy(url)
+        timeout = self.settings.request_timeout_secs
+        return _Request(url, dict(headers), content,
+                        aiohttp.ClientTimeout(total=None, sock_connect=min(10.0, timeout),
+                                              sock_read=timeout),
+                        self._proxies[url], _tls_context() if url.startswith("https:") else True)
 
     def stream(self, url: str, headers: Mapping[str, str], body: dict[str, Any],
                cancelled: threading.Event) -> Generator[list[dict[str, Any]], None, None]:
@@ -338,28 +313,15 @@ class ModelHttp:
             yield from self._payloads(opened, cancelled)
         finally:
             opened.pump.abort()
-            if cancelled.is_set():
-                self._drop_connections()
-
-    def _drop_connections(self) -> None:
-        """After a cancel: end every connection (one may still be waiting for headers);
-        the next request starts a fresh client."""
-        self._connections.shut_all()
-        self._client = None
 
     def _connect(self, url: str, headers: Mapping[str, str], body: dict[str, Any],
                  cancelled: threading.Event) -> _Opened | None:
         """A stream whose first event has arrived, after retries; None when cancelled."""
-        content = orjson.dumps(body)
+        request = self._request(url, headers, orjson.dumps(body))
+        io = model_io()
         attempts = self.settings.max_retries + 1
         for attempt in range(attempts):
-            try:
-                request = self._http().build_request(
-                    "POST", url, headers=dict(headers), content=content,
-                    extensions={"trace": self._connections.trace})
-            except Exception as exc:  # e.g. httpx.InvalidURL: no retry can help
-                raise self._failure(self._describe(exc)) from None
-            pump = _Pump(self._http(), request)
+            pump = _Pump(io, request)
             try:
                 opened = self._open(pump, cancelled)
             except _Retry as retry:
@@ -375,7 +337,6 @@ class ModelHttp:
                 continue
             if opened is None:
                 pump.abort()
-                self._drop_connections()
             return opened
         return None
 
@@ -453,22 +414,30 @@ _tls: ssl.SSLContext | None = None
 
 
 def _tls_context() -> ssl.SSLContext:
-    """The process's one TLS context with the default CA bundle (any thread): loading
-    the bundle costs ~50 ms of CPU, too much to pay for every session's client."""
+    """The process's one TLS context (any thread), trusting what httpx and requests
+    trust: ``SSL_CERT_FILE`` or ``SSL_CERT_DIR`` when set, else certifi's bundle.
+    Loading a bundle costs ~50 ms of CPU, too much to pay for every request."""
     global _tls
     with _tls_lock:
         if _tls is None:
-            import httpx
+            import os
+            import ssl
 
-            _tls = httpx.create_ssl_context()
+            if os.environ.get("SSL_CERT_FILE"):
+                _tls = ssl.create_default_context(cafile=os.environ["SSL_CERT_FILE"])
+            elif os.environ.get("SSL_CERT_DIR"):
+                _tls = ssl.create_default_context(capath=os.environ["SSL_CERT_DIR"])
+            else:
+                import certifi
+
+                _tls = ssl.create_default_context(cafile=certifi.where())
         return _tls
 
 
 def _is_local_mistake(exc: Exception) -> bool:
-    """An error no retry can fix (a bad URL or header value in the config)."""
-    import httpx
-
-    return isinstance(exc, httpx.LocalProtocolError | httpx.UnsupportedProtocol | httpx.InvalidURL)
+    """An error no retry can fix: a bad URL or header value in the config (aiohttp
+    says so with a ValueError, its InvalidURL included)."""
+    return isinstance(exc, ValueError)
 
 
 def _backoff(attempt: int) -> float:
