@@ -64,7 +64,7 @@ from load_lib import Daemon, started_daemon
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-__all__ = ["run_gateway"]
+__all__ = ["run_gateway", "server_cpu_seconds"]
 
 IDLE_CONNECTIONS = 256
 METRICS_SESSIONS = 1000
@@ -247,7 +247,7 @@ def _cpu_seconds(process: psutil.Process) -> float:
     return float(times.user + times.system)
 
 
-def _server_cpu_seconds(root: psutil.Process) -> tuple[float, float]:
+def server_cpu_seconds(root: psutil.Process) -> tuple[float, float]:
     """CPU seconds used so far by ``root`` and its descendants, and by ``root`` alone."""
     own = _cpu_seconds(root)
     total = own
@@ -261,11 +261,11 @@ async def with_cpu_split(server: psutil.Process, measure: Measure) -> Sample:
     """``measure``'s sample with the CPU time per operation, in µs, of the server
     (``server`` and its descendants; ``host``: ``server`` alone) and of the client
     (this process), from the kernel's per-process counters."""
-    server_before, host_before = _server_cpu_seconds(server)
+    server_before, host_before = server_cpu_seconds(server)
     client_before = time.process_time()
     sample = await measure()
     client = time.process_time() - client_before
-    server_after, host_after = _server_cpu_seconds(server)
+    server_after, host_after = server_cpu_seconds(server)
     per_operation = 1e6 / sample.count
     return replace(sample, details={
         **sample.details,

@@ -38,6 +38,8 @@ from pathlib import Path
 from typing import Any, cast
 
 import orjson
+import psutil
+from bench_gateway_lib import server_cpu_seconds
 from bench_lib import FLOOR_SCRIPT, BenchSizes, Goal, MetricSpec, Sample, measure_pair, progress
 from bench_rpc_lib import RpcFailure, RpcPeer, percentile
 
@@ -238,9 +240,13 @@ async def zeroclaw_first_chunk(side: ZeroclawSide) -> Sample:
 # -- chunks relayed per second ----------------------------------------------------------
 
 async def _relay_turns(peer: ChunkPeer, sid: str, text: str, chars: int,
-                       sizes: BenchSizes) -> Sample:
-    """Turns of ``text`` until three and ``min_seconds``: chunks (by text) per second."""
+                       sizes: BenchSizes, server: psutil.Process | None = None) -> Sample:
+    """Turns of ``text`` until three and ``min_seconds``: chunks (by text) per second,
+    and the CPU µs per delta of the peer (``host``), its children (``workers``) and
+    the model ``server``, from the kernel's per-process counters."""
     await _prompt(peer, sid, text)  # warm up
+    assert peer.process is not None
+    cpu_before = _relay_cpu(psutil.Process(peer.process.pid), server)
     seconds, updates, turns = 0.0, 0, 0
     while turns < 3 or seconds < sizes.min_seconds:
         peer.watch()
@@ -249,8 +255,21 @@ async def _relay_turns(peer: ChunkPeer, sid: str, text: str, chars: int,
             raise RpcFailure(f"{peer.text_chars} of {chars} characters came")
         updates += peer.notifications
         turns += 1
+    cpu_after = _relay_cpu(psutil.Process(peer.process.pid), server)
+    cpu_us = {f"{name}_cpu_us": round((cpu_after[name] - cpu_before[name]) * 1e6
+                                      / (RELAY_CHUNKS * turns), 2) for name in cpu_after}
     return Sample(RELAY_CHUNKS * turns / seconds, turns, details={
-        "turn_ms": round(1000 * seconds / turns, 1), "updates_per_turn": round(updates / turns)})
+        "turn_ms": round(1000 * seconds / turns, 1), "updates_per_turn": round(updates / turns),
+        **cpu_us})
+
+
+def _relay_cpu(host: psutil.Process, server: psutil.Process | None) -> dict[str, float]:
+    """CPU seconds so far: the host (or the floor), its children, the model server."""
+    total, own = server_cpu_seconds(host)
+    seconds = {"host": own, "workers": total - own}
+    if server is not None:
+        seconds["model_server"] = server_cpu_seconds(server)[0]
+    return seconds
 
 
 async def floor_relay(sizes: BenchSizes) -> Sample:
@@ -267,7 +286,8 @@ async def floor_relay(sizes: BenchSizes) -> Sample:
 
 async def zeroclaw_relay(sizes: BenchSizes, side: ZeroclawSide) -> Sample:
     async with _zeroclaw(side, 1) as (peer, [sid]):
-        return await _relay_turns(peer, sid, f"stream {RELAY_CHUNKS}", 2 * RELAY_CHUNKS, sizes)
+        return await _relay_turns(peer, sid, f"stream {RELAY_CHUNKS}", 2 * RELAY_CHUNKS, sizes,
+                                  psutil.Process(side.server.process.pid))
 
 
 def _judge_first_chunk(entry: dict[str, Any]) -> dict[str, Any]:

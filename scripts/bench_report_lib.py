@@ -81,6 +81,12 @@ def _notes(metrics: dict[str, Any]) -> list[str]:
         if entry.get("zeroclaw_updates_per_turn") is not None:
             notes.append(f"  {entry['title']}: zeroclaw sent {entry['zeroclaw_updates_per_turn']:,}"
                          " updates per turn (chunks merge while the client lags)")
+        if entry.get("zeroclaw_workers_cpu_us") is not None:
+            notes.append(f"  {entry['title']}: CPU µs per delta: zeroclaw's worker"
+                         f" {entry['zeroclaw_workers_cpu_us']:.2f}, host"
+                         f" {entry['zeroclaw_host_cpu_us']:.2f}, model server"
+                         f" {entry['zeroclaw_model_server_cpu_us']:.2f}; the floor"
+                         f" {entry['floor_host_cpu_us']:.2f}")
         if entry.get("zeroclaw_server_cpu_us") is not None:
             notes.append(f"  {entry['title']}: {_cpu_split(entry)}")
         if entry.get("zeroclaw_processes") is not None:
