@@ -461,3 +461,18 @@ async def test_cancel_is_prompt_while_waiting_to_retry_or_for_the_response(
             assert out.stop_reason == "cancelled", waiting_on
         assert await asyncio.to_thread(model_server.state.client_gone.wait, 10)
     assert len(model_server.requests) == 2  # no retry after the cancel
+
+
+async def test_a_worker_that_streamed_replies_exits_without_errors_in_its_log(
+    sdk_hosts: SdkHostFactory, config_dir: Path, tmp_path: Path, workspace: Path,
+    model_server: ModelServer,
+) -> None:
+    model_server.script(openai_reply({"content": "one"}), openai_reply({"content": "two"}))
+    async with start(sdk_hosts, config_dir,
+                     openai_config(model_server, tmp_path / "aws")) as host:
+        await host.initialize()
+        for _ in range(2):
+            sid = await host.new_session(workspace)
+            assert (await host.prompt(sid, "hi")).stop_reason == "end_turn"
+    stderr = "".join(p.read_text(errors="replace") for p in tmp_path.glob("host-*.stderr"))
+    assert " ERROR " not in stderr and "Unclosed" not in stderr, stderr

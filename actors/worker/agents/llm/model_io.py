@@ -7,7 +7,8 @@ HTTP in C (llhttp), so a body that a server flushes one small chunk per token co
 about a microsecond per chunk, where a pure-Python HTTP stack costs several.
 
 Nothing here runs on the session actors' threads except :meth:`ModelIo.submit`
-(thread-safe); the loop thread is a daemon (it ends with the process). Started by
+(thread-safe); the loop thread is a daemon, and the session is closed when the
+process exits. Started by
 the first model request of the process (:func:`model_io`), so a worker without
 model agents never imports aiohttp.
 """
@@ -15,7 +16,9 @@ model agents never imports aiohttp.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
+import contextlib
 import threading
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -26,6 +29,7 @@ if TYPE_CHECKING:
 __all__ = ["ModelIo", "model_io"]
 
 T = TypeVar("T")
+CLOSE_SECS = 2.0
 
 
 class ModelIo:
@@ -36,6 +40,14 @@ class ModelIo:
         threading.Thread(target=self.loop.run_forever, name="zeroclaw-model-io",
                          daemon=True).start()
         self.session: aiohttp.ClientSession = self.submit(_open_session()).result()
+        atexit.register(self.close)
+
+    def close(self) -> None:
+        """At the process's exit (its main thread): close the session's connections
+        (aiohttp would log an unclosed session otherwise), then stop the loop."""
+        with contextlib.suppress(Exception):
+            self.submit(self.session.close()).result(CLOSE_SECS)
+        self.loop.call_soon_threadsafe(self.loop.stop)
 
     def submit(self, coroutine: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         """Run ``coroutine`` on the loop (any thread); cancelling the future cancels it."""
