@@ -436,8 +436,10 @@ def _tls_context() -> ssl.SSLContext:
 
 def _is_local_mistake(exc: Exception) -> bool:
     """An error no retry can fix: a bad URL or header value in the config (aiohttp
-    says so with a ValueError, its InvalidURL included)."""
-    return isinstance(exc, ValueError)
+    says so with a ValueError, its InvalidURL included, or a URL that is not HTTP)."""
+    import aiohttp
+
+    return isinstance(exc, ValueError | aiohttp.NonHttpUrlClientError)
 
 
 def _backoff(attempt: int) -> float:
