@@ -6,11 +6,10 @@ limit, kept-alive connections reused across turns and sessions): aiohttp parses
 HTTP in C (llhttp), so a body that a server flushes one small chunk per token costs
 about a microsecond per chunk, where a pure-Python HTTP stack costs several.
 
-Nothing here runs on the session actors' threads except :meth:`ModelIo.submit`
-(thread-safe); the loop thread is a daemon, and the session is closed when the
-process exits. Started by
-the first model request of the process (:func:`model_io`), so a worker without
-model agents never imports aiohttp.
+The session actors' threads only hand coroutines over (:meth:`ModelIo.submit`,
+thread-safe); the first model request of the process starts the loop
+(:func:`model_io`), so a worker without model agents never imports aiohttp. The
+loop thread is a daemon; the session is closed when the process exits.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 if TYPE_CHECKING:
     import aiohttp
 
-__all__ = ["ModelIo", "model_io"]
+__all__ = ["ModelIo", "env_proxy", "model_io"]
 
 T = TypeVar("T")
 CLOSE_SECS = 2.0
