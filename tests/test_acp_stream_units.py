@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import queue
 from types import SimpleNamespace
 from typing import Any, cast
@@ -11,6 +12,7 @@ from typing import Any, cast
 import orjson
 
 from actors.worker.agents import TurnContext
+from actors.worker.agents.acp_calls import AgentCalls
 from actors.worker.agents.acp_client import HANDLERS, NOTIFICATIONS, on_updates
 from actors.worker.agents.acp_process import AgentProcess, LaunchSpec, SessionLink
 from actors.worker.agents.acp_stdout import Line, LinesProtocol
@@ -24,7 +26,7 @@ from actors.worker.agents.acp_updates import (
 from actors.worker.tools import PathPolicy
 from ipc.events import MessageChunk
 from ipc.framing import OVERSIZED
-from ipc.jsonrpc import Endpoint
+from ipc.jsonrpc import ConnectionLost, Endpoint, RemoteError
 
 
 def _lines_of(reads: list[bytes], limit: int = 1024, eof: bool = True) -> list[Line]:
@@ -184,3 +186,33 @@ def test_a_streaming_turn_has_its_agents_output_read_in_pauses() -> None:
     process.links["s1"].turn = None
     process._receive([_note("s1", _chunk("b"))])
     assert len(paused) == 1  # no turn took it: no pause
+
+
+def test_a_call_is_answered_by_its_wellformed_response_and_anything_else_is_left_alone() -> None:
+    calls = AgentCalls("agent t")
+    sent: list[dict[str, Any]] = []
+    futures = [concurrent.futures.Future[Any]() for _ in range(4)]
+    for future in futures:
+        calls.send(lambda frame: sent.append(orjson.loads(frame)), "m", {"n": 1}, future)
+    ids = [message["id"] for message in sent]
+    assert sent[0] == {"jsonrpc": "2.0", "id": ids[0], "method": "m", "params": {"n": 1}}
+    malformed: list[dict[str, Any]] = [
+        {"jsonrpc": "2.0", "id": ids[0]},  # neither result nor error
+        {"jsonrpc": "2.0", "id": ids[0], "result": 1, "error": {"code": 1, "message": "x"}},
+        {"jsonrpc": "2.0", "id": ids[0], "error": {"code": "1", "message": "x"}},
+        {"jsonrpc": "1.0", "id": ids[0], "result": 1},
+        {"jsonrpc": "2.0", "id": "zc-out-0", "result": 1},  # the endpoint's own
+    ]
+    assert not any(calls.answer(message) for message in malformed)
+    assert calls.answer({"jsonrpc": "2.0", "id": ids[0], "result": {"stopReason": "end_turn"}})
+    assert futures[0].result(0) == {"stopReason": "end_turn"}
+    assert calls.answer({"jsonrpc": "2.0", "id": ids[1], "error": {"code": -32000,
+                                                                   "message": "no"}})
+    error = futures[1].exception(0)
+    assert isinstance(error, RemoteError) and error.code == -32000
+    futures[2].cancel()  # the turn gave up on it: its answer is dropped
+    assert calls.answer({"jsonrpc": "2.0", "id": ids[2], "result": None})
+    assert futures[2].cancelled()
+    assert not calls.answer({"jsonrpc": "2.0", "id": ids[0], "result": 1})  # answered once
+    calls.fail_all()
+    assert isinstance(futures[3].exception(0), ConnectionLost)

@@ -13,7 +13,8 @@ Threads:
 - a stderr thread copies the agent's stderr to the worker's log, prefixed with
   the agent's alias, and keeps its last lines for error messages;
 - session actor threads call :meth:`AgentProcess.call` / :meth:`notify`, which
-  hand the work to the loop and wait on a ``concurrent.futures.Future``.
+  hand the work to the loop and wait on a ``concurrent.futures.Future``, settled
+  as soon as the loop reads the answer (:mod:`actors.worker.agents.acp_calls`).
 
 The process runs in a session of its own (so a dead worker's host can end its
 whole process group) with ``PR_SET_PDEATHSIG`` set, in a clean environment.
@@ -41,6 +42,7 @@ from typing import Any, Protocol
 
 import orjson
 
+from actors.worker.agents.acp_calls import AgentCalls
 from actors.worker.agents.acp_confine import AgentJail
 from actors.worker.agents.acp_stdout import Line, LinesProtocol
 from actors.worker.agents.acp_terminals import Terminals
@@ -173,6 +175,8 @@ class AgentProcess:
         self._proc: subprocess.Popen[bytes] | None = None
         self._endpoint: Endpoint | None = None
         self._stdout: LinesProtocol | None = None
+        self._write: Callable[[bytes], None] | None = None  # to the agent's stdin
+        self._calls = AgentCalls(f"agent {spec.alias}")
         self._stdout_task: asyncio.Task[None] | None = None
         self._private_tmp: str | None = None
 
@@ -197,15 +201,14 @@ class AgentProcess:
         return self._proc.pid if self._proc is not None else None
 
     def call(self, method: str, params: Any) -> concurrent.futures.Future[Any]:
-        """Send a request; the future holds its result (RemoteError, ConnectionLost)."""
-        coroutine = self._request(method, params)
+        """Send a request; the future holds its result (RemoteError, ConnectionLost).
+        Cancelling the future drops the answer."""
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         try:
-            return asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+            self._loop.call_soon_threadsafe(self._send_call, method, params, future)
         except RuntimeError:  # the loop is closed: the agent is gone
-            coroutine.close()
-            failed: concurrent.futures.Future[Any] = concurrent.futures.Future()
-            failed.set_exception(ConnectionLost(f"agent {self.alias} is not running"))
-            return failed
+            future.set_exception(ConnectionLost(f"agent {self.alias} is not running"))
+        return future
 
     def call_and_wait(self, method: str, params: Any) -> Any:
         """:meth:`call` bounded by the start timeout (for ``session/new``)."""
@@ -293,6 +296,7 @@ class AgentProcess:
         try:
             loop.run_forever()
         finally:
+            self._calls.cancel_all()
             tasks = asyncio.all_tasks(loop)
             for task in tasks:
                 task.cancel()
@@ -305,6 +309,7 @@ class AgentProcess:
         proc = self._proc = self._spawn()
         assert proc.stdout is not None and proc.stdin is not None and proc.stderr is not None
         transport, _ = await loop.connect_write_pipe(asyncio.Protocol, proc.stdin)
+        self._write = transport.write
         self._endpoint = Endpoint(transport.write, self._bound(self._methods),
                                   require_initialize=False, name=f"agent {self.alias}",
                                   notifications=self._bound(self._notifications))
@@ -359,6 +364,15 @@ class AgentProcess:
             raise ConnectionLost(f"agent {self.alias} is not running")
         return await self._endpoint.request(method, params)
 
+    def _send_call(self, method: str, params: Any,
+                   future: concurrent.futures.Future[Any]) -> None:
+        """:meth:`call` on the loop thread."""
+        if self._write is None or self.exited.is_set():
+            if future.set_running_or_notify_cancel():
+                future.set_exception(ConnectionLost(f"agent {self.alias} is not running"))
+            return
+        self._calls.send(self._write, method, params, future)
+
     def _notify(self, method: str, params: Any) -> None:
         if self._endpoint is not None and self.alive:
             self._endpoint.notify(method, params)
@@ -366,8 +380,9 @@ class AgentProcess:
     def _receive(self, lines: list[Line]) -> None:
         """The lines of one read of the agent's stdout, in order (the loop thread): its
         well-formed ``session/update`` notifications, decoded once, in runs to the
-        ``updates`` handler; any other JSON line to the endpoint (which answers what
-        it cannot parse); an oversized or non-JSON line is logged and dropped."""
+        ``updates`` handler; the answers to :meth:`call` to their futures; any other
+        JSON line to the endpoint (which answers what it cannot parse); an oversized
+        or non-JSON line is logged and dropped."""
         endpoint = self._endpoint
         assert endpoint is not None
         run: list[Any] = []
@@ -381,27 +396,25 @@ class AgentProcess:
                     log.warning("agent %s: ignored a non-JSON line on stdout: %.120r",
                                 self.alias, line)
                 continue
-            params = self._update_params(line)
+            message = _object_of(line)
+            params = self._update_params(message)
             if params is not None:
                 run.append(params)
                 continue
             if run:
                 streaming = self._hand_updates(run)
                 run = []
-            endpoint.receive(line)
+            if message is None or not self._calls.answer(message):
+                endpoint.receive(line)
         if run:
             streaming = self._hand_updates(run)
         if streaming and self._stdout is not None:
             self._stdout.pause_for(STREAM_READ_PAUSE_SECS)
 
-    def _update_params(self, line: bytes) -> dict[str, Any] | None:
-        """The params of ``line`` when it is a valid ``session/update`` notification
+    def _update_params(self, message: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The params of ``message`` when it is a valid ``session/update`` notification
         with object params, and this process takes them in runs; else None."""
-        if self._updates is None or line[:1] != b"{":
-            return None
-        try:
-            message = orjson.loads(line)
-        except orjson.JSONDecodeError:
+        if message is None or self._updates is None:
             return None
         if (message.get("method") != "session/update" or "id" in message
                 or message.get("jsonrpc") != "2.0"):
@@ -433,6 +446,7 @@ class AgentProcess:
             if turn is not None:
                 turn.flush()
         self.exited.set()  # first: no new turn may pick this process from now on
+        self._calls.fail_all()
         endpoint.receive_eof()
         assert self._proc is not None
         self.exit_status = await asyncio.to_thread(_wait_or_kill, self._proc)
@@ -453,6 +467,17 @@ class AgentProcess:
                 line = raw.decode("utf-8", "replace").rstrip("\r\n")
                 self._stderr_tail.append(line[:500])
                 log.warning("agent %s: %s", self.alias, line)
+
+
+def _object_of(line: bytes) -> dict[str, Any] | None:
+    """``line`` decoded when it is a JSON object; None for anything else."""
+    if line[:1] != b"{":
+        return None
+    try:
+        message = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return None
+    return message if type(message) is dict else None
 
 
 def _wait_or_kill(proc: subprocess.Popen[bytes]) -> int:

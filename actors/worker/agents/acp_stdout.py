@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from typing import Final, Literal
+from typing import Any, Final, Literal, cast
 
 from ipc.framing import OVERSIZED, Oversized
 
-__all__ = ["Line", "LinesProtocol"]
+__all__ = ["READ_SIZE", "Line", "LinesProtocol"]
 
 Line = bytes | Literal[Oversized.OVERSIZED]
+#: A pipe holds 64 KiB (Linux's default): asyncio's 256 KiB reads would allocate (and
+#: map and unmap) a buffer four times larger than any read fills, each read.
+READ_SIZE: Final = 64 * 1024
 _NEWLINE: Final = b"\n"
 _CR: Final = b"\r"
 
@@ -42,6 +45,8 @@ class LinesProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.ReadTransport)
         self._transport = transport
+        if hasattr(transport, "max_size"):  # a pipe's: read no more than it holds
+            cast(Any, transport).max_size = READ_SIZE
 
     def pause_for(self, seconds: float) -> None:
         """Read nothing more for ``seconds`` (what comes meanwhile waits in the pipe)."""
