@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import queue
 from types import SimpleNamespace
 from typing import Any, cast
@@ -12,7 +13,7 @@ from typing import Any, cast
 import orjson
 
 from actors.worker.agents import TurnContext
-from actors.worker.agents.acp_calls import AgentCalls
+from actors.worker.agents.acp_calls import AgentCalls, AgentInput
 from actors.worker.agents.acp_client import HANDLERS, NOTIFICATIONS, on_updates
 from actors.worker.agents.acp_process import AgentProcess, LaunchSpec, SessionLink
 from actors.worker.agents.acp_stdout import Line, LinesProtocol
@@ -216,3 +217,29 @@ def test_a_call_is_answered_by_its_wellformed_response_and_anything_else_is_left
     assert not calls.answer({"jsonrpc": "2.0", "id": ids[0], "result": 1})  # answered once
     calls.fail_all()
     assert isinstance(futures[3].exception(0), ConnectionLost)
+
+
+def test_the_agents_stdin_takes_frames_whole_from_any_thread_past_a_full_pipe() -> None:
+    big = b"x" * 200_000 + b"\n"  # more than a pipe holds
+
+    def read_exactly(fd: int, size: int) -> bytes:
+        data = b""
+        while len(data) < size:
+            data += os.read(fd, size - len(data))
+        return data
+
+    async def play() -> bytes:
+        loop = asyncio.get_running_loop()
+        read_end, write_end = os.pipe()
+        agent_input = AgentInput(loop, write_end)
+        try:
+            await asyncio.to_thread(agent_input.write, big)  # the rest waits for the loop
+            agent_input.write(b"small\n")  # behind it, never inside it
+            data = await asyncio.to_thread(read_exactly, read_end, len(big) + 6)
+            os.close(read_end)
+            agent_input.write(b"after the agent is gone\n")  # dropped, no error
+            return data
+        finally:
+            os.close(write_end)
+
+    assert asyncio.run(play()) == big + b"small\n"

@@ -12,9 +12,11 @@ Threads:
   endpoint's per-message dispatch in runs, to the ``updates`` handler;
 - a stderr thread copies the agent's stderr to the worker's log, prefixed with
   the agent's alias, and keeps its last lines for error messages;
-- session actor threads call :meth:`AgentProcess.call` / :meth:`notify`, which
-  hand the work to the loop and wait on a ``concurrent.futures.Future``, settled
-  as soon as the loop reads the answer (:mod:`actors.worker.agents.acp_calls`).
+- session actor threads call :meth:`AgentProcess.call`, which writes the request
+  to the agent itself and gives a ``concurrent.futures.Future``, settled as soon
+  as the loop reads the answer (:mod:`actors.worker.agents.acp_calls`), and
+  :meth:`notify`, which writes the notification itself (so both keep the order
+  they were sent in).
 
 The process runs in a session of its own (so a dead worker's host can end its
 whole process group) with ``PR_SET_PDEATHSIG`` set, in a clean environment.
@@ -42,7 +44,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from actors.worker.agents.acp_calls import AgentCalls
+from actors.worker.agents.acp_calls import AgentCalls, AgentInput
 from actors.worker.agents.acp_confine import AgentJail
 from actors.worker.agents.acp_stdout import Line, LinesProtocol
 from actors.worker.agents.acp_terminals import Terminals
@@ -175,7 +177,7 @@ class AgentProcess:
         self._proc: subprocess.Popen[bytes] | None = None
         self._endpoint: Endpoint | None = None
         self._stdout: LinesProtocol | None = None
-        self._write: Callable[[bytes], None] | None = None  # to the agent's stdin
+        self._input: AgentInput | None = None
         self._calls = AgentCalls(f"agent {spec.alias}")
         self._stdout_task: asyncio.Task[None] | None = None
         self._private_tmp: str | None = None
@@ -201,13 +203,14 @@ class AgentProcess:
         return self._proc.pid if self._proc is not None else None
 
     def call(self, method: str, params: Any) -> concurrent.futures.Future[Any]:
-        """Send a request; the future holds its result (RemoteError, ConnectionLost).
-        Cancelling the future drops the answer."""
+        """Send a request (the caller's thread writes it); the future holds its result
+        (RemoteError, ConnectionLost). Cancelling the future drops the answer."""
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        try:
-            self._loop.call_soon_threadsafe(self._send_call, method, params, future)
-        except RuntimeError:  # the loop is closed: the agent is gone
+        agent_input = self._input
+        if agent_input is None or self.exited.is_set():
             future.set_exception(ConnectionLost(f"agent {self.alias} is not running"))
+        else:
+            self._calls.send(agent_input.write, method, params, future)
         return future
 
     def call_and_wait(self, method: str, params: Any) -> Any:
@@ -215,8 +218,18 @@ class AgentProcess:
         return self._wait(self._request(method, params), method)
 
     def notify(self, method: str, params: Any) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop is already closed
-            self._loop.call_soon_threadsafe(self._notify, method, params)
+        """Send a notification (the caller's thread writes it: after the requests and
+        notifications it sent before); dropped once the agent is gone."""
+        agent_input = self._input
+        if agent_input is None or not self.alive:
+            return
+        try:
+            frame = orjson.dumps({"jsonrpc": "2.0", "method": method, "params": params},
+                                 option=orjson.OPT_APPEND_NEWLINE)
+        except TypeError as exc:
+            log.warning("agent %s: notification %s cannot be sent: %s", self.alias, method, exc)
+            return
+        agent_input.write(frame)
 
     def begin_stop(self) -> None:
         """Ask the process to end (SIGTERM to its group); :meth:`stop` finishes."""
@@ -243,6 +256,11 @@ class AgentProcess:
             with contextlib.suppress(RuntimeError):
                 self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(STOP_GRACE_SECS)
+        if self._input is not None:
+            self._input.close()
+        if proc is not None and proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
 
     def failure_text(self, doing: str) -> str:
         """Why the agent is gone: exit status and the last lines of its stderr."""
@@ -308,9 +326,8 @@ class AgentProcess:
         loop = asyncio.get_running_loop()
         proc = self._proc = self._spawn()
         assert proc.stdout is not None and proc.stdin is not None and proc.stderr is not None
-        transport, _ = await loop.connect_write_pipe(asyncio.Protocol, proc.stdin)
-        self._write = transport.write
-        self._endpoint = Endpoint(transport.write, self._bound(self._methods),
+        agent_input = self._input = AgentInput(loop, proc.stdin.fileno())
+        self._endpoint = Endpoint(agent_input.write, self._bound(self._methods),
                                   require_initialize=False, name=f"agent {self.alias}",
                                   notifications=self._bound(self._notifications))
         stdout = self._stdout = LinesProtocol(FRAME_LIMIT, self._receive)
@@ -363,19 +380,6 @@ class AgentProcess:
         if self._endpoint is None:
             raise ConnectionLost(f"agent {self.alias} is not running")
         return await self._endpoint.request(method, params)
-
-    def _send_call(self, method: str, params: Any,
-                   future: concurrent.futures.Future[Any]) -> None:
-        """:meth:`call` on the loop thread."""
-        if self._write is None or self.exited.is_set():
-            if future.set_running_or_notify_cancel():
-                future.set_exception(ConnectionLost(f"agent {self.alias} is not running"))
-            return
-        self._calls.send(self._write, method, params, future)
-
-    def _notify(self, method: str, params: Any) -> None:
-        if self._endpoint is not None and self.alive:
-            self._endpoint.notify(method, params)
 
     def _receive(self, lines: list[Line]) -> None:
         """The lines of one read of the agent's stdout, in order (the loop thread): its
