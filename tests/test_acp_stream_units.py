@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import fcntl
 import os
 import queue
 from types import SimpleNamespace
@@ -16,7 +17,7 @@ from actors.worker.agents import TurnContext
 from actors.worker.agents.acp_calls import AgentCalls, AgentInput
 from actors.worker.agents.acp_client import HANDLERS, NOTIFICATIONS, on_updates
 from actors.worker.agents.acp_process import AgentProcess, LaunchSpec, SessionLink
-from actors.worker.agents.acp_stdout import Line, LinesProtocol
+from actors.worker.agents.acp_stdout import Line, LinesProtocol, enlarge_pipe
 from actors.worker.agents.acp_turn import UpdateRelay
 from actors.worker.agents.acp_updates import (
     ToolNames,
@@ -243,3 +244,14 @@ def test_the_agents_stdin_takes_frames_whole_from_any_thread_past_a_full_pipe() 
             os.close(write_end)
 
     assert asyncio.run(play()) == big + b"small\n"
+
+
+def test_the_agents_stdout_pipe_holds_more_than_a_pause_of_its_reader_lets_it_write() -> None:
+    read_end, write_end = os.pipe()
+    try:
+        size = enlarge_pipe(read_end)
+        assert size >= 64 * 1024
+        assert size == fcntl.fcntl(write_end, fcntl.F_GETPIPE_SZ)  # one pipe, both ends
+    finally:
+        os.close(read_end)
+        os.close(write_end)

@@ -46,7 +46,7 @@ import orjson
 
 from actors.worker.agents.acp_calls import AgentCalls, AgentInput
 from actors.worker.agents.acp_confine import AgentJail
-from actors.worker.agents.acp_stdout import Line, LinesProtocol
+from actors.worker.agents.acp_stdout import Line, LinesProtocol, enlarge_pipe
 from actors.worker.agents.acp_terminals import Terminals
 from actors.worker.agents.base import AgentFailure, ClientChannel
 from actors.worker.tools import PathPolicy
@@ -63,8 +63,10 @@ KEPT_ENV = ("PATH", "HOME", "LANG", "TERM")
 FRAME_LIMIT = 32 * 1024 * 1024
 STDERR_TAIL_LINES = 12
 STOP_GRACE_SECS = 1.0
-#: While a turn streams, the agent's stdout is read at most this often (its relay
-#: gathers for a millisecond anyway): a few long reads instead of one per few lines.
+#: While a turn streams, the agent's stdout is read again only after this pause (in
+#: effect a millisecond: the loop's timers wake no sooner; its relay gathers that long
+#: anyway): a few long reads instead of one per few lines, at the cost of up to that
+#: pause before the turn's answer is read.
 STREAM_READ_PAUSE_SECS = 0.0005
 #: ACP's error code for "authentication required" (the agent's, not zeroclaw's -32000).
 AUTH_REQUIRED = -32000
@@ -330,7 +332,8 @@ class AgentProcess:
         self._endpoint = Endpoint(agent_input.write, self._bound(self._methods),
                                   require_initialize=False, name=f"agent {self.alias}",
                                   notifications=self._bound(self._notifications))
-        stdout = self._stdout = LinesProtocol(FRAME_LIMIT, self._receive)
+        stdout = self._stdout = LinesProtocol(FRAME_LIMIT, self._receive,
+                                              enlarge_pipe(proc.stdout.fileno()))
         await loop.connect_read_pipe(lambda: stdout, proc.stdout)
         threading.Thread(target=self._copy_stderr, args=(proc.stderr,), daemon=True,
                          name=f"acp-agent-{self.alias}-stderr").start()

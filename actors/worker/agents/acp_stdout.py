@@ -14,17 +14,20 @@ on as they are (the caller skips them).
 from __future__ import annotations
 
 import asyncio
+import fcntl
 from collections.abc import Callable, Sequence
 from typing import Any, Final, Literal, cast
 
 from ipc.framing import OVERSIZED, Oversized
 
-__all__ = ["READ_SIZE", "Line", "LinesProtocol"]
+__all__ = ["PIPE_SIZE", "Line", "LinesProtocol", "enlarge_pipe"]
 
 Line = bytes | Literal[Oversized.OVERSIZED]
-#: A pipe holds 64 KiB (Linux's default): asyncio's 256 KiB reads would allocate (and
-#: map and unmap) a buffer four times larger than any read fills, each read.
-READ_SIZE: Final = 64 * 1024
+#: What the agent's stdout pipe is made to hold (Linux's default is 64 KiB, ~400 of a
+#: streaming agent's lines): room for what it writes while its reader pauses (an
+#: asyncio timer wakes no sooner than a millisecond), so it never waits on a full pipe.
+PIPE_SIZE: Final = 256 * 1024
+_DEFAULT_PIPE_SIZE: Final = 64 * 1024
 _NEWLINE: Final = b"\n"
 _CR: Final = b"\r"
 
@@ -33,10 +36,14 @@ class LinesProtocol(asyncio.Protocol):
     """Hands ``deliver`` the lines of each read, in order (the loop thread);
     :attr:`ended` is done once the stream ended (its exception: a read failed)."""
 
-    def __init__(self, limit: int, deliver: Callable[[list[Line]], None]) -> None:
+    def __init__(self, limit: int, deliver: Callable[[list[Line]], None],
+                 read_size: int = _DEFAULT_PIPE_SIZE) -> None:
+        """``read_size``: the most a read takes: what the pipe holds, no more (a read
+        allocates that much whatever it gets)."""
         self.ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._limit = limit
         self._deliver = deliver
+        self._read_size = read_size
         self._held: list[bytes] = []  # the partial line's pieces (the limit at most)
         self._held_size = 0
         self._discarding = False  # inside a line over the limit
@@ -45,8 +52,8 @@ class LinesProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.ReadTransport)
         self._transport = transport
-        if hasattr(transport, "max_size"):  # a pipe's: read no more than it holds
-            cast(Any, transport).max_size = READ_SIZE
+        if hasattr(transport, "max_size"):  # a pipe's
+            cast(Any, transport).max_size = self._read_size
 
     def pause_for(self, seconds: float) -> None:
         """Read nothing more for ``seconds`` (what comes meanwhile waits in the pipe)."""
@@ -113,3 +120,15 @@ class LinesProtocol(asyncio.Protocol):
         if len(text) > self._limit:
             return [OVERSIZED if len(line) > self._limit else line for line in lines]
         return lines
+
+
+def enlarge_pipe(fd: int, size: int = PIPE_SIZE) -> int:
+    """Make the pipe at ``fd`` hold ``size`` bytes where the system allows; what it
+    holds now."""
+    try:
+        return fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, size)
+    except OSError:  # over the system's or the user's limit: it keeps what it has
+        try:
+            return fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ)
+        except OSError:
+            return _DEFAULT_PIPE_SIZE
