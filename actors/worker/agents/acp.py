@@ -42,7 +42,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from actors.worker.agents.acp_client import HANDLERS, NOTIFICATIONS
+from actors.worker.agents.acp_client import HANDLERS, NOTIFICATIONS, on_updates
 from actors.worker.agents.acp_confine import AgentJail, jail_for, setting_problem
 from actors.worker.agents.acp_process import AgentProcess, LaunchSpec, SessionLink, clean_env
 from actors.worker.agents.acp_turn import AcpTurn
@@ -164,7 +164,7 @@ class _Processes:
             with self._lock:
                 restarts = self._restarts.get(key)
                 self._restarts[key] = 0 if restarts is None else restarts + 1
-            process = AgentProcess(spec, HANDLERS, NOTIFICATIONS)
+            process = AgentProcess(spec, HANDLERS, NOTIFICATIONS, on_updates)
             process.start(client_capabilities())
             log.info("agent %s initialized: %s", spec.alias, _summary(process.initialize_result))
             with self._lock:

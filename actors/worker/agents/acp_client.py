@@ -28,7 +28,7 @@ from ipc.errors import InvalidParams, MethodNotFound
 from ipc.extensions import ExtensionMethods
 from ipc.worker_wire import EncodeError
 
-__all__ = ["CANCELLED_OUTCOME", "HANDLERS", "NOTIFICATIONS", "TERMINAL_METHODS"]
+__all__ = ["CANCELLED_OUTCOME", "HANDLERS", "NOTIFICATIONS", "TERMINAL_METHODS", "on_updates"]
 
 log = logging.getLogger("zeroclaw.agent")
 
@@ -56,6 +56,42 @@ def _on_update(process: AgentProcess, params: Any) -> None:
         log.debug("agent %s: session/update outside a turn dropped", process.alias)
         return
     turn.update(update)
+
+
+def on_updates(process: AgentProcess, run: list[dict[str, Any]]) -> bool:
+    """The params of ``session/update`` notifications the agent wrote one after another,
+    in order: each session's consecutive updates go to its open turn together (as
+    :func:`_on_update` does one by one). Whether one of those turns streams on."""
+    link: SessionLink | None = None
+    updates: list[Any] = []
+    streaming = False
+    for params in run:
+        sid = params.get("sessionId")
+        if link is None or sid != link.agent_session_id:
+            streaming = _to_turn(process, link, updates) or streaming
+            updates = []
+            link = process.links.get(sid) if isinstance(sid, str) else None
+            if link is None:
+                log.debug("agent %s: session/update for no session of ours dropped",
+                          process.alias)
+                continue
+        update = params.get("update")
+        if type(update) is not dict or update.get("sessionUpdate") != "agent_message_chunk":
+            mode_id = _switched_mode(update)
+            if mode_id is not None and link.mode_switched is not None:
+                link.mode_switched(mode_id)
+        updates.append(update)
+    return _to_turn(process, link, updates) or streaming
+
+
+def _to_turn(process: AgentProcess, link: SessionLink | None, updates: list[Any]) -> bool:
+    if link is None or not updates:
+        return False
+    turn = link.turn
+    if turn is None:
+        log.debug("agent %s: session/update outside a turn dropped", process.alias)
+        return False
+    return turn.updates(updates)
 
 
 def _switched_mode(update: Any) -> str | None:

@@ -3,15 +3,20 @@
 Threads:
 - the process's own asyncio loop thread starts the process (so the kernel's
   parent-death signal, which follows the thread that forked, lives exactly as
-  long as this object), reads its NDJSON stdout into an
-  :class:`ipc.jsonrpc.Endpoint` and runs that endpoint (the repo's one JSON-RPC
-  layer): our requests to the agent, and the agent's notifications and
-  requests, which it hands to :class:`SessionLink` objects by the agent's
-  session id;
+  long as this object), reads its NDJSON stdout a whole read at a time
+  (:mod:`actors.worker.agents.acp_stdout`) into an :class:`ipc.jsonrpc.Endpoint`
+  and runs that endpoint (the repo's one JSON-RPC layer): our requests to the
+  agent, and the agent's notifications and requests, which it hands to
+  :class:`SessionLink` objects by the agent's session id. The ``session/update``
+  notifications of a read, the bulk of a streaming agent's output, go past the
+  endpoint's per-message dispatch in runs, to the ``updates`` handler;
 - a stderr thread copies the agent's stderr to the worker's log, prefixed with
   the agent's alias, and keeps its last lines for error messages;
-- session actor threads call :meth:`AgentProcess.call` / :meth:`notify`, which
-  hand the work to the loop and wait on a ``concurrent.futures.Future``.
+- session actor threads call :meth:`AgentProcess.call`, which writes the request
+  to the agent itself and gives a ``concurrent.futures.Future``, settled as soon
+  as the loop reads the answer (:mod:`actors.worker.agents.acp_calls`), and
+  :meth:`notify`, which writes the notification itself (so both keep the order
+  they were sent in).
 
 The process runs in a session of its own (so a dead worker's host can end its
 whole process group) with ``PR_SET_PDEATHSIG`` set, in a clean environment.
@@ -37,13 +42,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import orjson
+
+from actors.worker.agents.acp_calls import AgentCalls, AgentInput
 from actors.worker.agents.acp_confine import AgentJail
+from actors.worker.agents.acp_stdout import Line, LinesProtocol, enlarge_pipe
 from actors.worker.agents.acp_terminals import Terminals
 from actors.worker.agents.base import AgentFailure, ClientChannel
 from actors.worker.tools import PathPolicy
 from ipc.errors import MethodNotFound, clip
 from ipc.extensions import ExtensionMethods
-from ipc.framing import OVERSIZED, FrameReader, new_stream_reader
+from ipc.framing import OVERSIZED
 from ipc.jsonrpc import ConnectionLost, Endpoint, RemoteError
 
 __all__ = ["AgentProcess", "LaunchSpec", "SessionLink", "TurnInbox", "clean_env"]
@@ -54,6 +63,11 @@ KEPT_ENV = ("PATH", "HOME", "LANG", "TERM")
 FRAME_LIMIT = 32 * 1024 * 1024
 STDERR_TAIL_LINES = 12
 STOP_GRACE_SECS = 1.0
+#: While a turn streams, the agent's stdout is read again only after this pause (in
+#: effect a millisecond: the loop's timers wake no sooner; its relay gathers that long
+#: anyway): a few long reads instead of one per few lines, at the cost of up to that
+#: pause before the turn's answer is read.
+STREAM_READ_PAUSE_SECS = 0.0005
 #: ACP's error code for "authentication required" (the agent's, not zeroclaw's -32000).
 AUTH_REQUIRED = -32000
 _PR_SET_PDEATHSIG = 1
@@ -99,6 +113,10 @@ class TurnInbox(Protocol):
     def update(self, update: Any) -> None:
         """One ``session/update`` of the agent (the loop thread)."""
 
+    def updates(self, updates: list[Any]) -> bool:
+        """The agent's consecutive ``session/update``s of one read (the loop thread);
+        whether the turn streams on (the agent's output may be read a little later)."""
+
     def put(self, message: tuple[str, Any]) -> None:
         """A message for the turn's thread, behind the updates before it (any thread)."""
 
@@ -136,9 +154,15 @@ class AgentProcess:
     """One running agent; create, :meth:`start` (blocking), use, :meth:`stop`."""
 
     def __init__(self, spec: LaunchSpec, methods: Mapping[str, Callable[..., Any]],
-                 notifications: Mapping[str, Callable[..., Any]] | None = None) -> None:
+                 notifications: Mapping[str, Callable[..., Any]] | None = None,
+                 updates: Callable[[AgentProcess, list[Any]], bool] | None = None) -> None:
         """``methods``: ``handler(process, params)`` by method; ``notifications``: the
-        ones for notifications that are handled otherwise than requests."""
+        ones for notifications that are handled otherwise than requests; ``updates``:
+        ``handler(process, [params, ...])`` for runs of ``session/update``
+        notifications (else they go through ``methods`` one by one), True when a
+        turn streams on: the agent's stdout is then read again after
+        :data:`STREAM_READ_PAUSE_SECS`, so a streaming agent's lines come in long
+        reads, not a wake-up of this thread for each few."""
         self.spec = spec
         self.alias = spec.alias
         self.links: dict[str, SessionLink] = {}
@@ -147,13 +171,17 @@ class AgentProcess:
         self.exit_status: int | None = None
         self._methods = methods
         self._notifications = {} if notifications is None else notifications
+        self._updates = updates
         self._stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run_loop, daemon=True,
                                         name=f"acp-agent-{spec.alias}")
         self._proc: subprocess.Popen[bytes] | None = None
         self._endpoint: Endpoint | None = None
-        self._reader_task: asyncio.Task[None] | None = None
+        self._stdout: LinesProtocol | None = None
+        self._input: AgentInput | None = None
+        self._calls = AgentCalls(f"agent {spec.alias}")
+        self._stdout_task: asyncio.Task[None] | None = None
         self._private_tmp: str | None = None
 
     # --- lifecycle (caller's thread) --------------------------------------------
@@ -177,23 +205,33 @@ class AgentProcess:
         return self._proc.pid if self._proc is not None else None
 
     def call(self, method: str, params: Any) -> concurrent.futures.Future[Any]:
-        """Send a request; the future holds its result (RemoteError, ConnectionLost)."""
-        coroutine = self._request(method, params)
-        try:
-            return asyncio.run_coroutine_threadsafe(coroutine, self._loop)
-        except RuntimeError:  # the loop is closed: the agent is gone
-            coroutine.close()
-            failed: concurrent.futures.Future[Any] = concurrent.futures.Future()
-            failed.set_exception(ConnectionLost(f"agent {self.alias} is not running"))
-            return failed
+        """Send a request (the caller's thread writes it); the future holds its result
+        (RemoteError, ConnectionLost). Cancelling the future drops the answer."""
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        agent_input = self._input
+        if agent_input is None or self.exited.is_set():
+            future.set_exception(ConnectionLost(f"agent {self.alias} is not running"))
+        else:
+            self._calls.send(agent_input.write, method, params, future)
+        return future
 
     def call_and_wait(self, method: str, params: Any) -> Any:
         """:meth:`call` bounded by the start timeout (for ``session/new``)."""
         return self._wait(self._request(method, params), method)
 
     def notify(self, method: str, params: Any) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop is already closed
-            self._loop.call_soon_threadsafe(self._notify, method, params)
+        """Send a notification (the caller's thread writes it: after the requests and
+        notifications it sent before); dropped once the agent is gone."""
+        agent_input = self._input
+        if agent_input is None or not self.alive:
+            return
+        try:
+            frame = orjson.dumps({"jsonrpc": "2.0", "method": method, "params": params},
+                                 option=orjson.OPT_APPEND_NEWLINE)
+        except TypeError as exc:
+            log.warning("agent %s: notification %s cannot be sent: %s", self.alias, method, exc)
+            return
+        agent_input.write(frame)
 
     def begin_stop(self) -> None:
         """Ask the process to end (SIGTERM to its group); :meth:`stop` finishes."""
@@ -220,6 +258,11 @@ class AgentProcess:
             with contextlib.suppress(RuntimeError):
                 self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(STOP_GRACE_SECS)
+        if self._input is not None:
+            self._input.close()
+        if proc is not None and proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
 
     def failure_text(self, doing: str) -> str:
         """Why the agent is gone: exit status and the last lines of its stderr."""
@@ -273,6 +316,7 @@ class AgentProcess:
         try:
             loop.run_forever()
         finally:
+            self._calls.cancel_all()
             tasks = asyncio.all_tasks(loop)
             for task in tasks:
                 task.cancel()
@@ -284,15 +328,16 @@ class AgentProcess:
         loop = asyncio.get_running_loop()
         proc = self._proc = self._spawn()
         assert proc.stdout is not None and proc.stdin is not None and proc.stderr is not None
-        reader = new_stream_reader(FRAME_LIMIT)
-        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), proc.stdout)
-        transport, _ = await loop.connect_write_pipe(asyncio.Protocol, proc.stdin)
-        self._endpoint = Endpoint(transport.write, self._bound(self._methods),
+        agent_input = self._input = AgentInput(loop, proc.stdin.fileno())
+        self._endpoint = Endpoint(agent_input.write, self._bound(self._methods),
                                   require_initialize=False, name=f"agent {self.alias}",
                                   notifications=self._bound(self._notifications))
+        stdout = self._stdout = LinesProtocol(FRAME_LIMIT, self._receive,
+                                              enlarge_pipe(proc.stdout.fileno()))
+        await loop.connect_read_pipe(lambda: stdout, proc.stdout)
         threading.Thread(target=self._copy_stderr, args=(proc.stderr,), daemon=True,
                          name=f"acp-agent-{self.alias}-stderr").start()
-        self._reader_task = loop.create_task(self._read_stdout(FrameReader(reader, FRAME_LIMIT)))
+        self._stdout_task = loop.create_task(self._watch_stdout(stdout))
         result = await self._endpoint.request("initialize", {
             "protocolVersion": 1, "clientCapabilities": client_capabilities,
             "clientInfo": {"name": "zeroclaw", "title": "ZeroClaw", "version": _version()},
@@ -339,22 +384,68 @@ class AgentProcess:
             raise ConnectionLost(f"agent {self.alias} is not running")
         return await self._endpoint.request(method, params)
 
-    def _notify(self, method: str, params: Any) -> None:
-        if self._endpoint is not None and self.alive:
-            self._endpoint.notify(method, params)
+    def _receive(self, lines: list[Line]) -> None:
+        """The lines of one read of the agent's stdout, in order (the loop thread): its
+        well-formed ``session/update`` notifications, decoded once, in runs to the
+        ``updates`` handler; the answers to :meth:`call` to their futures; any other
+        JSON line to the endpoint (which answers what it cannot parse); an oversized
+        or non-JSON line is logged and dropped."""
+        endpoint = self._endpoint
+        assert endpoint is not None
+        run: list[Any] = []
+        streaming = False
+        for line in lines:
+            if line is OVERSIZED:
+                log.warning("agent %s: dropped an oversized line on stdout", self.alias)
+                continue
+            if line[:1] not in (b"{", b"["):
+                if line.strip():  # blank lines are skipped
+                    log.warning("agent %s: ignored a non-JSON line on stdout: %.120r",
+                                self.alias, line)
+                continue
+            message = _object_of(line)
+            params = self._update_params(message)
+            if params is not None:
+                run.append(params)
+                continue
+            if run:
+                streaming = self._hand_updates(run)
+                run = []
+            if message is None or not self._calls.answer(message):
+                endpoint.receive(line)
+        if run:
+            streaming = self._hand_updates(run)
+        if streaming and self._stdout is not None:
+            self._stdout.pause_for(STREAM_READ_PAUSE_SECS)
 
-    async def _read_stdout(self, frames: FrameReader) -> None:
+    def _update_params(self, message: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The params of ``message`` when it is a valid ``session/update`` notification
+        with object params, and this process takes them in runs; else None."""
+        if message is None or self._updates is None:
+            return None
+        if (message.get("method") != "session/update" or "id" in message
+                or message.get("jsonrpc") != "2.0"):
+            return None
+        params = message.get("params")
+        return params if type(params) is dict else None
+
+    def _hand_updates(self, run: list[dict[str, Any]]) -> bool:
+        """``run`` to the updates handler; whether a turn streams on."""
+        assert self._updates is not None and self._endpoint is not None
+        if self._endpoint.closed:
+            return False
+        try:
+            return self._updates(self, run)
+        except Exception:
+            log.exception("agent %s: session/update handler crashed", self.alias)
+            return False
+
+    async def _watch_stdout(self, stdout: LinesProtocol) -> None:
+        """Once the agent's stdout ended: its turns and sessions hear of it."""
         assert self._endpoint is not None
         endpoint = self._endpoint
         try:
-            while (frame := await frames.read()) is not None:
-                if frame is OVERSIZED:
-                    log.warning("agent %s: dropped an oversized line on stdout", self.alias)
-                elif frame[:1] not in (b"{", b"["):
-                    log.warning("agent %s: ignored a non-JSON line on stdout: %.120r",
-                                self.alias, frame)
-                else:
-                    endpoint.receive(frame)
+            await stdout.ended
         except (OSError, ValueError) as exc:
             log.warning("agent %s: stdout failed: %s", self.alias, exc)
         for link in list(self.links.values()):  # a turn that sees it exited has it all
@@ -362,6 +453,7 @@ class AgentProcess:
             if turn is not None:
                 turn.flush()
         self.exited.set()  # first: no new turn may pick this process from now on
+        self._calls.fail_all()
         endpoint.receive_eof()
         assert self._proc is not None
         self.exit_status = await asyncio.to_thread(_wait_or_kill, self._proc)
@@ -382,6 +474,17 @@ class AgentProcess:
                 line = raw.decode("utf-8", "replace").rstrip("\r\n")
                 self._stderr_tail.append(line[:500])
                 log.warning("agent %s: %s", self.alias, line)
+
+
+def _object_of(line: bytes) -> dict[str, Any] | None:
+    """``line`` decoded when it is a JSON object; None for anything else."""
+    if line[:1] != b"{":
+        return None
+    try:
+        message = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return None
+    return message if type(message) is dict else None
 
 
 def _wait_or_kill(proc: subprocess.Popen[bytes]) -> int:

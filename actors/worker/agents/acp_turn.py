@@ -17,7 +17,7 @@ from typing import Any
 
 from actors.worker.agents.acp_client import CANCELLED_OUTCOME
 from actors.worker.agents.acp_process import AgentProcess, SessionLink
-from actors.worker.agents.acp_updates import ToolNames, events_from_updates, merged_chunks
+from actors.worker.agents.acp_updates import ToolNames, merged_events
 from actors.worker.agents.base import AgentFailure, TurnContext
 from ipc.jsonrpc import ConnectionLost, RemoteError
 
@@ -125,7 +125,7 @@ class AcpTurn:
     def _relay(self, updates: list[Any]) -> None:
         """The events of ``updates``, consecutive chunks of one kind as one event."""
         if updates:
-            for event in merged_chunks(events_from_updates(updates, self.tools)):
+            for event in merged_events(updates, self.tools):
                 self.ctx.emit(event)
 
     def _permission(self, params: Any) -> dict[str, Any]:
@@ -175,7 +175,8 @@ class AcpTurn:
 class UpdateRelay:
     """A turn's updates as events, relayed on the agent process's loop thread (no hop
     through the session's thread): the first burst of updates that arrived together
-    goes out once the loop has read it, later ones gathered for :data:`GATHER_SECS`,
+    goes out once the loop has read it (at once when handed over as the run of one
+    read, :meth:`updates`), later ones gathered for :data:`GATHER_SECS`,
     consecutive chunks merged; a message for the turn's thread (the answer, a
     permission request) takes what was gathered along first. While the stream window
     has room; once a burst used it up, updates queue in the session's inbox for the
@@ -209,6 +210,28 @@ class UpdateRelay:
             if len(self._burst) == 1:  # at least once the loop read what is there
                 asyncio.get_running_loop().call_later(self._gather, self.flush)
                 self._gather = GATHER_SECS
+
+    def updates(self, updates: list[Any]) -> bool:
+        """The agent's updates of one read (the loop thread): the turn's first ones
+        relayed at once, later ones with their burst. Whether the turn streams on
+        (these were not its first): its agent's output may then be read a little
+        later, in longer reads."""
+        with self._lock:
+            if not self._open:
+                return False
+            if self._queued:
+                for update in updates:
+                    self._inbox.put(("update", update))
+                return True
+            waiting = bool(self._burst)  # a flush is already due
+            self._burst += updates
+            if not self._gather:
+                self._gather = GATHER_SECS
+                self._flush()
+                return False
+            if not waiting:
+                asyncio.get_running_loop().call_later(self._gather, self.flush)
+            return True
 
     def flush(self) -> None:
         """Relay the burst (the loop thread), or queue it behind what is queued."""
@@ -250,7 +273,7 @@ class UpdateRelay:
             return
         room = True
         try:
-            for event in merged_chunks(events_from_updates(burst, self._tools)):
+            for event in merged_events(burst, self._tools):
                 room = self._ctx.emit_nowait(event) and room
         except AgentFailure as exc:  # it cannot be streamed: the turn fails on it
             self._open = False

@@ -28,7 +28,7 @@ from ipc.events import (
 )
 
 __all__ = ["ToolNames", "content_text", "events_from_update", "events_from_updates",
-           "merged_chunks"]
+           "merged_chunks", "merged_events"]
 
 _FINAL = ("completed", "failed")
 
@@ -119,6 +119,38 @@ def merged_chunks(events: list[Event]) -> list[Event]:
         else:
             merged.extend(run)
     return merged
+
+
+def merged_events(updates: list[Any], tools: ToolNames) -> list[Event]:
+    """``merged_chunks(events_from_updates(updates, tools))`` in one pass: a streaming
+    agent's text chunks are joined as they come, with no event made for each."""
+    merged: list[Event] = []
+    texts: list[str] = []  # the run of message chunks being joined
+    for update in updates:
+        text = _message_text(update)
+        if text is not None:
+            texts.append(text)
+            continue
+        events = events_from_update(update, tools)
+        if events and texts:
+            merged.append(MessageChunk("".join(texts)))
+            texts = []
+        merged.extend(events)
+    if texts:
+        merged.append(MessageChunk("".join(texts)))
+    merged = [e for e in merged if type(e) is not MessageChunk or e.text]  # "" is no chunk
+    return merged_chunks(merged) if len(merged) > 1 else merged
+
+
+def _message_text(update: Any) -> str | None:
+    """The text of an ``agent_message_chunk`` holding a text block; else None."""
+    if type(update) is not dict or update.get("sessionUpdate") != "agent_message_chunk":
+        return None
+    content = update.get("content")
+    if type(content) is not dict or content.get("type") != "text":
+        return None
+    text = content.get("text")
+    return text if type(text) is str else None
 
 
 def _tool_call(update: Mapping[str, Any], tools: ToolNames) -> list[Event]:

@@ -1,0 +1,257 @@
+"""A hosted agent's stdout read a whole read at a time: its lines, its runs of
+``session/update`` notifications, and their relay into the turn."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import fcntl
+import os
+import queue
+from types import SimpleNamespace
+from typing import Any, cast
+
+import orjson
+
+from actors.worker.agents import TurnContext
+from actors.worker.agents.acp_calls import AgentCalls, AgentInput
+from actors.worker.agents.acp_client import HANDLERS, NOTIFICATIONS, on_updates
+from actors.worker.agents.acp_process import AgentProcess, LaunchSpec, SessionLink
+from actors.worker.agents.acp_stdout import Line, LinesProtocol, enlarge_pipe
+from actors.worker.agents.acp_turn import UpdateRelay
+from actors.worker.agents.acp_updates import (
+    ToolNames,
+    events_from_updates,
+    merged_chunks,
+    merged_events,
+)
+from actors.worker.tools import PathPolicy
+from ipc.events import MessageChunk
+from ipc.framing import OVERSIZED
+from ipc.jsonrpc import ConnectionLost, Endpoint, RemoteError
+
+
+def _lines_of(reads: list[bytes], limit: int = 1024, eof: bool = True) -> list[Line]:
+    """What a LinesProtocol hands on for ``reads``, one list per read, flattened."""
+    got: list[Line] = []
+
+    async def feed() -> None:
+        protocol = LinesProtocol(limit, got.extend)
+        for data in reads:
+            protocol.data_received(data)
+        if eof:
+            protocol.eof_received()
+
+    asyncio.run(feed())
+    return got
+
+
+def test_lines_are_split_across_reads_with_crs_dropped_and_the_last_partial_line_kept() -> None:
+    assert _lines_of([b'{"a":1}\n{"b"', b':2}\r\n\n  \nx', b"yz\r\n", b"tail"]) == [
+        b'{"a":1}', b'{"b":2}', b"", b"  ", b"xyz", b"tail"]
+    assert _lines_of([b"one\n", b"par", b"tial"], eof=False) == [b"one"]
+    assert _lines_of([b"a\rb\r\n"]) == [b"a\rb"]  # only a line's last "\r" goes
+
+
+def test_a_line_over_the_limit_is_one_oversized_mark_and_the_next_lines_come_whole() -> None:
+    assert _lines_of([b"x" * 20 + b"\nok\n"], limit=8) == [OVERSIZED, b"ok"]
+    assert _lines_of([b"x" * 6, b"x" * 6, b"x" * 6, b"\nok\n"], limit=8) == [OVERSIZED, b"ok"]
+    assert _lines_of([b"x" * 8 + b"\r\n", b"y" * 9 + b"\r\n"], limit=8) == [b"x" * 8, OVERSIZED]
+    assert _lines_of([b"ok\n" + b"x" * 20], limit=8) == [b"ok", OVERSIZED]  # at the end
+
+
+def test_an_over_long_line_is_never_held_whole() -> None:
+    async def feed() -> int:
+        protocol = LinesProtocol(8, lambda _lines: None)
+        held = 0
+        for _ in range(100):
+            protocol.data_received(b"x" * 5)
+            held = max(held, sum(map(len, protocol._held)))
+        return held
+
+    assert asyncio.run(feed()) <= 9
+
+
+def _chunk(text: str, kind: str = "agent_message_chunk") -> dict[str, Any]:
+    return {"sessionUpdate": kind, "content": {"type": "text", "text": text}}
+
+
+def test_merged_events_are_the_merged_chunks_of_the_updates_events() -> None:
+    updates: list[Any] = [
+        _chunk(""), _chunk("a"), _chunk(""), _chunk("b"), "not an update",
+        {"sessionUpdate": "agent_message_chunk",
+         "content": {"type": "resource_link", "uri": "file:///u"}},
+        _chunk("c"), _chunk("t", "agent_thought_chunk"), _chunk("u", "agent_thought_chunk"),
+        {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": 5}},
+        {"sessionUpdate": "tool_call", "toolCallId": "c1", "title": "ls"},
+        _chunk("d"), {"sessionUpdate": "unknown_kind"}, _chunk("e"), _chunk(""),
+    ]
+    expected = merged_chunks(events_from_updates(updates, ToolNames()))
+    assert merged_events(updates, ToolNames()) == expected
+    assert expected[0] == MessageChunk("abfile:///uc") and expected[-1] == MessageChunk("de")
+    assert merged_events([_chunk("")], ToolNames()) == [] and merged_events([], ToolNames()) == []
+
+
+class _Stream:
+    """A turn's context that keeps what is emitted; its window is used up after ``room``."""
+
+    def __init__(self, room: int) -> None:
+        self.events: list[object] = []
+        self.room = room
+
+    def emit_nowait(self, event: object) -> bool:
+        self.events.append(event)
+        return len(self.events) < self.room
+
+
+def test_a_turns_first_run_of_updates_goes_at_once_and_later_ones_are_gathered() -> None:
+    inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+    stream = _Stream(room=2)
+    relay = UpdateRelay(cast(TurnContext, stream), ToolNames(), inbox)
+
+    async def play() -> list[bool]:
+        streams_on = [relay.updates([_chunk("a"), _chunk("b")])]
+        assert stream.events == [MessageChunk("ab")]  # at once, not a loop step later
+        streams_on.append(relay.updates([_chunk("c")]))
+        streams_on.append(relay.updates([_chunk("d")]))
+        assert stream.events == [MessageChunk("ab")]  # gathered
+        await asyncio.sleep(0.05)
+        assert stream.events == [MessageChunk("ab"), MessageChunk("cd")]  # window used up
+        streams_on.append(relay.updates([_chunk("e")]))
+        return streams_on
+
+    assert asyncio.run(play()) == [False, True, True, True]
+    assert inbox.get_nowait() == ("update", _chunk("e")) and inbox.empty()
+
+
+class _Turn:
+    """A turn that keeps the runs of updates it is handed (and the modes it heard of)."""
+
+    def __init__(self) -> None:
+        self.runs: list[list[Any]] = []
+
+    def updates(self, updates: list[Any]) -> bool:
+        self.runs.append(updates)
+        return True
+
+    def mode_switched(self, mode: str) -> None:
+        self.runs.append([mode])
+
+
+def _process_with_links(*sids: str) -> tuple[AgentProcess, dict[str, list[list[Any]]]]:
+    """An AgentProcess (not started) with a session link per ``sids`` whose turn keeps
+    the runs of updates it is handed."""
+    process = AgentProcess(LaunchSpec("t", ("true",), {}, "/", 1.0), HANDLERS, NOTIFICATIONS,
+                           on_updates)
+    runs: dict[str, list[list[Any]]] = {}
+    for sid in sids:
+        turn = _Turn()
+        link = SessionLink(sid, PathPolicy.build("/", "/", ()), lambda: "full",
+                           mode_switched=turn.mode_switched)
+        link.turn = cast(Any, turn)
+        runs[sid] = turn.runs
+        process.links[sid] = link
+    return process, runs
+
+
+def _note(sid: str, update: Any, **envelope: Any) -> bytes:
+    message = {"jsonrpc": "2.0", "method": "session/update",
+               "params": {"sessionId": sid, "update": update}, **envelope}
+    return orjson.dumps(message)
+
+
+def test_the_updates_of_a_read_go_to_their_turns_in_runs_and_the_rest_to_the_endpoint() -> None:
+    process, runs = _process_with_links("s1", "s2")
+    sent: list[bytes] = []
+    process._endpoint = Endpoint(sent.append, process._bound(HANDLERS), require_initialize=False)
+    mode = {"sessionUpdate": "current_mode_update", "currentModeId": "plan"}
+    lines: list[Line] = [
+        _note("s1", _chunk("a")), _note("s1", _chunk("b")), _note("s2", mode),
+        _note("nobody", _chunk("x")), _note("s2", _chunk("c")), OVERSIZED, b"not json", b"",
+        b"{broken", _note("s1", _chunk("d"), id=7), _note("s1", _chunk("e"))]
+    process._receive(lines)
+    assert runs["s1"] == [[_chunk("a"), _chunk("b")], [_chunk("e")]]
+    assert runs["s2"] == [["plan"], [mode], [_chunk("c")]]
+    # "{broken" gets a parse error; a session/update with an id is a request: the
+    # endpoint's handler takes it as the agent wrote it and answers it
+    assert [orjson.loads(frame).get("id") for frame in sent] == [None, 7]
+    assert orjson.loads(sent[0])["error"]["code"] == -32700
+
+
+def test_a_streaming_turn_has_its_agents_output_read_in_pauses() -> None:
+    process, _runs = _process_with_links("s1")
+    paused: list[float] = []
+    process._endpoint = Endpoint(lambda _frame: None, {}, require_initialize=False)
+    process._stdout = cast(Any, SimpleNamespace(pause_for=paused.append))
+    process._receive([_note("s1", _chunk("a"))])
+    assert len(paused) == 1  # the turn (here) says it streams on
+    process.links["s1"].turn = None
+    process._receive([_note("s1", _chunk("b"))])
+    assert len(paused) == 1  # no turn took it: no pause
+
+
+def test_a_call_is_answered_by_its_wellformed_response_and_anything_else_is_left_alone() -> None:
+    calls = AgentCalls("agent t")
+    sent: list[dict[str, Any]] = []
+    futures = [concurrent.futures.Future[Any]() for _ in range(4)]
+    for future in futures:
+        calls.send(lambda frame: sent.append(orjson.loads(frame)), "m", {"n": 1}, future)
+    ids = [message["id"] for message in sent]
+    assert sent[0] == {"jsonrpc": "2.0", "id": ids[0], "method": "m", "params": {"n": 1}}
+    malformed: list[dict[str, Any]] = [
+        {"jsonrpc": "2.0", "id": ids[0]},  # neither result nor error
+        {"jsonrpc": "2.0", "id": ids[0], "result": 1, "error": {"code": 1, "message": "x"}},
+        {"jsonrpc": "2.0", "id": ids[0], "error": {"code": "1", "message": "x"}},
+        {"jsonrpc": "1.0", "id": ids[0], "result": 1},
+        {"jsonrpc": "2.0", "id": "zc-out-0", "result": 1},  # the endpoint's own
+    ]
+    assert not any(calls.answer(message) for message in malformed)
+    assert calls.answer({"jsonrpc": "2.0", "id": ids[0], "result": {"stopReason": "end_turn"}})
+    assert futures[0].result(0) == {"stopReason": "end_turn"}
+    assert calls.answer({"jsonrpc": "2.0", "id": ids[1], "error": {"code": -32000,
+                                                                   "message": "no"}})
+    error = futures[1].exception(0)
+    assert isinstance(error, RemoteError) and error.code == -32000
+    futures[2].cancel()  # the turn gave up on it: its answer is dropped
+    assert calls.answer({"jsonrpc": "2.0", "id": ids[2], "result": None})
+    assert futures[2].cancelled()
+    assert not calls.answer({"jsonrpc": "2.0", "id": ids[0], "result": 1})  # answered once
+    calls.fail_all()
+    assert isinstance(futures[3].exception(0), ConnectionLost)
+
+
+def test_the_agents_stdin_takes_frames_whole_from_any_thread_past_a_full_pipe() -> None:
+    big = b"x" * 200_000 + b"\n"  # more than a pipe holds
+
+    def read_exactly(fd: int, size: int) -> bytes:
+        data = b""
+        while len(data) < size:
+            data += os.read(fd, size - len(data))
+        return data
+
+    async def play() -> bytes:
+        loop = asyncio.get_running_loop()
+        read_end, write_end = os.pipe()
+        agent_input = AgentInput(loop, write_end)
+        try:
+            await asyncio.to_thread(agent_input.write, big)  # the rest waits for the loop
+            agent_input.write(b"small\n")  # behind it, never inside it
+            data = await asyncio.to_thread(read_exactly, read_end, len(big) + 6)
+            os.close(read_end)
+            agent_input.write(b"after the agent is gone\n")  # dropped, no error
+            return data
+        finally:
+            os.close(write_end)
+
+    assert asyncio.run(play()) == big + b"small\n"
+
+
+def test_the_agents_stdout_pipe_holds_more_than_a_pause_of_its_reader_lets_it_write() -> None:
+    read_end, write_end = os.pipe()
+    try:
+        size = enlarge_pipe(read_end)
+        assert size >= 64 * 1024
+        assert size == fcntl.fcntl(write_end, fcntl.F_GETPIPE_SZ)  # one pipe, both ends
+    finally:
+        os.close(read_end)
+        os.close(write_end)
