@@ -1,7 +1,10 @@
 """The daemon's gateway: ACP over WebSocket for remote editors, and ops over HTTP.
 
-Runs on the daemon's asyncio loop (the main thread), served by the ``websockets``
-library (imported only when the gateway is on). Routes, all ``GET``:
+Runs on the daemon's asyncio loop (the main thread). Each connection is a
+:class:`~supervisor.servers.ws_transport.WsConnection`: the ``websockets`` library's
+sans-I/O protocol (it parses and writes the HTTP and WebSocket wire) on a plain
+asyncio ``Protocol``; this module routes its requests and makes its endpoint. The
+module is imported only when the gateway is on. Routes, all ``GET``:
 
 - ``/acp``: the ACP v1 dialect of ``acp.sock``, one JSON-RPC message per text frame,
   through the same :meth:`supervisor.servers.acp_server.AcpServer.make_endpoint` (handshake,
@@ -26,25 +29,20 @@ and every ``/acp`` connection whose tenant was removed or whose token hash chang
 is closed with 1008 "token revoked" (its running turns are cancelled and stored, as
 for a client that went away); the other connections take their tenant's new limits.
 
-The frame limit differs from ``acp.sock``'s rule on one point: a message over
-``acp.frame_limit`` closes its connection with 1009 ("frame exceeds limit of N
-bytes") instead of being answered -32600 with the connection going on. The library
-checks the length in each frame's header before it reads the payload (so memory
-stays bounded), and then fails the connection inside its parser: it has no way to
-skip one frame's payload and carry on, and once its Close frame is out no answer
-may follow (RFC 6455 §5.5.1). Without ``max_size`` it would read any frame whole
-into memory; a per-fragment limit fails the same way. Other connections go on.
+The frame limit is ``acp.sock``'s rule: a message over ``acp.frame_limit`` is
+answered -32600 and the connection goes on; it is never held whole in memory (see
+:mod:`supervisor.servers.ws_transport`). Messages go without compression.
 
 Connections are accepted by the daemon's own accept loop under its open-file guard
 (:class:`ipc.listener.AdoptingListener`, shared with the Unix sockets): out of file
 descriptors, accepting pauses with one warning instead of asyncio's storm of
 tracebacks, and the process keeps a reserve for its workers and store. Each accepted
-socket is then handed to the library's server, with Nagle's algorithm off.
+socket then gets its connection, with Nagle's algorithm off.
 
-Backpressure, as on the Unix sockets: frames to a client queue in :class:`_Outbox`,
-which is also the connection's write flow, so a running turn whose client is behind
-holds its updates and slows its own agent (:mod:`supervisor.pacing`); the library holds
-at most ``write_limit`` bytes in the socket buffer. A client that takes nothing for
+Backpressure, as on the Unix sockets: frames to a client that is behind queue in its
+:class:`~supervisor.servers.ws_transport.Outbox`, which is also the connection's write
+flow, so a running turn whose client is behind holds its updates and slows its own
+agent (:mod:`supervisor.pacing`). A client that takes nothing for
 ``acp.client_stall_timeout_secs`` while behind, or whose queue passes the write
 high-water mark (``ZEROCLAW_WRITE_HIGH_WATER``), is disconnected, so a stuck client
 cannot grow the host's memory.
