@@ -224,7 +224,6 @@ class Gateway:
             made = WsConnection(self, self.settings.frame_limit, lambda: closed(made),
                                 select_subprotocol=_select_subprotocol,
                                 logger=_library_logger())
-            self._connections.add(made)
             return made
 
         def closed(made: WsConnection) -> None:
@@ -232,6 +231,9 @@ class Gateway:
             on_closed()
 
         await _connect_accepted(connection, conn, self._tls)
+
+    def connected(self, connection: WsConnection) -> None:
+        self._connections.add(connection)  # until its ``on_closed``
 
     def stop_accepting(self) -> None:
         """No new connection from now on; the open ones go on until :meth:`close`."""

@@ -70,6 +70,9 @@ PING_INTERVAL: Final = 20.0
 class ConnectionHandler(Protocol):
     """What a :class:`WsConnection` asks of the server it belongs to (loop thread)."""
 
+    def connected(self, connection: WsConnection) -> None:
+        """The connection is up (after the TLS handshake, when there is one)."""
+
     async def route(self, connection: WsConnection, request: Request) -> Response | None:
         """The answer to ``request``, or ``None`` to go on with the upgrade."""
 
@@ -190,6 +193,7 @@ class WsConnection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
         self.transport.set_write_buffer_limits(high=PACE_MARK, low=PACE_MARK // 4)
         self._timer = asyncio.get_running_loop().call_later(OPEN_TIMEOUT, self._open_timed_out)
+        self._handler.connected(self)
 
     def data_received(self, data: bytes) -> None:
         protocol = self.protocol
@@ -362,7 +366,7 @@ class Outbox:
         self._last_taken = 0
         self._last_progress = 0.0
         self._stall_timer: asyncio.TimerHandle | None = None
-        self._gave_up = False
+        self._done = False  # closed, or given up on
 
     @property
     def behind(self) -> bool:
@@ -371,7 +375,7 @@ class Outbox:
     def put(self, frame: bytes) -> None:
         """The endpoint's ``send`` (never blocks): write, queue, or give up on a
         stuck client."""
-        if self._gave_up:
+        if self._done:
             return
         if not self._frames and not self._connection.paused:
             self._connection.send(frame.rstrip(b"\n"))
@@ -416,7 +420,7 @@ class Outbox:
     def _check_stall(self) -> None:
         """While behind: any byte taken is progress; none for ``stall_timeout`` is a stall."""
         self._stall_timer = None
-        if self._gave_up or not self._connection.paused:
+        if self._done or not self._connection.paused:
             return
         now, taken = time.monotonic(), self._taken()
         if taken != self._last_taken:
@@ -427,9 +431,7 @@ class Outbox:
         self._watch_stall()
 
     def _give_up(self, reason: str) -> None:
-        self._gave_up = True
         log.warning("closing gateway connection: %s", reason)
-        self._frames.clear()
         self.close()
         if self.endpoint is not None:
             self.endpoint.close()
@@ -443,6 +445,9 @@ class Outbox:
 
     def close(self) -> None:
         """Nothing more will be sent: nobody waits for a drain or a flush."""
+        self._done = True
+        self._frames.clear()
+        self._queued = 0
         self._drained.clear()
         self._empty.set()
         if self._stall_timer is not None:
