@@ -95,6 +95,11 @@ class _SkippingReader(StreamReader):
 
     def read_exact(self, n: int) -> Generator[None, None, bytearray]:
         if n <= self.limit:
+            buffer = self.buffer
+            if n <= len(buffer):  # there already (the usual case): no generator to wait in
+                data = buffer[:n]
+                del buffer[:n]
+                return data
             return (yield from super().read_exact(n))
         left = n
         while left:
@@ -202,7 +207,8 @@ class WsConnection(asyncio.Protocol):
             self._handle(protocol.events_received())
         if protocol.messages and self.endpoint is not None:
             self._deliver()
-        self.flush()
+        if protocol.writes or protocol.state is not OPEN:  # pongs, a close, an EOF
+            self.flush()
 
     def eof_received(self) -> bool:
         self.protocol.receive_eof()
@@ -261,10 +267,12 @@ class WsConnection(asyncio.Protocol):
                 transport.write_eof()
             else:
                 transport.close()
+        if self.protocol.state is OPEN:
+            return
         if self._close_timer is None and self.protocol.close_expected():
             self._close_timer = asyncio.get_running_loop().call_later(
                 CLOSE_TIMEOUT, transport.abort)
-        if self.endpoint is not None and self.protocol.state is not OPEN:
+        if self.endpoint is not None:
             self._end()  # a Close frame went or came: nothing more is read
 
     def _end(self) -> None:
