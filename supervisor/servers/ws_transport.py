@@ -308,7 +308,7 @@ class WsConnection(asyncio.Protocol):
             log.error("gateway: answering a request failed (%s)", type(error).__name__)
             response = self.respond(500, "Failed to open a WebSocket connection.\n")
         self._answering = None
-        if self.transport.is_closing():
+        if self.transport.is_closing() or self.protocol.eof_sent:  # failed meanwhile
             return
         if response is None:
             response = self.protocol.accept(request)
