@@ -9,7 +9,7 @@ library's sans-I/O :class:`~websockets.server.ServerProtocol` (handshake, framin
 masking, ping/pong, close) fed from a plain :class:`asyncio.Protocol` with
 TCP_NODELAY, as :mod:`echo_floor` serves lines; any path, any headers (no auth), no
 compression. ``--library`` serves the same answers from the library's own asyncio
-server (``websockets.asyncio.server.serve``, as the gateway does), so the two
+server (``websockets.asyncio.server.serve``), so the two
 servers side by side show what that layer costs per message.
 
 Every request frame is answered at once from the asyncio loop thread (see

@@ -1,7 +1,10 @@
 """The daemon's gateway: ACP over WebSocket for remote editors, and ops over HTTP.
 
-Runs on the daemon's asyncio loop (the main thread), served by the ``websockets``
-library (imported only when the gateway is on). Routes, all ``GET``:
+Runs on the daemon's asyncio loop (the main thread). Each connection is a
+:class:`~supervisor.servers.ws_transport.WsConnection`: the ``websockets`` library's
+sans-I/O protocol (it parses and writes the HTTP and WebSocket wire) on a plain
+asyncio ``Protocol``; this module routes its requests and makes its endpoint. The
+module is imported only when the gateway is on. Routes, all ``GET``:
 
 - ``/acp``: the ACP v1 dialect of ``acp.sock``, one JSON-RPC message per text frame,
   through the same :meth:`supervisor.servers.acp_server.AcpServer.make_endpoint` (handshake,
@@ -26,25 +29,20 @@ and every ``/acp`` connection whose tenant was removed or whose token hash chang
 is closed with 1008 "token revoked" (its running turns are cancelled and stored, as
 for a client that went away); the other connections take their tenant's new limits.
 
-The frame limit differs from ``acp.sock``'s rule on one point: a message over
-``acp.frame_limit`` closes its connection with 1009 ("frame exceeds limit of N
-bytes") instead of being answered -32600 with the connection going on. The library
-checks the length in each frame's header before it reads the payload (so memory
-stays bounded), and then fails the connection inside its parser: it has no way to
-skip one frame's payload and carry on, and once its Close frame is out no answer
-may follow (RFC 6455 §5.5.1). Without ``max_size`` it would read any frame whole
-into memory; a per-fragment limit fails the same way. Other connections go on.
+The frame limit is ``acp.sock``'s rule: a message over ``acp.frame_limit`` is
+answered -32600 and the connection goes on; it is never held whole in memory (see
+:mod:`supervisor.servers.ws_transport`). Messages go without compression.
 
 Connections are accepted by the daemon's own accept loop under its open-file guard
 (:class:`ipc.listener.AdoptingListener`, shared with the Unix sockets): out of file
 descriptors, accepting pauses with one warning instead of asyncio's storm of
 tracebacks, and the process keeps a reserve for its workers and store. Each accepted
-socket is then handed to the library's server, with Nagle's algorithm off.
+socket then gets its connection, with Nagle's algorithm off.
 
-Backpressure, as on the Unix sockets: frames to a client queue in :class:`_Outbox`,
-which is also the connection's write flow, so a running turn whose client is behind
-holds its updates and slows its own agent (:mod:`supervisor.pacing`); the library holds
-at most ``write_limit`` bytes in the socket buffer. A client that takes nothing for
+Backpressure, as on the Unix sockets: frames to a client that is behind queue in its
+:class:`~supervisor.servers.ws_transport.Outbox`, which is also the connection's write
+flow, so a running turn whose client is behind holds its updates and slows its own
+agent (:mod:`supervisor.pacing`). A client that takes nothing for
 ``acp.client_stall_timeout_secs`` while behind, or whose queue passes the write
 high-water mark (``ZEROCLAW_WRITE_HIGH_WATER``), is disconnected, so a stuck client
 cannot grow the host's memory.
@@ -69,14 +67,14 @@ from urllib.parse import parse_qs, urlsplit
 import orjson
 
 from ipc.listener import AdoptingListener
-from ipc.transports import PACE_MARK
 from supervisor.gateway_config import GatewayConfig
 from supervisor.servers.status_page import PAGE_PATHS, page_response
+from supervisor.servers.ws_transport import CLOSE_TIMEOUT, OPEN_TIMEOUT, Outbox, WsConnection
 from supervisor.tenants import Tenancy, TenantScope, tenant_of_token
 
 if TYPE_CHECKING:
-    from websockets.asyncio.server import Server, ServerConnection
     from websockets.http11 import Request, Response
+    from websockets.server import ServerProtocol
 
     from ipc.jsonrpc import Endpoint
     from ipc.listener import OpenFileGuard
@@ -91,8 +89,7 @@ log = logging.getLogger("zeroclaw.gateway")
 TOKEN_SUBPROTOCOL_PREFIX = "zeroclaw.token."
 ACP_SUBPROTOCOL = "acp"
 REVOKED_CLOSE = (1008, "token revoked")  # policy violation: the tenant or its token went
-_WRITE_LIMIT = (PACE_MARK, PACE_MARK // 4)  # the socket buffer's high and low marks
-_OPEN_TIMEOUT = 10.0  # the TLS handshake, then the WebSocket one (the library's default)
+GOING_AWAY = 1001
 
 
 @dataclass(slots=True)
@@ -163,7 +160,7 @@ def _credentials(request: Request) -> tuple[str | None, str | None]:
     return (tokens[0] if tokens else None), agent
 
 
-def _select_subprotocol(connection: ServerConnection, offered: Any) -> Any:
+def _select_subprotocol(protocol: ServerProtocol, offered: Any) -> Any:
     """``acp`` when the client offers it; never a token entry (it would be echoed)."""
     return ACP_SUBPROTOCOL if ACP_SUBPROTOCOL in offered else None
 
@@ -186,15 +183,15 @@ class Gateway:
         self.url = ""
         self._on_connection = on_connection
         self._high_water = write_high_water
-        self._server: Server | None = None
         self._listener: AdoptingListener | None = None
         self._tls: ssl.SSLContext | None = None
-        self._watching: set[asyncio.Future[None]] = set()
-        self._scopes: weakref.WeakKeyDictionary[Any, TenantScope] = weakref.WeakKeyDictionary()
-        self._endpoints: dict[Endpoint, ServerConnection] = {}
-        self._closing: set[asyncio.Task[None]] = set()
-        self._outboxes: set[_Outbox] = set()
-        self._numbers = itertools.count(1)
+        self._connections: set[WsConnection] = set()
+        self._scopes: weakref.WeakKeyDictionary[WsConnection, TenantScope] = (
+            weakref.WeakKeyDictionary())
+        self._numbers: weakref.WeakKeyDictionary[WsConnection, int] = (
+            weakref.WeakKeyDictionary())
+        self._endpoints: dict[Endpoint, WsConnection] = {}
+        self._counter = itertools.count(1)
         from supervisor.metrics import MetricsPage
 
         self.metrics = MetricsPage(acp.host, self.stats)
@@ -204,26 +201,11 @@ class Gateway:
     async def start(self, guard: OpenFileGuard) -> str:
         """Listen, accepting under ``guard``; the base URL (``http://host:port``, the
         real port when 0 was asked)."""
-        from websockets.asyncio.server import serve
-
         config = self.config
         if config.tls_cert is not None and config.tls_key is not None:
             self._tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             self._tls.load_cert_chain(config.tls_cert, config.tls_key)
         listening = _listening_socket(config.host, config.port)
-        try:
-            self._server = await serve(
-                self._serve_acp, sock=listening, process_request=self._route,
-                select_subprotocol=_select_subprotocol, max_size=self.settings.frame_limit,
-                write_limit=_WRITE_LIMIT, open_timeout=_OPEN_TIMEOUT, server_header=None,
-                logger=_library_logger(),
-            )
-        except BaseException:
-            listening.close()
-            raise
-        # The library's asyncio server owns the socket (it answers 503 unless serving,
-        # and closes it), but our guarded accept loop does the accepting in its place.
-        asyncio.get_running_loop().remove_reader(listening.fileno())
         self._listener = AdoptingListener(listening, self._adopt, guard=guard)
         self._listener.start()
         host, port = listening.getsockname()[:2]
@@ -235,24 +217,28 @@ class Gateway:
         return self.url
 
     async def _adopt(self, conn: socket.socket, on_closed: Callable[[], None]) -> None:
-        """An accepted connection, handed to the library's server (TLS handshake
+        """An accepted connection, served by a :class:`WsConnection` (TLS handshake
         first, when configured); ``on_closed`` once it has closed. Loop thread."""
-        assert self._server is not None
-        # The library's connection factory, kept by the asyncio server it made for us
-        # (it has no public one: its servers accept by themselves).
-        factory = self._server.server._protocol_factory  # type: ignore[attr-defined]
-        _, connection = await _connect_accepted(factory, conn, self._tls)
-        closed = asyncio.ensure_future(connection.wait_closed())
-        self._watching.add(closed)
-        closed.add_done_callback(self._watching.discard)
-        closed.add_done_callback(lambda _: on_closed())
+
+        def connection() -> WsConnection:
+            made = WsConnection(self, self.settings.frame_limit, lambda: closed(made),
+                                select_subprotocol=_select_subprotocol,
+                                logger=_library_logger())
+            return made
+
+        def closed(made: WsConnection) -> None:
+            self._connections.discard(made)
+            on_closed()
+
+        await _connect_accepted(connection, conn, self._tls)
+
+    def connected(self, connection: WsConnection) -> None:
+        self._connections.add(connection)  # until its ``on_closed``
 
     def stop_accepting(self) -> None:
         """No new connection from now on; the open ones go on until :meth:`close`."""
         if self._listener is not None:
-            self._listener.stop()  # the library's server closes the socket, just below
-        if self._server is not None:
-            self._server.server.close()  # the listening socket only (``close`` runs once)
+            self._listener.close()
 
     def endpoints(self) -> list[Endpoint]:
         return list(self._endpoints)
@@ -271,9 +257,7 @@ class Gateway:
                 continue
             log.info("gateway: %s: the tenant's token was revoked: closing", endpoint.name)
             endpoint.close()  # its prompts' turns are cancelled (and kept), as on a hang-up
-            closing = asyncio.ensure_future(connection.close(*REVOKED_CLOSE))
-            self._closing.add(closing)
-            closing.add_done_callback(self._closing.discard)
+            connection.close(*REVOKED_CLOSE)
             revoked += 1
         if not tenants:
             log.warning("gateway: no tenants are configured any more, so no token is valid")
@@ -287,17 +271,25 @@ class Gateway:
     async def close(self, flush_timeout: float = 5.0) -> None:
         """Let every client take the frames queued for it (bounded), then close every
         connection (1001 going away) and the listener."""
-        flushing = [outbox.flushed() for outbox in self._outboxes]
+        self.stop_accepting()
+        flushing = [c.outbox.flushed() for c in self._connections if c.outbox is not None]
         if flushing:
             await asyncio.wait([asyncio.ensure_future(f) for f in flushing],
                                timeout=flush_timeout)
-        if self._server is not None:
-            self._server.close(close_connections=True)
-            await self._server.wait_closed()
+        connections = list(self._connections)
+        for connection in connections:
+            connection.close(GOING_AWAY)
+        if connections:
+            await asyncio.wait([asyncio.ensure_future(c.wait_closed()) for c in connections],
+                               timeout=CLOSE_TIMEOUT)
+        for connection in connections:
+            connection.transport.abort()  # those that did not close in time
 
     # --- HTTP, before any upgrade -----------------------------------------------------
 
-    async def _route(self, connection: ServerConnection, request: Request) -> Response | None:
+    async def route(self, connection: WsConnection, request: Request) -> Response | None:
+        """The answer to an HTTP request; ``None`` to upgrade it (``/acp`` with a
+        valid token)."""
         path = urlsplit(request.path).path
         if path == "/health":
             return await self._health(connection)
@@ -321,7 +313,7 @@ class Gateway:
         self._scopes[connection] = TenantScope(tenant, self.tenancy, agent)
         return None  # go on with the WebSocket handshake
 
-    def _authenticate(self, connection: ServerConnection,
+    def _authenticate(self, connection: WsConnection,
                       token: str | None) -> tuple[Response | None, TenantConfig | None]:
         """The token's tenant, or the refusal to send (429, 401)."""
         address = _address(connection)
@@ -348,13 +340,13 @@ class Gateway:
             return _unauthorized(connection, "invalid token"), None
         return None, tenant
 
-    async def _health(self, connection: ServerConnection) -> Response:
+    async def _health(self, connection: WsConnection) -> Response:
         from supervisor.metrics import health
 
         ok, body = await health(self.acp.host)
         return _json(connection, 200 if ok else 503, body)
 
-    async def _status(self, connection: ServerConnection, tenant: TenantConfig) -> Response:
+    async def _status(self, connection: WsConnection, tenant: TenantConfig) -> Response:
         from supervisor.status import host_status
 
         try:
@@ -367,167 +359,38 @@ class Gateway:
 
     # --- /acp ---------------------------------------------------------------------
 
-    async def _serve_acp(self, connection: ServerConnection) -> None:
-        """One ACP connection, from its upgrade until either side closes it."""
+    def opened(self, connection: WsConnection) -> Endpoint | None:
+        """The endpoint of an upgraded ``/acp`` connection (``None``: closed at once)."""
         scope = self._scopes.pop(connection, None)
         if scope is None:  # cannot happen: /acp is only upgraded after its check
-            await connection.close(1011)
-            return
+            connection.close(1011)
+            return None
         if self._revoked(scope):  # tenants were reloaded during the handshake
-            await connection.close(*REVOKED_CLOSE)
-            return
-        number = next(self._numbers)
+            connection.close(*REVOKED_CLOSE)
+            return None
+        number = self._numbers[connection] = next(self._counter)
         log.info("gateway connection #%d from %s: tenant %s", number, _address(connection),
                  scope.name)
-        outbox = _Outbox(connection, self._high_water,
-                         self.settings.client_stall_timeout_secs)
+        outbox = connection.outbox = Outbox(connection, self._high_water,
+                                            self.settings.client_stall_timeout_secs)
         endpoint = self.acp.make_endpoint(outbox.put, f"gw#{number}({scope.name})")
         endpoint.state["scope"] = scope
         endpoint.state["flow"] = outbox  # paced turns wait for a slow client
         outbox.endpoint = endpoint
         self._endpoints[endpoint] = connection
-        self._outboxes.add(outbox)
         self.stats.connections += 1
         self._on_connection(1)
-        writer = asyncio.ensure_future(outbox.run())
-        try:
-            await self._read(connection, endpoint)
-        finally:
-            endpoint.close()  # its prompts' turns are cancelled (and kept) by the host
-            writer.cancel()
-            outbox.close()
-            self._endpoints.pop(endpoint, None)
-            self._outboxes.discard(outbox)
-            self.stats.connections -= 1
-            self._on_connection(-1)
-            log.info("gateway connection #%d closed", number)
+        return endpoint
 
-    @staticmethod
-    async def _read(connection: ServerConnection, endpoint: Endpoint) -> None:
-        from websockets.exceptions import ConnectionClosed
-
-        try:
-            while not endpoint.closed:
-                frame = await connection.recv(decode=False)
-                endpoint.receive(frame)
-        except ConnectionClosed:
-            pass
-
-
-class _Outbox:
-    """Frames waiting for one WebSocket client, written in order by :meth:`run`, and the
-    connection's write flow for paced senders (:mod:`supervisor.pacing`, the duck type
-    of :class:`ipc.transports.WriteFlow`).
-
-    ``behind`` while more than :data:`~ipc.transports.PACE_MARK` bytes wait (queued here
-    or in the socket buffer): a running turn then holds its updates and slows its agent
-    instead of filling this queue. While behind, a client that takes no frame for
-    ``stall_timeout`` seconds is disconnected; and whatever happens, one whose queue
-    passes ``high_water`` bytes is (loop thread).
-    """
-
-    def __init__(self, connection: ServerConnection, high_water: int,
-                 stall_timeout: float) -> None:
-        self.endpoint: Endpoint | None = None
-        self._connection = connection
-        self._high_water = high_water
-        self._stall_timeout = stall_timeout
-        self._frames: collections.deque[bytes] = collections.deque()
-        self._queued = 0
-        self._ready = asyncio.Event()
-        self._empty = asyncio.Event()
-        self._empty.set()
-        self._drained: list[Callable[[], None]] = []
-        self._last_sent = time.monotonic()
-        self._stall_timer: asyncio.TimerHandle | None = None
-        self._gave_up = False
-
-    @property
-    def behind(self) -> bool:
-        return self._waiting() > PACE_MARK
-
-    def _waiting(self) -> int:
-        return self._queued + self._connection.transport.get_write_buffer_size()
-
-    def when_drained(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` (once) when the client caught up; never if it goes first."""
-        self._drained.append(callback)
-        self._ready.set()
-
-    def put(self, frame: bytes) -> None:
-        """The endpoint's ``send`` (never blocks): queue, or give up on a stuck client."""
-        if self._gave_up:
-            return
-        self._frames.append(frame.rstrip(b"\n"))
-        self._queued += len(frame)
-        self._ready.set()
-        self._empty.clear()
-        if self._queued > self._high_water:
-            self._give_up(f"client is not reading ({self._queued} bytes queued)")
-        elif self._stall_timer is None and self.behind:
-            self._last_sent = time.monotonic()
-            self._watch_stall()
-
-    def _watch_stall(self) -> None:
-        period = min(1.0, self._stall_timeout / 4)
-        self._stall_timer = asyncio.get_running_loop().call_later(period, self._check_stall)
-
-    def _check_stall(self) -> None:
-        self._stall_timer = None
-        if self._gave_up or not self.behind:
-            return
-        if time.monotonic() - self._last_sent >= self._stall_timeout:
-            self._give_up(f"client stalled: took no frame for {self._stall_timeout:g} s")
-            return
-        self._watch_stall()
-
-    def _give_up(self, reason: str) -> None:
-        self._gave_up = True
-        log.warning("closing gateway connection: %s", reason)
-        self._frames.clear()
-        self._drained.clear()
-        if self.endpoint is not None:
-            self.endpoint.close()
-        self._connection.transport.abort()  # its buffers go at once
-
-    async def run(self) -> None:
-        from websockets.exceptions import ConnectionClosed
-
-        try:
-            while not self._gave_up:
-                await self._ready.wait()
-                self._ready.clear()
-                while self._frames:
-                    frame = self._frames.popleft()
-                    self._queued -= len(frame) + 1
-                    await self._connection.send(frame, text=True)  # waits past write_limit
-                    self._last_sent = time.monotonic()
-                    self._call_back_if_below(PACE_MARK // 4)
-                self._empty.set()
-                # a send returns with at most PACE_MARK in the socket buffer (write_limit)
-                self._call_back_if_below(PACE_MARK)
-        except ConnectionClosed:
-            pass
-        finally:
-            self.close()
-
-    def _call_back_if_below(self, mark: int) -> None:
-        if self._drained and self._waiting() <= mark:
-            callbacks, self._drained = self._drained, []
-            for callback in callbacks:
-                callback()
-
-    def close(self) -> None:
-        """Nothing more will be sent: nobody waits for a drain or a flush."""
-        self._drained.clear()
-        self._empty.set()
-        if self._stall_timer is not None:
-            self._stall_timer.cancel()
-            self._stall_timer = None
-
-    async def flushed(self) -> None:
-        """Until every queued frame went to the socket (or the writer stopped)."""
-        await self._empty.wait()
+    def closed(self, connection: WsConnection) -> None:
+        """An ``/acp`` connection is gone: its prompts' turns are cancelled (and kept)."""
+        endpoint = connection.endpoint
+        assert endpoint is not None
+        endpoint.close()
+        self._endpoints.pop(endpoint, None)
+        self.stats.connections -= 1
+        self._on_connection(-1)
+        log.info("gateway connection #%d closed", self._numbers.get(connection, 0))
 
 
 class _Redacted(logging.Filter):
@@ -573,15 +436,15 @@ async def _connect_accepted(factory: Callable[[], asyncio.BaseProtocol], conn: s
     Linux), which stalled every streamed turn between its first update and the rest."""
     conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return await asyncio.get_running_loop().connect_accepted_socket(
-        factory, conn, ssl=tls, ssl_handshake_timeout=_OPEN_TIMEOUT if tls else None)
+        factory, conn, ssl=tls, ssl_handshake_timeout=OPEN_TIMEOUT if tls else None)
 
 
-def _address(connection: ServerConnection) -> str:
+def _address(connection: WsConnection) -> str:
     remote = connection.remote_address
     return str(remote[0]) if isinstance(remote, tuple) and remote else "unknown"
 
 
-def _json(connection: ServerConnection, status: int, body: Any) -> Response:
+def _json(connection: WsConnection, status: int, body: Any) -> Response:
     response = connection.respond(status, orjson.dumps(body).decode() + "\n")
     _set_type(response, "application/json")
     return response
@@ -595,7 +458,7 @@ def _set_type(response: Response, content_type: str) -> None:
     response.headers["Cache-Control"] = "no-store"
 
 
-def _unauthorized(connection: ServerConnection, reason: str) -> Response:
+def _unauthorized(connection: WsConnection, reason: str) -> Response:
     response = _json(connection, 401, {"error": reason})
     response.headers["WWW-Authenticate"] = 'Bearer realm="zeroclaw"'
     return response

@@ -23,8 +23,9 @@ from importlib.resources import files
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
-    from websockets.asyncio.server import ServerConnection
     from websockets.http11 import Response
+
+    from supervisor.servers.ws_transport import WsConnection
 
 __all__ = ["PAGE_PATHS", "page_response"]
 
@@ -58,7 +59,7 @@ def _body(path: str) -> str:
     return body
 
 
-def page_response(connection: ServerConnection, path: str) -> Response:
+def page_response(connection: WsConnection, path: str) -> Response:
     """The answer to ``GET path`` for one of :data:`PAGE_PATHS` (no token needed)."""
     response = connection.respond(200, _body(path))
     del response.headers["Content-Type"]

@@ -441,19 +441,6 @@ def test_a_slow_client_gets_its_whole_turn_paced_not_dropped(
     assert "closing gateway connection" not in daemon.stderr_path.read_text()
 
 
-def test_a_message_over_the_frame_limit_closes_that_connection_only(
-        daemons: Any, scratch_dir: Path) -> None:
-    gateway_config(scratch_dir, "[acp]\nframe_limit = 4096\n")
-    gateway = GatewayDaemon(daemons(scratch_dir, "--gateway", "127.0.0.1:0"))
-    with gateway.client() as big, gateway.client("bob") as other:
-        big.ws.send(json.dumps({"jsonrpc": "2.0", "id": 9, "method": "session/list",
-                                "params": {"cwd": "/" + "x" * 8192}}))
-        with pytest.raises(ConnectionError):
-            big.read_frame()
-        assert big.ws.close_code == 1009  # message too big
-        assert other.request("session/list", {}) == {"sessions": []}
-
-
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is needed for a test cert")
 def test_tls_lets_the_gateway_listen_off_loopback(daemons: Any, scratch_dir: Path) -> None:
     cert, key = scratch_dir / "cert.pem", scratch_dir / "key.pem"
