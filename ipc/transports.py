@@ -112,7 +112,8 @@ async def serve_stream(
 class WriteFlow:
     """The pace of one connection's writes (loop thread).
 
-    ``behind`` is true while more than :data:`PACE_MARK` bytes wait unsent;
+    ``behind`` is true while more than :data:`PACE_MARK` bytes wait unsent (in the
+    transport, or ``queued()`` of them still in the connection's batch);
     :meth:`when_drained` calls back once the buffer is down to a quarter of that.
     While the connection is behind, a timer looks (every quarter of
     ``stall_timeout``, at most every second) whether the peer took any byte;
@@ -121,9 +122,11 @@ class WriteFlow:
     """
 
     def __init__(self, writer: asyncio.StreamWriter, stall_timeout: float,
-                 on_stall: Callable[[str], None]) -> None:
+                 on_stall: Callable[[str], None],
+                 queued: Callable[[], int] = lambda: 0) -> None:
         self._writer = writer
         self._transport = writer.transport
+        self._queued = queued
         self._stall_timeout = stall_timeout
         self._on_stall = on_stall
         self._written = 0
@@ -137,7 +140,10 @@ class WriteFlow:
 
     @property
     def behind(self) -> bool:
-        return self._transport.get_write_buffer_size() > PACE_MARK
+        return self._unsent() > PACE_MARK
+
+    def _unsent(self) -> int:
+        return self._transport.get_write_buffer_size() + self._queued()
 
     def wrote(self, nbytes: int) -> None:
         """Count a write; start watching for a stall when it left us behind."""
@@ -162,7 +168,7 @@ class WriteFlow:
             self._waiter.cancel()
 
     def _taken(self) -> int:
-        return self._written - self._transport.get_write_buffer_size()
+        return self._written - self._unsent()
 
     def _watch_stall(self) -> None:
         period = min(1.0, self._stall_timeout / 4)
@@ -201,7 +207,12 @@ class WriteFlow:
 
 
 class _Connection:
-    """Glue between one stream pair and its endpoint (loop thread)."""
+    """Glue between one stream pair and its endpoint (loop thread).
+
+    Frames sent during one pass of the loop go out together, in one write, at
+    the start of the next pass (:meth:`_write_batch`): a burst of session updates,
+    or a turn's updates and its answer, cost the peer one wake-up, not one each.
+    """
 
     def __init__(self, writer: asyncio.StreamWriter, high_water: int,
                  stall_timeout: float) -> None:
@@ -209,23 +220,35 @@ class _Connection:
         self._writer = writer
         self._transport = writer.transport
         self._high_water = high_water
-        self._broken: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self.flow = WriteFlow(writer, stall_timeout, self._break)
+        self._loop = asyncio.get_running_loop()
+        self._broken: asyncio.Future[str] = self._loop.create_future()
+        self._batch: list[bytes] = []
+        self._batched = 0  # bytes in _batch
+        self.flow = WriteFlow(writer, stall_timeout, self._break, lambda: self._batched)
 
     def send(self, frame: bytes) -> None:
-        """The endpoint's ``send``: write now, give up on a peer that does not read."""
-        transport = self._transport
-        if transport.is_closing():
+        """The endpoint's ``send``: queue the frame for this pass's write; give up on
+        a peer that does not read."""
+        if self._transport.is_closing():
             self._break("peer went away")
             return
+        if not self._batch:
+            self._loop.call_soon(self._write_batch)
+        self._batch.append(frame)
+        self._batched += len(frame)
+        self.flow.wrote(len(frame))
+        if self._transport.get_write_buffer_size() + self._batched > self._high_water:
+            self._break("peer is not reading (write buffer over the high-water mark)")
+
+    def _write_batch(self) -> None:
+        """Write what this pass sent, as one write (loop thread)."""
+        batch, self._batch, self._batched = self._batch, [], 0
+        if not batch or self._transport.is_closing():
+            return
         try:
-            self._writer.write(frame)
+            self._writer.write(batch[0] if len(batch) == 1 else b"".join(batch))
         except Exception as error:  # a broken pipe surfaces here on some transports
             self._break(f"write failed: {type(error).__name__}")
-            return
-        self.flow.wrote(len(frame))
-        if transport.get_write_buffer_size() > self._high_water:
-            self._break("peer is not reading (write buffer over the high-water mark)")
 
     def _break(self, reason: str) -> None:
         if not self._broken.done():
@@ -281,6 +304,7 @@ class _Connection:
 
     async def close_writer(self) -> None:
         """Flush what is buffered (bounded by a timeout), then close."""
+        self._write_batch()
         writer = self._writer
         if not self._transport.is_closing():
             writer.close()
