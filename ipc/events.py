@@ -236,6 +236,11 @@ _EVENT_TYPES: dict[str, type[Any]] = {
 }
 
 
+_CHUNK_TYPES: dict[str, type[MessageChunk] | type[ThoughtChunk]] = {
+    cls.KIND: cls for cls in (MessageChunk, ThoughtChunk)
+}
+
+
 def iso_utc(timestamp: float) -> str:
     """A UNIX time as ISO 8601 in UTC with a ``Z`` (ACP's ``updatedAt``)."""
     stamp = dt.datetime.fromtimestamp(timestamp, dt.UTC).isoformat()
@@ -275,6 +280,9 @@ def content_from_wire(wire: dict[str, Any]) -> ToolContent:
 
 def event_from_wire(wire: dict[str, Any]) -> Event:
     """Inverse of :func:`event_to_wire`; raises ``KeyError``/``TypeError`` on bad input."""
+    chunk = _CHUNK_TYPES.get(wire.get("k", ""))
+    if chunk is not None and len(wire) == 2:  # the common case, on the way of every chunk
+        return chunk(wire["text"])
     data = dict(wire)
     cls = _EVENT_TYPES[data.pop("k")]
     if cls is PlanUpdate:

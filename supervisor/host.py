@@ -31,7 +31,7 @@ from actors.worker.agents import agent_config_problem
 from actors.worker.sandbox import SandboxInfo, worker_sandbox_environment
 from actors.worker.sandbox import detect as detect_sandbox
 from ipc.errors import InternalError
-from ipc.events import SessionInfo, TurnRecord, event_from_wire, iso_utc
+from ipc.events import Event, SessionInfo, TurnRecord, event_from_wire, iso_utc
 from ipc.worker_wire import (
     TOOL_RULES_META,
     AgentOpened,
@@ -114,7 +114,7 @@ class Host:
         self.pool = WorkerPool(
             run_dir=settings.data_dir / "run",
             on_message=self._on_worker_message,
-            on_event=self._on_turn_event,
+            on_events=self._on_turn_events,
             on_worker_exit=self._on_worker_exit,
             on_worker_ready=self.live.pulse,
             start_process=self._start_worker_process,
@@ -243,12 +243,13 @@ class Host:
 
     # --- messages from workers ----------------------------------------------------------
 
-    def _on_turn_event(self, worker_id: str, message: TurnEvent, nbytes: int) -> None:
-        """One streamed event: paced to the turn's client (see :mod:`supervisor.pacing`)."""
-        sid, turn_id = message.sid, message.turn_id
+    def _on_turn_events(self, worker_id: str, events: list[TurnEvent], nbytes: int) -> None:
+        """One turn's events that came together: paced to the turn's client (see
+        :mod:`supervisor.pacing`)."""
+        sid, turn_id = events[0].sid, events[0].turn_id
         turn = self.turns.get(sid, turn_id)
         if turn is None or turn.failure is not None:
-            self.pool.grant(worker_id, sid, turn_id, nbytes)  # nobody takes it: dropped
+            self.pool.grant(worker_id, sid, turn_id, nbytes)  # nobody takes them: dropped
             return
         if turn.stream is None:
             turn.stream = TurnStream(
@@ -256,7 +257,7 @@ class Host:
                 lambda n: self.pool.grant(worker_id, sid, turn_id, n),
                 lambda reason: self.turns.fail(turn, reason),
             )
-        turn.stream.deliver(event_from_wire(message.event), nbytes)
+        turn.stream.deliver_all(_events_from_wire(events), nbytes)
 
     def _on_worker_message(self, worker_id: str, message: WorkerMessage) -> None:
         match message:
@@ -390,6 +391,17 @@ class Host:
 
     def session_info_event(self, title: str | None) -> SessionInfo:
         return SessionInfo(title=title, updated_at=iso_utc(time.time()))
+
+
+def _events_from_wire(messages: list[TurnEvent]) -> list[Event]:
+    """The events of ``messages``; one that does not parse is logged and left out."""
+    events = []
+    for message in messages:
+        try:
+            events.append(event_from_wire(message.event))
+        except (KeyError, TypeError, AttributeError) as exc:
+            log.warning("session %s: dropped a malformed event: %r", message.sid, exc)
+    return events
 
 
 def _log_unusable_agents(settings: Settings) -> None:
