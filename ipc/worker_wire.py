@@ -462,7 +462,10 @@ _FIELD_NAMES: dict[type[Any], tuple[str, ...]] = {
 def encode(message: HostMessage | WorkerMessage) -> bytes:
     """One zmq frame for ``message``; raises :class:`EncodeError` when it has a value
     orjson refuses (the caller decides what that means: a turn fails on it)."""
-    payload = {name: getattr(message, name) for name in _FIELD_NAMES[type(message)]}
+    if type(message) is TurnEvent:  # the common case, on the way of every event
+        payload = {"sid": message.sid, "turn_id": message.turn_id, "event": message.event}
+    else:
+        payload = {name: getattr(message, name) for name in _FIELD_NAMES[type(message)]}
     payload["t"] = message.T
     try:
         return orjson.dumps(payload)
