@@ -19,12 +19,16 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+import pykka
+
 from actors.bridge import ask, loop_callback, loop_reply, tell
 from actors.persistence import (
     MarkKilled,
+    PersistBatch,
     PersistenceActor,
     PersistRequest,
     StoreWrite,
+    StoreWriteError,
     UpdateMeta,
 )
 from actors.worker.agents import agent_config_problem
@@ -99,6 +103,7 @@ class Host:
         self.agent_calls = AgentCalls(self)
         self.usage = UsageTotals()
         self.turn_stats = TurnStats()  # for /metrics
+        self._to_persist: list[PersistRequest] = []  # for the PersistenceActor, this pass
 
     # --- lifecycle ----------------------------------------------------------------
 
@@ -139,6 +144,7 @@ class Host:
             if sweeper is not None:
                 sweeper.cancel()
         await self.pool.close()
+        self._send_to_persistence()
         await asyncio.to_thread(self._stop_actors)
 
     def _stop_actors(self) -> None:
@@ -158,7 +164,7 @@ class Host:
         """Have the PersistenceActor do ``write``; the future settles once it is committed."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[R] = loop.create_future()
-        self.persistence.tell(PersistRequest(write, loop_reply(loop, future)))
+        self._hand_over(loop, PersistRequest(write, loop_reply(loop, future)))
         return future
 
     def persist_then(self, write: StoreWrite[R],
@@ -167,7 +173,28 @@ class Host:
         the loop once it is committed (``error`` None) or failed: one hop back, no
         future (a turn's commit, on the way of every prompt)."""
         loop = asyncio.get_running_loop()
-        self.persistence.tell(PersistRequest(write, loop_callback(loop, then)))
+        self._hand_over(loop, PersistRequest(write, loop_callback(loop, then)))
+
+    def _hand_over(self, loop: asyncio.AbstractEventLoop, request: PersistRequest) -> None:
+        """Queue ``request`` for the actor; what this pass of the loop queues goes to
+        it together, after what the pass scheduled before (a turn's updates are
+        written to its client before the writer's thread is woken to compete for
+        the CPU)."""
+        if not self._to_persist:
+            loop.call_soon(self._send_to_persistence)
+        self._to_persist.append(request)
+
+    def _send_to_persistence(self) -> None:
+        requests, self._to_persist = self._to_persist, []
+        if not requests:
+            return
+        try:
+            self.persistence.tell(requests[0] if len(requests) == 1
+                                  else PersistBatch(tuple(requests)))
+        except pykka.ActorDeadError:
+            for request in requests:
+                if request.reply is not None:
+                    request.reply(StoreWriteError("the store is closed"), None)
 
     # --- workers ------------------------------------------------------------------------
 
