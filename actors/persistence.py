@@ -41,7 +41,7 @@ from typing import Any, Generic, TypeVar
 
 import peewee
 
-from actors.bridge import ReplyCallback, SimpleInboxActor, loop_reply
+from actors.bridge import ReplyCallback, SimpleInboxActor, loop_reply, reply_all
 from ipc.errors import InternalError
 from ipc.events import TurnRecord
 from storage.models import MessageRow, SessionEventRow, SessionRow, StoredSession, ToolCallRow
@@ -273,14 +273,14 @@ class PersistenceActor(SimpleInboxActor):
         except Exception as exc:
             self._abandon()
             error = self._failure(exc, f"group commit of {len(held)} writes", None)
-            for request in held:
-                _deliver(request.reply, error, None, request.write)
+            reply_all([(request.reply, error, None) for request in held
+                       if request.reply is not None])
             return
         self._prepared.commit_staged()
         self._store.last_commit = time.time()
         logger.debug("%d writes committed together", len(held))
-        for request, result in zip(held, results, strict=True):
-            _deliver(request.reply, None, result, request.write)
+        reply_all([(request.reply, None, result) for request, result
+                   in zip(held, results, strict=True) if request.reply is not None])
 
     def _abandon(self) -> None:
         """Roll back the open group transaction (if SQLite has not already)."""
