@@ -29,7 +29,7 @@ import os
 import stat
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Final, TypeAlias
 
 from ipc.framing import (
@@ -47,6 +47,7 @@ __all__ = [
     "PACE_MARK",
     "EndpointFactory",
     "WriteFlow",
+    "held_writes",
     "open_stdio",
     "serve_stream",
     "serve_unix",
@@ -113,7 +114,7 @@ class WriteFlow:
     """The pace of one connection's writes (loop thread).
 
     ``behind`` is true while more than :data:`PACE_MARK` bytes wait unsent (in the
-    transport, or ``queued()`` of them still in the connection's batch);
+    transport, or ``queued()`` of them held by :func:`held_writes`);
     :meth:`when_drained` calls back once the buffer is down to a quarter of that.
     While the connection is behind, a timer looks (every quarter of
     ``stall_timeout``, at most every second) whether the peer took any byte;
@@ -206,13 +207,31 @@ class WriteFlow:
             callback()
 
 
-class _Connection:
-    """Glue between one stream pair and its endpoint (loop thread).
+_holding: list[_Connection] | None = None
+"""The connections with frames held by :func:`held_writes` (None: not holding)."""
 
-    Frames sent during one pass of the loop go out together, in one write, at
-    the start of the next pass (:meth:`_write_batch`): a burst of session updates,
-    or a turn's updates and its answer, cost the peer one wake-up, not one each.
-    """
+
+@contextlib.contextmanager
+def held_writes() -> Iterator[None]:
+    """Within the block, what is sent to each connection is held, then written in one
+    write per connection at its end (loop thread): a burst of session updates from a
+    worker costs the client one wake-up, not one per update. Outside it, a frame is
+    written at once."""
+    global _holding
+    if _holding is not None:  # already holding: the outer block writes
+        yield
+        return
+    held = _holding = []
+    try:
+        yield
+    finally:
+        _holding = None
+        for connection in held:
+            connection.write_held()
+
+
+class _Connection:
+    """Glue between one stream pair and its endpoint (loop thread)."""
 
     def __init__(self, writer: asyncio.StreamWriter, high_water: int,
                  stall_timeout: float) -> None:
@@ -220,33 +239,37 @@ class _Connection:
         self._writer = writer
         self._transport = writer.transport
         self._high_water = high_water
-        self._loop = asyncio.get_running_loop()
-        self._broken: asyncio.Future[str] = self._loop.create_future()
-        self._batch: list[bytes] = []
-        self._batched = 0  # bytes in _batch
-        self.flow = WriteFlow(writer, stall_timeout, self._break, lambda: self._batched)
+        self._broken: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._held: list[bytes] = []  # frames held by held_writes()
+        self._held_bytes = 0
+        self.flow = WriteFlow(writer, stall_timeout, self._break, lambda: self._held_bytes)
 
     def send(self, frame: bytes) -> None:
-        """The endpoint's ``send``: queue the frame for this pass's write; give up on
-        a peer that does not read."""
+        """The endpoint's ``send``: write now (or at the end of :func:`held_writes`),
+        give up on a peer that does not read."""
         if self._transport.is_closing():
             self._break("peer went away")
             return
-        if not self._batch:
-            self._loop.call_soon(self._write_batch)
-        self._batch.append(frame)
-        self._batched += len(frame)
+        if _holding is not None:
+            if not self._held:
+                _holding.append(self)
+            self._held.append(frame)
+            self._held_bytes += len(frame)
+        else:
+            self._write(frame)
         self.flow.wrote(len(frame))
-        if self._transport.get_write_buffer_size() + self._batched > self._high_water:
+        if self._transport.get_write_buffer_size() + self._held_bytes > self._high_water:
             self._break("peer is not reading (write buffer over the high-water mark)")
 
-    def _write_batch(self) -> None:
-        """Write what this pass sent, as one write (loop thread)."""
-        batch, self._batch, self._batched = self._batch, [], 0
-        if not batch or self._transport.is_closing():
-            return
+    def write_held(self) -> None:
+        """Write the frames :func:`held_writes` held, as one write."""
+        held, self._held, self._held_bytes = self._held, [], 0
+        if held and not self._transport.is_closing():
+            self._write(held[0] if len(held) == 1 else b"".join(held))
+
+    def _write(self, data: bytes) -> None:
         try:
-            self._writer.write(batch[0] if len(batch) == 1 else b"".join(batch))
+            self._writer.write(data)
         except Exception as error:  # a broken pipe surfaces here on some transports
             self._break(f"write failed: {type(error).__name__}")
 
@@ -304,7 +327,6 @@ class _Connection:
 
     async def close_writer(self) -> None:
         """Flush what is buffered (bounded by a timeout), then close."""
-        self._write_batch()
         writer = self._writer
         if not self._transport.is_closing():
             writer.close()

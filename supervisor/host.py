@@ -12,11 +12,12 @@ the routing of worker messages.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import subprocess
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import pykka
@@ -36,6 +37,7 @@ from actors.worker.sandbox import SandboxInfo, worker_sandbox_environment
 from actors.worker.sandbox import detect as detect_sandbox
 from ipc.errors import InternalError
 from ipc.events import Event, SessionInfo, TurnRecord, event_from_wire, iso_utc
+from ipc.transports import held_writes
 from ipc.worker_wire import (
     TOOL_RULES_META,
     AgentOpened,
@@ -103,7 +105,8 @@ class Host:
         self.agent_calls = AgentCalls(self)
         self.usage = UsageTotals()
         self.turn_stats = TurnStats()  # for /metrics
-        self._to_persist: list[PersistRequest] = []  # for the PersistenceActor, this pass
+        self._to_persist: list[PersistRequest] = []  # for the PersistenceActor, held
+        self._reading_workers = False  # in _worker_messages: writes wait for its end
 
     # --- lifecycle ----------------------------------------------------------------
 
@@ -122,6 +125,7 @@ class Host:
             on_events=self._on_turn_events,
             on_worker_exit=self._on_worker_exit,
             on_worker_ready=self.live.pulse,
+            around_messages=self._worker_messages,
             start_process=self._start_worker_process,
             max_workers=settings.workers_max,
             inherit=agent_variables(settings.agents.values()),
@@ -144,7 +148,6 @@ class Host:
             if sweeper is not None:
                 sweeper.cancel()
         await self.pool.close()
-        self._send_to_persistence()
         await asyncio.to_thread(self._stop_actors)
 
     def _stop_actors(self) -> None:
@@ -164,7 +167,7 @@ class Host:
         """Have the PersistenceActor do ``write``; the future settles once it is committed."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[R] = loop.create_future()
-        self._hand_over(loop, PersistRequest(write, loop_reply(loop, future)))
+        self._hand_over(PersistRequest(write, loop_reply(loop, future)))
         return future
 
     def persist_then(self, write: StoreWrite[R],
@@ -173,16 +176,28 @@ class Host:
         the loop once it is committed (``error`` None) or failed: one hop back, no
         future (a turn's commit, on the way of every prompt)."""
         loop = asyncio.get_running_loop()
-        self._hand_over(loop, PersistRequest(write, loop_callback(loop, then)))
+        self._hand_over(PersistRequest(write, loop_callback(loop, then)))
 
-    def _hand_over(self, loop: asyncio.AbstractEventLoop, request: PersistRequest) -> None:
-        """Queue ``request`` for the actor; what this pass of the loop queues goes to
-        it together, after what the pass scheduled before (a turn's updates are
-        written to its client before the writer's thread is woken to compete for
-        the CPU)."""
-        if not self._to_persist:
-            loop.call_soon(self._send_to_persistence)
+    def _hand_over(self, request: PersistRequest) -> None:
+        """Send ``request`` to the actor; while worker messages are read, queue it for
+        the end of the read (:meth:`_worker_messages`)."""
         self._to_persist.append(request)
+        if not self._reading_workers:
+            self._send_to_persistence()
+
+    @contextlib.contextmanager
+    def _worker_messages(self) -> Iterator[None]:
+        """Around a read of worker messages (loop thread): the updates they carry go
+        to each client in one write, and then the writes they ask for (the turns that
+        ended) go to the PersistenceActor as one message, so the writer's thread is
+        woken once, with nothing left for the loop to do before it sleeps."""
+        self._reading_workers = True
+        try:
+            with held_writes():
+                yield
+        finally:
+            self._reading_workers = False
+            self._send_to_persistence()
 
     def _send_to_persistence(self) -> None:
         requests, self._to_persist = self._to_persist, []

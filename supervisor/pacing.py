@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ipc.events import Event, MessageChunk, ThoughtChunk
+from ipc.transports import held_writes
 from ipc.worker_wire import STREAM_WINDOW_BYTES
 
 if TYPE_CHECKING:
@@ -101,8 +102,9 @@ class TurnStream:
         (the worker's window ended with its turn: a credit would be one more
         message per turn, for nothing)."""
         waiting, self._waiting = self._waiting, []
-        for item in waiting:
-            self._send(item.event() if isinstance(item, _Merged) else item)
+        with held_writes():  # one write for all of them
+            for item in waiting:
+                self._send(item.event() if isinstance(item, _Merged) else item)
         if grant:
             self._settle_credit()
 

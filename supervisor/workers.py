@@ -28,6 +28,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -128,8 +129,10 @@ class WorkerPool:
     came in one zmq message, in order (``nbytes``: their encoded size, which the
     stream credit counts, see :meth:`grant`); ``on_worker_exit(worker_id)`` is called once per
     dead worker (not during :meth:`close`), ``on_worker_ready()`` each time one becomes
-    ready. ``env`` holds extra environment variables for the workers; of the host's own
-    they get only what :func:`supervisor.worker_env.worker_environment` keeps, plus ``inherit``.
+    ready. ``around_messages()`` is entered around each read of what the workers
+    sent (the handlers' writes to clients can then go out together). ``env`` holds
+    extra environment variables for the workers; of the host's own they get only what
+    :func:`supervisor.worker_env.worker_environment` keeps, plus ``inherit``.
     """
 
     def __init__(
@@ -141,6 +144,7 @@ class WorkerPool:
         max_workers: int,
         on_events: Callable[[str, list[TurnEvent], int], None] | None = None,
         on_worker_ready: Callable[[], None] | None = None,
+        around_messages: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
         start_process: StartProcess | None = None,
         heartbeat_secs: float = 1.0,
         env: dict[str, str] | None = None,
@@ -155,6 +159,7 @@ class WorkerPool:
         self._on_events = on_events
         self._on_worker_exit = on_worker_exit
         self._on_worker_ready = on_worker_ready
+        self._around_messages = around_messages
         self._start_process = start_process
         self._env = env or {}
         self._inherit = inherit
@@ -456,6 +461,10 @@ class WorkerPool:
         Asks ``EVENTS`` before each read: cheaper than the ``zmq.Again`` an empty
         socket raises, and it re-arms the edge-triggered FD."""
         self._drain_scheduled = False
+        with self._around_messages():
+            self._read_batch()
+
+    def _read_batch(self) -> None:
         sock = self._sock
         budget = _DRAIN_BATCH  # envelopes, not zmq messages (one may carry many)
         while sock is not None and cast(int, sock.getsockopt(_EVENTS)) & _POLLIN:
