@@ -28,6 +28,7 @@ import logging
 import os
 import stat
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, Final, TypeAlias
@@ -207,8 +208,14 @@ class WriteFlow:
             callback()
 
 
-_holding: list[_Connection] | None = None
-"""The connections with frames held by :func:`held_writes` (None: not holding)."""
+class _Holding(threading.local):
+    """Per thread (each loop's own): the connections with frames held by
+    :func:`held_writes`, None while not holding."""
+
+    connections: list[_Connection] | None = None
+
+
+_holding = _Holding()
 
 
 @contextlib.contextmanager
@@ -217,15 +224,15 @@ def held_writes() -> Iterator[None]:
     write per connection at its end (loop thread): a burst of session updates from a
     worker costs the client one wake-up, not one per update. Outside it, a frame is
     written at once."""
-    global _holding
-    if _holding is not None:  # already holding: the outer block writes
+    if _holding.connections is not None:  # already holding: the outer block writes
         yield
         return
-    held = _holding = []
+    held: list[_Connection] = []
+    _holding.connections = held
     try:
         yield
     finally:
-        _holding = None
+        _holding.connections = None
         for connection in held:
             connection.write_held()
 
@@ -250,9 +257,10 @@ class _Connection:
         if self._transport.is_closing():
             self._break("peer went away")
             return
-        if _holding is not None:
+        holding = _holding.connections
+        if holding is not None:
             if not self._held:
-                _holding.append(self)
+                holding.append(self)
             self._held.append(frame)
             self._held_bytes += len(frame)
         else:
