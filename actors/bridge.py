@@ -33,6 +33,7 @@ __all__ = [
     "ask",
     "loop_callback",
     "loop_reply",
+    "reply_all",
     "tell",
 ]
 
@@ -66,15 +67,67 @@ def loop_callback(loop: asyncio.AbstractEventLoop,
                   then: Callable[[BaseException | None, Any], None]) -> ReplyCallback:
     """A reply callback, callable from any thread, that calls ``then(error, value)``
     on ``loop`` (once; nothing when the loop has closed meanwhile)."""
+    return _LoopCallback(loop, then)
 
-    def reply(error: BaseException | None, value: Any) -> None:
+
+class _LoopCallback:
+    """A reply that runs ``then`` on ``loop``; :func:`reply_all` sends several
+    of them for one loop there together."""
+
+    __slots__ = ("loop", "then")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop,
+                 then: Callable[[BaseException | None, Any], None]) -> None:
+        self.loop = loop
+        self.then = then
+
+    def __call__(self, error: BaseException | None, value: Any) -> None:
         # Runs on the actor's thread.
-        try:
-            loop.call_soon_threadsafe(then, error, value)
-        except RuntimeError:
-            logger.debug("event loop closed; a reply was dropped")
+        _post(self.loop, [(self.then, error, value)])
 
-    return reply
+
+Reply: TypeAlias = tuple[ReplyCallback, BaseException | None, Any]
+"""A reply callback and what to call it with: ``(reply, error, value)``."""
+
+
+def reply_all(replies: list[Reply]) -> None:
+    """Call each reply (the actor's thread), in order; the replies bound for one
+    loop (:func:`loop_callback`, :func:`loop_reply`) go there as one callback, so
+    a group of writes wakes the loop once (each wake-up would also have this
+    thread wait for the GIL behind the loop it just woke)."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Any, BaseException | None, Any]]] = {}
+    for reply, error, value in replies:
+        if isinstance(reply, _LoopCallback):
+            by_loop.setdefault(reply.loop, []).append((reply.then, error, value))
+        else:
+            _call(reply, error, value)
+    for loop, calls in by_loop.items():
+        _post(loop, calls)
+
+
+def _post(loop: asyncio.AbstractEventLoop,
+          calls: list[tuple[Any, BaseException | None, Any]]) -> None:
+    try:
+        if len(calls) == 1:
+            then, error, value = calls[0]
+            loop.call_soon_threadsafe(then, error, value)
+        else:
+            loop.call_soon_threadsafe(_run_calls, calls)
+    except RuntimeError:
+        logger.debug("event loop closed; %d repl(ies) dropped", len(calls))
+
+
+def _run_calls(calls: list[tuple[Any, BaseException | None, Any]]) -> None:
+    """Run replies on their loop, each on its own (one that raises is logged)."""
+    for then, error, value in calls:
+        _call(then, error, value)
+
+
+def _call(then: Any, error: BaseException | None, value: Any) -> None:
+    try:
+        then(error, value)
+    except Exception as exc:  # its message may quote what was written: the type only
+        logger.error("a reply callback raised %s", type(exc).__name__)
 
 
 class Request(Generic[R]):

@@ -8,8 +8,9 @@ queue up share one transaction (group commit, see :class:`PersistenceActor`).
 The hot writes use prepared SQL (:mod:`storage.prepared_writes`). Readers use
 :attr:`storage.Store.reader` on their own threads.
 
-The host sends :class:`PersistRequest` messages (``tell``, no pykka future),
-each carrying one typed write (:class:`CreateSession`, :class:`WriteTurn`,
+The host sends :class:`PersistRequest` messages (``tell``, no pykka future;
+what one pass of its loop asked for goes as one :class:`PersistBatch`), each
+carrying one typed write (:class:`CreateSession`, :class:`WriteTurn`,
 :class:`WriteMode`, :class:`MarkClosed`, ...; a :class:`StoreWrite` subclass whose
 type parameter is its reply value) and a ``reply`` callback (see
 :mod:`actors.bridge`), called on this actor's thread once the write is
@@ -40,7 +41,7 @@ from typing import Any, Generic, TypeVar
 
 import peewee
 
-from actors.bridge import ReplyCallback, SimpleInboxActor, loop_reply
+from actors.bridge import ReplyCallback, SimpleInboxActor, loop_reply, reply_all
 from ipc.errors import InternalError
 from ipc.events import TurnRecord
 from storage.models import MessageRow, SessionEventRow, SessionRow, StoredSession, ToolCallRow
@@ -53,6 +54,7 @@ __all__ = [
     "DeleteSession",
     "MarkClosed",
     "MarkKilled",
+    "PersistBatch",
     "PersistRequest",
     "PersistenceActor",
     "RecordEvent",
@@ -183,6 +185,14 @@ class PersistRequest:
     reply: ReplyCallback | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class PersistBatch:
+    """Actor message: the requests the loop made during one pass, in order (one
+    hand-off, one wake-up of the actor's thread, however many turns ended)."""
+
+    requests: tuple[PersistRequest, ...]
+
+
 class PersistenceActor(SimpleInboxActor):
     """Serialises every write to the store. All methods run on the actor's thread.
 
@@ -207,15 +217,26 @@ class PersistenceActor(SimpleInboxActor):
 
     def on_receive(self, message: Any) -> Any:
         match message:
-            case PersistRequest(write=CreateSession() | WriteTurn()):
-                self._held.append(message)
-                if len(self._held) >= MAX_GROUP or self.actor_inbox.empty():
-                    self.flush()
-            case PersistRequest(write=write, reply=reply):
-                self.perform(write, reply)
+            case PersistRequest():
+                self._take(message)
+            case PersistBatch(requests=requests):
+                for request in requests:
+                    self._take(request)
             case _:
                 logger.warning("unexpected message %s; dropped", type(message).__name__)
+        if self._held and self.actor_inbox.empty():
+            self.flush()
         return None
+
+    def _take(self, request: PersistRequest) -> None:
+        """Hold a group-committed write (writing the group once it is full); do any
+        other write now, after what is held."""
+        if isinstance(request.write, CreateSession | WriteTurn):
+            self._held.append(request)
+            if len(self._held) >= MAX_GROUP:
+                self.flush()
+        else:
+            self.perform(request.write, request.reply)
 
     def on_stop(self) -> None:
         self.flush()
@@ -252,14 +273,14 @@ class PersistenceActor(SimpleInboxActor):
         except Exception as exc:
             self._abandon()
             error = self._failure(exc, f"group commit of {len(held)} writes", None)
-            for request in held:
-                _deliver(request.reply, error, None, request.write)
+            reply_all([(request.reply, error, None) for request in held
+                       if request.reply is not None])
             return
         self._prepared.commit_staged()
         self._store.last_commit = time.time()
         logger.debug("%d writes committed together", len(held))
-        for request, result in zip(held, results, strict=True):
-            _deliver(request.reply, None, result, request.write)
+        reply_all([(request.reply, None, result) for request, result
+                   in zip(held, results, strict=True) if request.reply is not None])
 
     def _abandon(self) -> None:
         """Roll back the open group transaction (if SQLite has not already)."""

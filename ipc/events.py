@@ -236,6 +236,13 @@ _EVENT_TYPES: dict[str, type[Any]] = {
 }
 
 
+_CHUNK_TYPES: dict[str, type[MessageChunk] | type[ThoughtChunk]] = {
+    cls.KIND: cls for cls in (MessageChunk, ThoughtChunk)
+}
+_CHUNK_CLASSES = frozenset(_CHUNK_TYPES.values())
+_EVENT_FIELDS: dict[type[Any], tuple[str, ...]] = {}  # each event class's field names
+
+
 def iso_utc(timestamp: float) -> str:
     """A UNIX time as ISO 8601 in UTC with a ``Z`` (ACP's ``updatedAt``)."""
     stamp = dt.datetime.fromtimestamp(timestamp, dt.UTC).isoformat()
@@ -252,13 +259,19 @@ def _part_to_wire(part: Any) -> dict[str, Any]:
 
 def event_to_wire(event: Event) -> dict[str, Any]:
     """A plain dict (orjson-ready) with the kind under ``k``."""
+    if type(event) in _CHUNK_CLASSES:  # the common case, on the way of every chunk
+        return {"k": event.KIND, "text": event.text}  # type: ignore[union-attr]
     wire: dict[str, Any] = {"k": event.KIND}
-    for f in fields(event):
-        value = getattr(event, f.name)
-        if f.name in ("entries", "content", "locations"):
+    names = _EVENT_FIELDS.get(type(event))
+    if names is None:
+        names = _EVENT_FIELDS[type(event)] = tuple(f.name for f in fields(event))
+    for name in names:
+        value = getattr(event, name)
+        if name in ("entries", "content", "locations"):
             value = [_part_to_wire(part) for part in value]
-        wire[f.name] = value
+        wire[name] = value
     return wire
+
 
 
 def content_to_wire(content: ToolContent) -> dict[str, Any]:
@@ -275,6 +288,9 @@ def content_from_wire(wire: dict[str, Any]) -> ToolContent:
 
 def event_from_wire(wire: dict[str, Any]) -> Event:
     """Inverse of :func:`event_to_wire`; raises ``KeyError``/``TypeError`` on bad input."""
+    chunk = _CHUNK_TYPES.get(wire.get("k", ""))
+    if chunk is not None and len(wire) == 2:  # the common case, on the way of every chunk
+        return chunk(wire["text"])
     data = dict(wire)
     cls = _EVENT_TYPES[data.pop("k")]
     if cls is PlanUpdate:

@@ -28,8 +28,9 @@ import logging
 import os
 import stat
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Final, TypeAlias
 
 from ipc.framing import (
@@ -47,6 +48,7 @@ __all__ = [
     "PACE_MARK",
     "EndpointFactory",
     "WriteFlow",
+    "held_writes",
     "open_stdio",
     "serve_stream",
     "serve_unix",
@@ -112,7 +114,8 @@ async def serve_stream(
 class WriteFlow:
     """The pace of one connection's writes (loop thread).
 
-    ``behind`` is true while more than :data:`PACE_MARK` bytes wait unsent;
+    ``behind`` is true while more than :data:`PACE_MARK` bytes wait unsent (in the
+    transport, or ``queued()`` of them held by :func:`held_writes`);
     :meth:`when_drained` calls back once the buffer is down to a quarter of that.
     While the connection is behind, a timer looks (every quarter of
     ``stall_timeout``, at most every second) whether the peer took any byte;
@@ -121,9 +124,11 @@ class WriteFlow:
     """
 
     def __init__(self, writer: asyncio.StreamWriter, stall_timeout: float,
-                 on_stall: Callable[[str], None]) -> None:
+                 on_stall: Callable[[str], None],
+                 queued: Callable[[], int] = lambda: 0) -> None:
         self._writer = writer
         self._transport = writer.transport
+        self._queued = queued
         self._stall_timeout = stall_timeout
         self._on_stall = on_stall
         self._written = 0
@@ -137,7 +142,10 @@ class WriteFlow:
 
     @property
     def behind(self) -> bool:
-        return self._transport.get_write_buffer_size() > PACE_MARK
+        return self._unsent() > PACE_MARK
+
+    def _unsent(self) -> int:
+        return self._transport.get_write_buffer_size() + self._queued()
 
     def wrote(self, nbytes: int) -> None:
         """Count a write; start watching for a stall when it left us behind."""
@@ -162,7 +170,7 @@ class WriteFlow:
             self._waiter.cancel()
 
     def _taken(self) -> int:
-        return self._written - self._transport.get_write_buffer_size()
+        return self._written - self._unsent()
 
     def _watch_stall(self) -> None:
         period = min(1.0, self._stall_timeout / 4)
@@ -200,6 +208,35 @@ class WriteFlow:
             callback()
 
 
+class _Holding(threading.local):
+    """Per thread (each loop's own): the connections with frames held by
+    :func:`held_writes`, None while not holding."""
+
+    connections: list[_Connection] | None = None
+
+
+_holding = _Holding()
+
+
+@contextlib.contextmanager
+def held_writes() -> Iterator[None]:
+    """Within the block, what is sent to each connection is held, then written in one
+    write per connection at its end (loop thread): a burst of session updates from a
+    worker costs the client one wake-up, not one per update. Outside it, a frame is
+    written at once."""
+    if _holding.connections is not None:  # already holding: the outer block writes
+        yield
+        return
+    held: list[_Connection] = []
+    _holding.connections = held
+    try:
+        yield
+    finally:
+        _holding.connections = None
+        for connection in held:
+            connection.write_held()
+
+
 class _Connection:
     """Glue between one stream pair and its endpoint (loop thread)."""
 
@@ -210,22 +247,39 @@ class _Connection:
         self._transport = writer.transport
         self._high_water = high_water
         self._broken: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self.flow = WriteFlow(writer, stall_timeout, self._break)
+        self._held: list[bytes] = []  # frames held by held_writes()
+        self._held_bytes = 0
+        self.flow = WriteFlow(writer, stall_timeout, self._break, lambda: self._held_bytes)
 
     def send(self, frame: bytes) -> None:
-        """The endpoint's ``send``: write now, give up on a peer that does not read."""
-        transport = self._transport
-        if transport.is_closing():
+        """The endpoint's ``send``: write now (or at the end of :func:`held_writes`),
+        give up on a peer that does not read."""
+        if self._transport.is_closing():
             self._break("peer went away")
             return
+        holding = _holding.connections
+        if holding is not None:
+            if not self._held:
+                holding.append(self)
+            self._held.append(frame)
+            self._held_bytes += len(frame)
+        else:
+            self._write(frame)
+        self.flow.wrote(len(frame))
+        if self._transport.get_write_buffer_size() + self._held_bytes > self._high_water:
+            self._break("peer is not reading (write buffer over the high-water mark)")
+
+    def write_held(self) -> None:
+        """Write the frames :func:`held_writes` held, as one write."""
+        held, self._held, self._held_bytes = self._held, [], 0
+        if held and not self._transport.is_closing():
+            self._write(held[0] if len(held) == 1 else b"".join(held))
+
+    def _write(self, data: bytes) -> None:
         try:
-            self._writer.write(frame)
+            self._writer.write(data)
         except Exception as error:  # a broken pipe surfaces here on some transports
             self._break(f"write failed: {type(error).__name__}")
-            return
-        self.flow.wrote(len(frame))
-        if transport.get_write_buffer_size() > self._high_water:
-            self._break("peer is not reading (write buffer over the high-water mark)")
 
     def _break(self, reason: str) -> None:
         if not self._broken.done():

@@ -1,8 +1,12 @@
 """Envelopes between the host and its worker processes, over ZeroMQ.
 
 The host binds a ROUTER, each worker connects a DEALER whose identity names the
-worker incarnation. Every zmq message is one frame (plus the ROUTER identity on
-the host side) holding an orjson map ``{"t": <type>, ...fields}``.
+worker incarnation. An envelope is an orjson map ``{"t": <type>, ...fields}``,
+one line (orjson never writes a raw newline). A zmq message from the host is one
+frame holding one envelope; from a worker, one frame (after the ROUTER identity
+on the host side) holding one or more envelopes, a newline between them
+(:func:`join_envelopes`, :func:`split_envelopes`): a burst of events is one zmq
+frame, not one each.
 
 Each message type is a frozen dataclass below; ``T`` is its wire tag. Nested
 data (events, turn records, history) travels as plain dicts made by
@@ -52,6 +56,8 @@ __all__ = [
     "WorkerReady",
     "decode",
     "encode",
+    "join_envelopes",
+    "split_envelopes",
     "stored_tool_rules",
 ]
 
@@ -456,12 +462,25 @@ _FIELD_NAMES: dict[type[Any], tuple[str, ...]] = {
 def encode(message: HostMessage | WorkerMessage) -> bytes:
     """One zmq frame for ``message``; raises :class:`EncodeError` when it has a value
     orjson refuses (the caller decides what that means: a turn fails on it)."""
-    payload = {name: getattr(message, name) for name in _FIELD_NAMES[type(message)]}
+    if type(message) is TurnEvent:  # the common case, on the way of every event
+        payload = {"sid": message.sid, "turn_id": message.turn_id, "event": message.event}
+    else:
+        payload = {name: getattr(message, name) for name in _FIELD_NAMES[type(message)]}
     payload["t"] = message.T
     try:
         return orjson.dumps(payload)
     except TypeError as exc:  # orjson.JSONEncodeError is a TypeError
         raise EncodeError(f"{type(message).__name__} cannot be encoded: {exc}") from None
+
+
+def join_envelopes(frames: list[bytes]) -> bytes:
+    """Encoded envelopes as the one frame of a worker's zmq message."""
+    return frames[0] if len(frames) == 1 else b"\n".join(frames)
+
+
+def split_envelopes(frame: bytes) -> list[bytes]:
+    """The envelopes of a frame made by :func:`join_envelopes`."""
+    return frame.split(b"\n") if b"\n" in frame else [frame]
 
 
 def decode(frame: bytes) -> HostMessage | WorkerMessage:

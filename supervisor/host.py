@@ -12,26 +12,32 @@ the routing of worker messages.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import subprocess
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
+
+import pykka
 
 from actors.bridge import ask, loop_callback, loop_reply, tell
 from actors.persistence import (
     MarkKilled,
+    PersistBatch,
     PersistenceActor,
     PersistRequest,
     StoreWrite,
+    StoreWriteError,
     UpdateMeta,
 )
 from actors.worker.agents import agent_config_problem
 from actors.worker.sandbox import SandboxInfo, worker_sandbox_environment
 from actors.worker.sandbox import detect as detect_sandbox
 from ipc.errors import InternalError
-from ipc.events import SessionInfo, TurnRecord, event_from_wire, iso_utc
+from ipc.events import Event, SessionInfo, TurnRecord, event_from_wire, iso_utc
+from ipc.transports import held_writes
 from ipc.worker_wire import (
     TOOL_RULES_META,
     AgentOpened,
@@ -99,6 +105,8 @@ class Host:
         self.agent_calls = AgentCalls(self)
         self.usage = UsageTotals()
         self.turn_stats = TurnStats()  # for /metrics
+        self._to_persist: list[PersistRequest] = []  # for the PersistenceActor, held
+        self._reading_workers = False  # in _worker_messages: writes wait for its end
 
     # --- lifecycle ----------------------------------------------------------------
 
@@ -114,9 +122,10 @@ class Host:
         self.pool = WorkerPool(
             run_dir=settings.data_dir / "run",
             on_message=self._on_worker_message,
-            on_event=self._on_turn_event,
+            on_events=self._on_turn_events,
             on_worker_exit=self._on_worker_exit,
             on_worker_ready=self.live.pulse,
+            around_messages=self._worker_messages,
             start_process=self._start_worker_process,
             max_workers=settings.workers_max,
             inherit=agent_variables(settings.agents.values()),
@@ -158,7 +167,7 @@ class Host:
         """Have the PersistenceActor do ``write``; the future settles once it is committed."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[R] = loop.create_future()
-        self.persistence.tell(PersistRequest(write, loop_reply(loop, future)))
+        self._hand_over(PersistRequest(write, loop_reply(loop, future)))
         return future
 
     def persist_then(self, write: StoreWrite[R],
@@ -167,7 +176,40 @@ class Host:
         the loop once it is committed (``error`` None) or failed: one hop back, no
         future (a turn's commit, on the way of every prompt)."""
         loop = asyncio.get_running_loop()
-        self.persistence.tell(PersistRequest(write, loop_callback(loop, then)))
+        self._hand_over(PersistRequest(write, loop_callback(loop, then)))
+
+    def _hand_over(self, request: PersistRequest) -> None:
+        """Send ``request`` to the actor; while worker messages are read, queue it for
+        the end of the read (:meth:`_worker_messages`)."""
+        self._to_persist.append(request)
+        if not self._reading_workers:
+            self._send_to_persistence()
+
+    @contextlib.contextmanager
+    def _worker_messages(self) -> Iterator[None]:
+        """Around a read of worker messages (loop thread): the updates they carry go
+        to each client in one write, and then the writes they ask for (the turns that
+        ended) go to the PersistenceActor as one message, so the writer's thread is
+        woken once, with nothing left for the loop to do before it sleeps."""
+        self._reading_workers = True
+        try:
+            with held_writes():
+                yield
+        finally:
+            self._reading_workers = False
+            self._send_to_persistence()
+
+    def _send_to_persistence(self) -> None:
+        requests, self._to_persist = self._to_persist, []
+        if not requests:
+            return
+        try:
+            self.persistence.tell(requests[0] if len(requests) == 1
+                                  else PersistBatch(tuple(requests)))
+        except pykka.ActorDeadError:
+            for request in requests:
+                if request.reply is not None:
+                    request.reply(StoreWriteError("the store is closed"), None)
 
     # --- workers ------------------------------------------------------------------------
 
@@ -243,12 +285,13 @@ class Host:
 
     # --- messages from workers ----------------------------------------------------------
 
-    def _on_turn_event(self, worker_id: str, message: TurnEvent, nbytes: int) -> None:
-        """One streamed event: paced to the turn's client (see :mod:`supervisor.pacing`)."""
-        sid, turn_id = message.sid, message.turn_id
+    def _on_turn_events(self, worker_id: str, events: list[TurnEvent], nbytes: int) -> None:
+        """One turn's events that came together: paced to the turn's client (see
+        :mod:`supervisor.pacing`)."""
+        sid, turn_id = events[0].sid, events[0].turn_id
         turn = self.turns.get(sid, turn_id)
         if turn is None or turn.failure is not None:
-            self.pool.grant(worker_id, sid, turn_id, nbytes)  # nobody takes it: dropped
+            self.pool.grant(worker_id, sid, turn_id, nbytes)  # nobody takes them: dropped
             return
         if turn.stream is None:
             turn.stream = TurnStream(
@@ -256,7 +299,7 @@ class Host:
                 lambda n: self.pool.grant(worker_id, sid, turn_id, n),
                 lambda reason: self.turns.fail(turn, reason),
             )
-        turn.stream.deliver(event_from_wire(message.event), nbytes)
+        turn.stream.deliver_all(_events_from_wire(events), nbytes)
 
     def _on_worker_message(self, worker_id: str, message: WorkerMessage) -> None:
         match message:
@@ -390,6 +433,17 @@ class Host:
 
     def session_info_event(self, title: str | None) -> SessionInfo:
         return SessionInfo(title=title, updated_at=iso_utc(time.time()))
+
+
+def _events_from_wire(messages: list[TurnEvent]) -> list[Event]:
+    """The events of ``messages``; one that does not parse is logged and left out."""
+    events = []
+    for message in messages:
+        try:
+            events.append(event_from_wire(message.event))
+        except (KeyError, TypeError, AttributeError) as exc:
+            log.warning("session %s: dropped a malformed event: %r", message.sid, exc)
+    return events
 
 
 def _log_unusable_agents(settings: Settings) -> None:

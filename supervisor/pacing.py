@@ -16,11 +16,12 @@ most one window (plus the event that filled it) per running turn.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ipc.events import Event, MessageChunk, ThoughtChunk
+from ipc.transports import held_writes
 from ipc.worker_wire import STREAM_WINDOW_BYTES
 
 if TYPE_CHECKING:
@@ -60,6 +61,7 @@ class TurnStream:
                  on_unsendable: Callable[[str], None]) -> None:
         self.sid = sid
         self._peer = peer
+        self._flow: WriteFlow | None = getattr(peer, "flow", None)  # fixed per connection
         self._grant = grant
         self._on_unsendable = on_unsendable
         self._waiting: list[Event | _Merged] = []
@@ -74,17 +76,25 @@ class TurnStream:
 
     def deliver(self, event: Event, nbytes: int) -> None:
         """One event from the worker, ``nbytes`` of its stream window."""
+        self.deliver_all((event,), nbytes)
+
+    def deliver_all(self, events: Sequence[Event], nbytes: int) -> None:
+        """Events that came from the worker together, ``nbytes`` of its stream window:
+        each goes out now while the client keeps up, else waits (merged) for it."""
         self._owed += nbytes
-        flow = self._flow()
-        if not self._waiting and (flow is None or not flow.behind):
-            self._send(event)
-            if self._owed >= CREDIT_BATCH:
-                self._settle_credit()
-            return
-        self._hold(event)
-        if flow is not None and not self._watching:
-            self._watching = True
-            flow.when_drained(self._drained)
+        flow = self._flow
+        for event in events:
+            if self._waiting or (flow is not None and flow.behind):
+                self._hold(event)
+            elif not self._send(event):
+                self._settle_credit()  # the turn fails: the rest is dropped
+                return
+        if self._waiting:
+            if flow is not None and not self._watching:
+                self._watching = True
+                flow.when_drained(self._drained)
+        elif self._owed >= CREDIT_BATCH:
+            self._settle_credit()
 
     def flush(self, *, grant: bool = True) -> None:
         """Send everything held back now (the turn ends, or a request must follow
@@ -92,8 +102,9 @@ class TurnStream:
         (the worker's window ended with its turn: a credit would be one more
         message per turn, for nothing)."""
         waiting, self._waiting = self._waiting, []
-        for item in waiting:
-            self._send(item.event() if isinstance(item, _Merged) else item)
+        with held_writes():  # one write for all of them
+            for item in waiting:
+                self._send(item.event() if isinstance(item, _Merged) else item)
         if grant:
             self._settle_credit()
 
@@ -101,9 +112,6 @@ class TurnStream:
         """The turn is over: drop what is held (call :meth:`flush` first to keep it)."""
         self._closed = True
         self._waiting.clear()
-
-    def _flow(self) -> WriteFlow | None:
-        return getattr(self._peer, "flow", None)
 
     def _hold(self, event: Event) -> None:
         last = self._waiting[-1] if self._waiting else None
@@ -119,7 +127,7 @@ class TurnStream:
         self._watching = False
         if self._closed or not self._waiting:
             return
-        flow = self._flow()
+        flow = self._flow
         if flow is not None and flow.behind:  # another stream filled it up again
             self._watching = True
             flow.when_drained(self._drained)
@@ -131,10 +139,13 @@ class TurnStream:
         if owed:
             self._grant(owed)
 
-    def _send(self, event: Event) -> None:
+    def _send(self, event: Event) -> bool:
+        """Write ``event`` to the client; False when it cannot be encoded (the turn fails)."""
         try:
             self._peer.send_event(self.sid, event)
         except TypeError as exc:  # orjson.JSONEncodeError: nested too deep, bad values
             reason = f"a session update cannot be encoded: {exc}"
             log.warning("session %s: %s", self.sid, reason)
             self._on_unsendable(reason)
+            return False
+        return True

@@ -287,7 +287,7 @@ class Sessions:
         turn = turns.begin(request.session_id, peer)
         try:
             await self._start(turn, request)
-            record, count = await asyncio.shield(turn.result)
+            record, count = await turn.result  # only this waits on it: no shield needed
         except asyncio.CancelledError:
             if turn.started:
                 turns.cancel(turn.sid)  # the worker ends it; the host persists it

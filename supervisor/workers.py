@@ -28,6 +28,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -58,6 +59,7 @@ from ipc.worker_wire import (
     WorkerReady,
     decode,
     encode,
+    split_envelopes,
 )
 from supervisor.ipc_path import IpcClaim, claim_ipc_path
 from supervisor.worker_env import worker_environment
@@ -69,6 +71,8 @@ log = logging.getLogger("zeroclaw.workers")
 
 HUNG_AFTER_BEATS = 3
 _HWM = 10_000
+# plain ints: zmq's IntEnum constants cost a conversion on every use (on every turn)
+_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
 _DRAIN_BATCH = 1000
 _SHUTDOWN_GRACE_SECS = 1.0
 _PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -120,12 +124,15 @@ class WorkerPool:
     """Worker processes of one host. Create, ``await start()``, ``scale_to(n)``, ``await close()``.
 
     ``on_message(worker_id, message)`` gets every worker message except
-    WorkerReady and Heartbeat; TurnEvents go to ``on_event(worker_id, message,
-    nbytes)`` instead when it is given (``nbytes``: its encoded size, which the
+    WorkerReady and Heartbeat; TurnEvents go to ``on_events(worker_id, events,
+    nbytes)`` instead when it is given: the consecutive events of one turn that
+    came in one zmq message, in order (``nbytes``: their encoded size, which the
     stream credit counts, see :meth:`grant`); ``on_worker_exit(worker_id)`` is called once per
     dead worker (not during :meth:`close`), ``on_worker_ready()`` each time one becomes
-    ready. ``env`` holds extra environment variables for the workers; of the host's own
-    they get only what :func:`supervisor.worker_env.worker_environment` keeps, plus ``inherit``.
+    ready. ``around_messages()`` is entered around each read of what the workers
+    sent (the handlers' writes to clients can then go out together). ``env`` holds
+    extra environment variables for the workers; of the host's own they get only what
+    :func:`supervisor.worker_env.worker_environment` keeps, plus ``inherit``.
     """
 
     def __init__(
@@ -135,8 +142,9 @@ class WorkerPool:
         on_message: Callable[[str, WorkerMessage], None],
         on_worker_exit: Callable[[str], None],
         max_workers: int,
-        on_event: Callable[[str, TurnEvent, int], None] | None = None,
+        on_events: Callable[[str, list[TurnEvent], int], None] | None = None,
         on_worker_ready: Callable[[], None] | None = None,
+        around_messages: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
         start_process: StartProcess | None = None,
         heartbeat_secs: float = 1.0,
         env: dict[str, str] | None = None,
@@ -148,9 +156,10 @@ class WorkerPool:
         self.heartbeat_secs = heartbeat_secs
         self.start_timeout = start_timeout
         self._on_message = on_message
-        self._on_event = on_event
+        self._on_events = on_events
         self._on_worker_exit = on_worker_exit
         self._on_worker_ready = on_worker_ready
+        self._around_messages = around_messages
         self._start_process = start_process
         self._env = env or {}
         self._inherit = inherit
@@ -443,7 +452,7 @@ class WorkerPool:
         sock = self._sock
         if sock is None or self._drain_scheduled or self._loop is None:
             return
-        if cast(int, sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+        if cast(int, sock.getsockopt(_EVENTS)) & _POLLIN:
             self._drain_scheduled = True
             self._loop.call_soon(self._drain)
 
@@ -452,9 +461,13 @@ class WorkerPool:
         Asks ``EVENTS`` before each read: cheaper than the ``zmq.Again`` an empty
         socket raises, and it re-arms the edge-triggered FD."""
         self._drain_scheduled = False
+        with self._around_messages():
+            self._read_batch()
+
+    def _read_batch(self) -> None:
         sock = self._sock
         budget = _DRAIN_BATCH  # envelopes, not zmq messages (one may carry many)
-        while sock is not None and cast(int, sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+        while sock is not None and cast(int, sock.getsockopt(_EVENTS)) & _POLLIN:
             if budget <= 0:
                 self._schedule_drain_if_pending()
                 return
@@ -462,32 +475,57 @@ class WorkerPool:
                 frames = sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            budget -= max(1, len(frames) - 1)
-            self._on_frames(frames)
+            budget -= self._on_frames(frames)
             sock = self._sock  # a handler may have closed the pool
 
-    def _on_frames(self, frames: list[bytes]) -> None:
-        """One zmq message: the worker's identity, then one or more envelopes."""
-        if len(frames) < 2:
+    def _on_frames(self, frames: list[bytes]) -> int:
+        """One zmq message: the worker's identity, then its envelopes (see
+        :func:`ipc.worker_wire.join_envelopes`); how many there were. A run of one
+        turn's events among them is handed on at once (``on_events``)."""
+        if len(frames) != 2:
             log.warning("dropped a malformed message (%d frames)", len(frames))
-            return
+            return 1
         worker_id = frames[0].decode("utf-8", errors="replace")
         worker = self._workers.get(worker_id)
         if worker is None or not worker.alive:
             log.debug("dropped a message from unknown or dead worker %r", worker_id)
-            return
-        for frame in frames[1:]:
-            if not worker.alive:
-                return
-            self._on_envelope(worker, worker_id, frame)
-
-    def _on_envelope(self, worker: _Worker, worker_id: str, frame: bytes) -> None:
-        try:
-            message = decode(frame)
-        except WireError as exc:
-            log.warning("worker %s: dropped a malformed frame: %s", worker_id, exc)
-            return
+            return 1
         worker.last_beat = time.monotonic()
+        envelopes = split_envelopes(frames[1])
+        run: list[TurnEvent] = []
+        run_bytes = 0
+        for envelope in envelopes:
+            try:
+                message = decode(envelope)
+            except WireError as exc:
+                log.warning("worker %s: dropped a malformed frame: %s", worker_id, exc)
+                continue
+            if type(message) is TurnEvent and self._on_events is not None:
+                if run and (run[0].sid != message.sid or run[0].turn_id != message.turn_id):
+                    self._hand_on(worker_id, run, run_bytes)
+                    run, run_bytes = [], 0
+                run.append(message)
+                run_bytes += len(envelope)
+                continue
+            if run:
+                self._hand_on(worker_id, run, run_bytes)
+                run, run_bytes = [], 0
+            if not worker.alive:
+                return len(envelopes)
+            self._on_envelope(worker, worker_id, message)
+        if run:
+            self._hand_on(worker_id, run, run_bytes)
+        return len(envelopes)
+
+    def _hand_on(self, worker_id: str, events: list[TurnEvent], nbytes: int) -> None:
+        assert self._on_events is not None
+        try:
+            self._on_events(worker_id, events, nbytes)
+        except Exception:
+            log.exception("on_events raised for events from %s", worker_id)
+
+    def _on_envelope(self, worker: _Worker, worker_id: str,
+                     message: HostMessage | WorkerMessage) -> None:
         if isinstance(message, WorkerReady):
             self._on_ready(worker, message)
         elif isinstance(message, Heartbeat):
@@ -495,10 +533,7 @@ class WorkerPool:
             worker.agents = tuple(message.agents)
         elif isinstance(message, _FORWARDED):
             try:
-                if self._on_event is not None and isinstance(message, TurnEvent):
-                    self._on_event(worker_id, message, len(frame))
-                else:
-                    self._on_message(worker_id, message)
+                self._on_message(worker_id, message)
             except Exception:
                 log.exception("on_message raised for %s from %s", type(message).__name__,
                               worker_id)

@@ -7,8 +7,8 @@ Threads:
 - one :class:`actors.worker.session.SessionActor` thread per session runs turns. Actor
   threads never touch the socket: they hand messages to :class:`Outbox`, which
   wakes the IO thread through an eventfd it polls next to the socket (once per
-  burst). The IO thread sends what is queued as the parts of one zmq message
-  (one envelope per part), so a turn's events cost one send, not one each.
+  burst). The IO thread sends what is queued as one zmq message (one frame,
+  the envelopes a line each), so a turn's events cost one send, not one each.
 
 A turn's events are flow-controlled end to end: the turn's thread waits while
 its :class:`actors.worker.session.StreamWindow` is used up, and the host grants credit
@@ -76,6 +76,7 @@ from ipc.worker_wire import (
     WorkerReady,
     decode,
     encode,
+    join_envelopes,
 )
 
 __all__ = ["HOST_SILENCE_BEATS", "Outbox", "WorkerProcess", "main"]
@@ -84,8 +85,10 @@ logger = logging.getLogger("zeroclaw.worker")
 
 HOST_SILENCE_BEATS = 5
 _HWM = 10_000
+# plain ints: zmq's IntEnum constants cost a conversion on every use (on every turn)
+_EVENTS, _POLLIN, _POLLOUT = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.POLLOUT)
 _TURN_ENDS = (TurnEnded, TurnFailed)
-_FRAMES_PER_SEND = 256  # envelopes sent as the parts of one zmq message
+_FRAMES_PER_SEND = 256  # envelopes sent together as one zmq message
 _FRAMES_PER_RECEIVE = 256  # host messages handled before the loop beats and flushes again
 _STOP_ACTORS_SECS = 2.0
 TICK_SECONDS = 0.002
@@ -269,8 +272,8 @@ class WorkerProcess:
 
     def _dealer_pending(self) -> bool:
         """Whether the DEALER has input, or room for a backlog (holding its lock)."""
-        events = cast(int, self._dealer.getsockopt(zmq.EVENTS))
-        return bool(events & zmq.POLLIN or (self._backlog and events & zmq.POLLOUT))
+        events = cast(int, self._dealer.getsockopt(_EVENTS))
+        return bool(events & _POLLIN or (self._backlog and events & _POLLOUT))
 
     def _poll_timeout_ms(self) -> int:
         if self.outbox.ticking:
@@ -302,7 +305,7 @@ class WorkerProcess:
             count = min(len(backlog), _FRAMES_PER_SEND)
             frames = [backlog[i] for i in range(count)]
             try:
-                self._dealer.send_multipart(frames, zmq.NOBLOCK)
+                self._dealer.send(join_envelopes(frames), zmq.NOBLOCK)
             except zmq.Again:
                 return  # back-pressure: poll for POLLOUT and try again
             for _ in range(count):
@@ -316,7 +319,7 @@ class WorkerProcess:
         started = False
         dealer = self._dealer
         for _ in range(_FRAMES_PER_RECEIVE):
-            if not cast(int, dealer.getsockopt(zmq.EVENTS)) & zmq.POLLIN:  # no zmq.Again
+            if not cast(int, dealer.getsockopt(_EVENTS)) & _POLLIN:  # no zmq.Again
                 break
             try:
                 frame = dealer.recv(zmq.NOBLOCK)
