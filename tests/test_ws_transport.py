@@ -5,6 +5,7 @@ answered. (Everything else it does is tested through the daemon.)"""
 from __future__ import annotations
 
 import asyncio
+import socket
 from typing import Any
 
 import pytest
@@ -111,7 +112,10 @@ async def _flood_pings_without_reading(high_water: int, most: int) -> bool:
         lambda: WsConnection(handler, 4096, handler.lost.set), "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     client = ClientProtocol(parse_uri(f"ws://127.0.0.1:{port}/acp"))
-    reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1024)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # no room to read ahead
+    sock.connect(("127.0.0.1", port))
+    reader, writer = await asyncio.open_connection(sock=sock, limit=1024)
     client.send_request(client.connect())
     writer.writelines(client.data_to_send())
     client.receive_data(await reader.read(4096))  # the 101 answer; nothing is read after it
