@@ -5,6 +5,7 @@ answered. (Everything else it does is tested through the daemon.)"""
 from __future__ import annotations
 
 import asyncio
+import socket
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ from websockets.client import ClientProtocol
 from websockets.uri import parse_uri
 
 from supervisor.servers import ws_transport
-from supervisor.servers.ws_transport import WsConnection
+from supervisor.servers.ws_transport import Outbox, WsConnection
 
 
 class _Upgrading:
@@ -87,3 +88,57 @@ async def _errors_after_garbage_behind_a_request() -> list[str]:
 
 def test_a_request_followed_by_garbage_is_closed_without_an_answer() -> None:
     assert asyncio.run(_errors_after_garbage_behind_a_request()) == []
+
+
+class _WithOutbox(_Upgrading):
+    """Upgrades every request and gives the connection an outbox, as the gateway does;
+    ``lost`` is set when the connection has closed."""
+
+    def __init__(self, high_water: int) -> None:
+        super().__init__()
+        self.high_water = high_water
+        self.lost = asyncio.Event()
+
+    def opened(self, connection: WsConnection) -> Any:
+        connection.outbox = Outbox(connection, self.high_water, stall_timeout=30.0)
+        return object()
+
+
+async def _flood_pings_without_reading(high_water: int, most: int) -> bool:
+    """Ping the server (up to ``most`` bytes) and read nothing back; whether it closed."""
+    loop = asyncio.get_running_loop()
+    handler = _WithOutbox(high_water)
+    server = await loop.create_server(
+        lambda: WsConnection(handler, 4096, handler.lost.set), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = ClientProtocol(parse_uri(f"ws://127.0.0.1:{port}/acp"))
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # no room to read ahead
+    sock.connect(("127.0.0.1", port))
+    reader, writer = await asyncio.open_connection(sock=sock, limit=1024)
+    client.send_request(client.connect())
+    writer.writelines(client.data_to_send())
+    client.receive_data(await reader.read(4096))  # the 101 answer; nothing is read after it
+    assert client.handshake_exc is None
+    for _ in range(1024):
+        client.send_ping(b"p" * 125)
+    pings = b"".join(client.data_to_send())
+    sent = 0
+    try:
+        async with asyncio.timeout(30):
+            while sent < most and not handler.lost.is_set():
+                writer.write(pings)
+                await writer.drain()
+                sent += len(pings)
+    except ConnectionError:
+        pass
+    finally:
+        writer.close()
+        server.close()
+    return handler.lost.is_set()
+
+
+def test_a_client_that_pings_and_never_reads_is_closed_at_the_high_water_mark() -> None:
+    """Each ping gets a pong, written around the outbox: they count toward the mark too,
+    or a client that never reads could grow the host's memory without end."""
+    assert asyncio.run(_flood_pings_without_reading(64 * 1024, 48 * 1024 * 1024))

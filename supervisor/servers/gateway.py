@@ -186,6 +186,7 @@ class Gateway:
         self._listener: AdoptingListener | None = None
         self._tls: ssl.SSLContext | None = None
         self._connections: set[WsConnection] = set()
+        self._stopping = False
         self._scopes: weakref.WeakKeyDictionary[WsConnection, TenantScope] = (
             weakref.WeakKeyDictionary())
         self._numbers: weakref.WeakKeyDictionary[WsConnection, int] = (
@@ -236,7 +237,9 @@ class Gateway:
         self._connections.add(connection)  # until its ``on_closed``
 
     def stop_accepting(self) -> None:
-        """No new connection from now on; the open ones go on until :meth:`close`."""
+        """No new connection from now on, and no new ``/acp`` session on the open ones
+        (503); those already upgraded go on until :meth:`close`."""
+        self._stopping = True
         if self._listener is not None:
             self._listener.close()
 
@@ -310,6 +313,8 @@ class Gateway:
             response = connection.respond(200, self.metrics.render())
             _set_type(response, self.metrics.content_type)
             return response
+        if self._stopping:  # accepted before the daemon began to stop; asked after
+            return connection.respond(503, "Server is shutting down.\n")
         self._scopes[connection] = TenantScope(tenant, self.tenancy, agent)
         return None  # go on with the WebSocket handshake
 

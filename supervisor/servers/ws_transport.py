@@ -267,6 +267,8 @@ class WsConnection(asyncio.Protocol):
                 transport.write_eof()
             else:
                 transport.close()
+        if self.paused and self.outbox is not None:
+            self.outbox.check_backlog()  # a pong or a close went around the queue
         if self.protocol.state is OPEN:
             return
         if self._close_timer is None and self.protocol.close_expected():
@@ -394,10 +396,18 @@ class Outbox:
             if self._queued > self._high_water:
                 self._give_up(f"client is not reading ({self._queued} bytes queued)")
                 return
-        if self._stall_timer is None and self._connection.paused:
+        if self._stall_timer is None and self._connection.paused and not self._done:
             self._last_taken = self._taken()
             self._last_progress = time.monotonic()
             self._watch_stall()
+
+    def check_backlog(self) -> None:
+        """Give up on a client whose unsent bytes passed the high-water mark, counting
+        those written around the queue (pongs, a close) beyond the transport's high mark:
+        a client that pings and never reads must not grow the host's memory either."""
+        over_mark = max(0, self._transport.get_write_buffer_size() - PACE_MARK)
+        if not self._done and self._queued + over_mark > self._high_water:
+            self._give_up(f"client is not reading ({self._queued + over_mark} bytes behind)")
 
     def when_drained(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` (once) when the client caught up; never if it goes first."""

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import signal
+import socket
 import ssl
 import subprocess
 import time
@@ -13,6 +15,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from acp import text_block
 from acp.client.connection import ClientSideConnection
@@ -20,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from websockets.asyncio.client import connect as async_connect
 from websockets.exceptions import InvalidStatus
 
+from tests.e2e.procs import descendants
 from tests.e2e.sdkhost import RecordingClient
 
 from .gateway_helpers import (
@@ -31,7 +35,7 @@ from .gateway_helpers import (
     gateway_config,
     http_get,
 )
-from .helpers import RpcClient, RpcFailure, short_dir, zeroclaw_argv
+from .helpers import FRAME_TIMEOUT, RpcClient, RpcFailure, short_dir, zeroclaw_argv
 
 
 @pytest.fixture
@@ -389,6 +393,41 @@ def test_sigterm_answers_running_prompts_on_the_gateway_then_exits_0(
     gateway.daemon.proc.send_signal(signal.SIGTERM)
     assert editor.wait_response(slow)["result"]["stopReason"] == "cancelled"
     assert gateway.daemon.wait(20) == 0
+
+
+def test_an_upgrade_asked_after_sigterm_on_a_connection_opened_before_gets_503(
+        gateway: GatewayDaemon) -> None:
+    """The daemon is stopping: a connection it accepted before asks for ``/acp`` only
+    now, and gets no new session (its worker is held still, so the stop lasts)."""
+    editor = gateway.client()
+    sid = editor.request("session/new", {})["sessionId"]
+    editor.send("session/prompt", {"sessionId": sid, "prompt": "!sleep 30"})
+    editor.request("status")  # the prompt is in before the signal
+    host, port = gateway.http.removeprefix("http://").rsplit(":", 1)
+    late = socket.create_connection((host, int(port)), timeout=FRAME_TIMEOUT)
+    gateway.get("/health")  # accepted after ``late``: so ``late`` is too
+    held = descendants(gateway.daemon.pid)
+    for process in held:
+        process.suspend()  # the cancelled turn cannot end before the stop times out
+    try:
+        gateway.daemon.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + FRAME_TIMEOUT
+        while "received SIGTERM: stopping" not in gateway.daemon.stderr():
+            assert time.monotonic() < deadline, gateway.daemon.stderr()
+            time.sleep(0.02)
+        late.sendall(
+            "GET /acp HTTP/1.1\r\nHost: gateway\r\nUpgrade: websocket\r\n"
+            "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+            f"Sec-WebSocket-Version: 13\r\nAuthorization: Bearer {TOKENS['alice']}\r\n"
+            "\r\n".encode())
+        answer = late.recv(4096)
+    finally:
+        for process in held:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.resume()
+        late.close()
+        editor.close()
+    assert answer.startswith(b"HTTP/1.1 503"), answer
 
 
 def test_a_client_that_does_not_read_is_dropped_and_others_go_on(
