@@ -8,6 +8,8 @@ import concurrent.futures
 import fcntl
 import os
 import queue
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -16,7 +18,7 @@ import orjson
 from actors.worker.agents import TurnContext
 from actors.worker.agents.acp_calls import AgentCalls, AgentInput
 from actors.worker.agents.acp_client import HANDLERS, NOTIFICATIONS, on_updates
-from actors.worker.agents.acp_process import AgentProcess, LaunchSpec, SessionLink
+from actors.worker.agents.acp_process import AgentProcess, LaunchSpec, SessionLink, clean_env
 from actors.worker.agents.acp_stdout import Line, LinesProtocol, enlarge_pipe
 from actors.worker.agents.acp_turn import UpdateRelay
 from actors.worker.agents.acp_updates import (
@@ -232,7 +234,7 @@ def test_the_agents_stdin_takes_frames_whole_from_any_thread_past_a_full_pipe() 
     async def play() -> bytes:
         loop = asyncio.get_running_loop()
         read_end, write_end = os.pipe()
-        agent_input = AgentInput(loop, write_end)
+        agent_input = AgentInput(loop, write_end, len(big), lambda _waiting: None)
         try:
             await asyncio.to_thread(agent_input.write, big)  # the rest waits for the loop
             agent_input.write(b"small\n")  # behind it, never inside it
@@ -255,3 +257,25 @@ def test_the_agents_stdout_pipe_holds_more_than_a_pause_of_its_reader_lets_it_wr
     finally:
         os.close(read_end)
         os.close(write_end)
+
+
+def test_an_agent_that_stops_reading_its_stdin_is_killed_before_its_input_grows_unbounded(
+        tmp_path: Path) -> None:
+    fixture = Path(__file__).parent / "fixtures" / "acp_fixture_agent.py"
+    spec = LaunchSpec("deaf", (sys.executable, str(fixture)),
+                      clean_env({"FIXTURE_MODE": "deaf"}), str(tmp_path), 10.0)
+    process = AgentProcess(spec, HANDLERS, NOTIFICATIONS, on_updates)
+    process.start({})
+    try:
+        blob = "x" * (4 * 1024 * 1024)
+        futures = []
+        for _ in range(48):  # 192 MiB: far more than the input may hold for it
+            futures.append(process.call("_fixture/big", {"blob": blob}))  # never blocks
+            if process.exited.is_set():
+                break
+        assert process.exited.wait(10), "the agent was left to hold up its input"
+        assert "killed by signal 9" in process.failure_text("now")
+        for future in futures:
+            assert isinstance(future.exception(10), ConnectionLost)
+    finally:
+        process.stop()

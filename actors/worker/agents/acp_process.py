@@ -63,6 +63,9 @@ KEPT_ENV = ("PATH", "HOME", "LANG", "TERM")
 FRAME_LIMIT = 32 * 1024 * 1024
 STDERR_TAIL_LINES = 12
 STOP_GRACE_SECS = 1.0
+#: What may wait for an agent that does not read its stdin (two of the largest
+#: lines) before it is killed: the worker's memory is not the agent's to fill.
+INPUT_BACKLOG_LIMIT = 2 * FRAME_LIMIT
 #: While a turn streams, the agent's stdout is read again only after this pause (in
 #: effect a millisecond: the loop's timers wake no sooner; its relay gathers that long
 #: anyway): a few long reads instead of one per few lines, at the cost of up to that
@@ -328,7 +331,8 @@ class AgentProcess:
         loop = asyncio.get_running_loop()
         proc = self._proc = self._spawn()
         assert proc.stdout is not None and proc.stdin is not None and proc.stderr is not None
-        agent_input = self._input = AgentInput(loop, proc.stdin.fileno())
+        agent_input = self._input = AgentInput(loop, proc.stdin.fileno(),
+                                               INPUT_BACKLOG_LIMIT, self._input_stuck)
         self._endpoint = Endpoint(agent_input.write, self._bound(self._methods),
                                   require_initialize=False, name=f"agent {self.alias}",
                                   notifications=self._bound(self._notifications))
@@ -363,6 +367,15 @@ class AgentProcess:
         log.info("agent %s started (pid %d, sandbox %s)", self.alias, proc.pid,
                  spec.confinement)
         return proc
+
+    def _input_stuck(self, waiting: int) -> None:
+        """The agent left ``waiting`` bytes of its input unread (the writer's thread):
+        it is killed, and ends as if it had exited."""
+        log.warning("agent %s stopped reading its input (%d bytes waiting); killing it",
+                    self.alias, waiting)
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            _signal_group(proc, signal.SIGKILL)
 
     def _bound(self, table: Mapping[str, Callable[..., Any]]) -> dict[str, Callable[..., Any]]:
         """``table``'s handlers bound to this process; an extension method (``_name``)
