@@ -9,6 +9,8 @@ import fcntl
 import os
 import queue
 import sys
+import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -20,7 +22,7 @@ from actors.worker.agents.acp_calls import AgentCalls, AgentInput
 from actors.worker.agents.acp_client import HANDLERS, NOTIFICATIONS, on_updates
 from actors.worker.agents.acp_process import AgentProcess, LaunchSpec, SessionLink, clean_env
 from actors.worker.agents.acp_stdout import Line, LinesProtocol, enlarge_pipe
-from actors.worker.agents.acp_turn import UpdateRelay
+from actors.worker.agents.acp_turn import AcpTurn, UpdateRelay
 from actors.worker.agents.acp_updates import (
     ToolNames,
     events_from_updates,
@@ -31,6 +33,8 @@ from actors.worker.tools import PathPolicy
 from ipc.events import MessageChunk
 from ipc.framing import OVERSIZED
 from ipc.jsonrpc import ConnectionLost, Endpoint, RemoteError
+
+_FIXTURE_AGENT = Path(__file__).parent / "fixtures" / "acp_fixture_agent.py"
 
 
 def _lines_of(reads: list[bytes], limit: int = 1024, eof: bool = True) -> list[Line]:
@@ -261,8 +265,7 @@ def test_the_agents_stdout_pipe_holds_more_than_a_pause_of_its_reader_lets_it_wr
 
 def test_an_agent_that_stops_reading_its_stdin_is_killed_before_its_input_grows_unbounded(
         tmp_path: Path) -> None:
-    fixture = Path(__file__).parent / "fixtures" / "acp_fixture_agent.py"
-    spec = LaunchSpec("deaf", (sys.executable, str(fixture)),
+    spec = LaunchSpec("deaf", (sys.executable, str(_FIXTURE_AGENT)),
                       clean_env({"FIXTURE_MODE": "deaf"}), str(tmp_path), 10.0)
     process = AgentProcess(spec, HANDLERS, NOTIFICATIONS, on_updates)
     process.start({})
@@ -278,4 +281,60 @@ def test_an_agent_that_stops_reading_its_stdin_is_killed_before_its_input_grows_
         for future in futures:
             assert isinstance(future.exception(10), ConnectionLost)
     finally:
+        process.stop()
+
+
+class _LaggingClient:
+    """A turn's context whose client takes nothing until :attr:`window` is set: its
+    stream window is used up at once (the turn's thread then waits in :meth:`emit`)."""
+
+    def __init__(self) -> None:
+        self.cancelled = threading.Event()
+        self.window = threading.Event()
+        self.events: list[Any] = []
+
+    def emit_nowait(self, event: Any) -> bool:
+        self.events.append(event)
+        return False
+
+    def emit(self, event: Any) -> None:
+        self.events.append(event)
+        assert self.window.wait(30), "the test never let the client catch up"
+
+
+def test_a_client_that_lags_holds_its_agents_output_once_a_bound_is_queued(
+        tmp_path: Path) -> None:
+    """The agent floods while the client takes nothing: the worker holds a bounded
+    queue for the turn and stops reading the agent (which waits on its pipe); once the
+    client catches up, the whole stream arrives in order and the turn ends."""
+    spec = LaunchSpec("flood", (sys.executable, str(_FIXTURE_AGENT)), clean_env({}),
+                      str(tmp_path), 10.0)
+    process = AgentProcess(spec, HANDLERS, NOTIFICATIONS, on_updates)
+    client = _LaggingClient()
+    process.start({})
+    try:
+        sid = process.call_and_wait("session/new", {"cwd": str(tmp_path),
+                                                    "mcpServers": []})["sessionId"]
+        link = process.links[sid] = SessionLink(sid, PathPolicy.build("/", "/", ()),
+                                                lambda: "full")
+        turn = AcpTurn(process, link, cast(TurnContext, client), lambda: "full", 10.0)
+        marker, count = tmp_path / "flooded", 400_000  # ~32 MB of updates
+        outcome: list[str | None] = []
+        runner = threading.Thread(target=lambda: outcome.append(
+            turn.run(f"flood {count} {marker}")))
+        runner.start()
+        bound = 8 * 1024 * 1024 // 60 + 5_000  # updates of ~80 bytes, and one read more
+        deadline = time.monotonic() + 30
+        while not (process._stdout is not None and getattr(process._stdout, "held", False)):
+            assert link.inbox.qsize() <= bound, "the worker queued without bound"
+            assert not marker.exists(), "the agent never had to wait"
+            assert time.monotonic() < deadline
+            time.sleep(0.01)  # the agent's own progress: nothing here to wait on
+        client.window.set()
+        runner.join(30)
+        assert outcome == ["end_turn"] and marker.exists()
+        text = "".join(event.text for event in client.events)
+        assert text == "".join(f"{number} " for number in range(count))
+    finally:
+        client.window.set()
         process.stop()

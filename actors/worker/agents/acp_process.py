@@ -236,6 +236,16 @@ class AgentProcess:
             return
         agent_input.write(frame)
 
+    def hold_reading(self, holder: object, held: bool) -> None:
+        """Any thread: while some ``holder`` holds it, the agent's stdout is not read
+        (it waits on its full pipe, all its sessions with it); a turn whose client
+        lags far behind holds it so."""
+        stdout = self._stdout
+        if stdout is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed
+                self._loop.call_soon_threadsafe(stdout.hold if held else stdout.release,
+                                                holder)
+
     def begin_stop(self) -> None:
         """Ask the process to end (SIGTERM to its group); :meth:`stop` finishes."""
         proc = self._proc
