@@ -338,3 +338,51 @@ def test_a_client_that_lags_holds_its_agents_output_once_a_bound_is_queued(
     finally:
         client.window.set()
         process.stop()
+
+
+class _UndecidedClient(_LaggingClient):
+    """A client that decides no permission until :attr:`window` is set."""
+
+    def ask_permission(self, *_ask: Any) -> str | None:
+        assert self.window.wait(30), "the test never let the client decide"
+        return "allow_once"
+
+
+def test_an_agent_with_too_many_requests_unanswered_is_read_no_further(
+        tmp_path: Path) -> None:
+    """The agent sends thousands of permission requests at once while the client decides
+    none: the worker stops reading it at a bound of requests in its hands; once the
+    client decides, every one is answered."""
+    spec = LaunchSpec("asks", (sys.executable, str(_FIXTURE_AGENT)), clean_env({}),
+                      str(tmp_path), 10.0)
+    process = AgentProcess(spec, HANDLERS, NOTIFICATIONS, on_updates)
+    client = _UndecidedClient()
+    client.window.set()  # the stream's window has room; only decisions wait
+    decide = threading.Event()
+    client.window = decide
+    process.start({})
+    try:
+        sid = process.call_and_wait("session/new", {"cwd": str(tmp_path),
+                                                    "mcpServers": []})["sessionId"]
+        link = process.links[sid] = SessionLink(sid, PathPolicy.build("/", "/", ()),
+                                                lambda: "supervised")
+        turn = AcpTurn(process, link, cast(TurnContext, client), lambda: "supervised", 10.0)
+        count = 20_000
+        outcome: list[str | None] = []
+        runner = threading.Thread(target=lambda: outcome.append(turn.run(f"asks {count}")))
+        runner.start()
+        endpoint = process._endpoint
+        assert endpoint is not None
+        bound = 256 + 2_000  # and one read more (~200 bytes a request)
+        deadline = time.monotonic() + 30
+        while not (process._stdout is not None and getattr(process._stdout, "held", False)):
+            assert endpoint.running_handlers <= bound, "the worker took requests unbounded"
+            assert time.monotonic() < deadline
+            time.sleep(0.01)  # the agent's own progress: nothing here to wait on
+        decide.set()
+        runner.join(60)
+        assert outcome == ["end_turn"]
+        assert "".join(event.text for event in client.events) == f"allowed {count}"
+    finally:
+        decide.set()
+        process.stop()

@@ -71,9 +71,15 @@ INPUT_BACKLOG_LIMIT = 2 * FRAME_LIMIT
 #: anyway): a few long reads instead of one per few lines, at the cost of up to that
 #: pause before the turn's answer is read.
 STREAM_READ_PAUSE_SECS = 0.0005
+#: The agent's requests the worker may have in hand at once (a permission request
+#: waits on its client): past it, the agent's stdout is no longer read (one read more
+#: at most) until half of them are answered, checked every :data:`REQUESTS_RECHECK_SECS`.
+MAX_AGENT_REQUESTS = 256
+REQUESTS_RECHECK_SECS = 0.01
 #: ACP's error code for "authentication required" (the agent's, not zeroclaw's -32000).
 AUTH_REQUIRED = -32000
 _PR_SET_PDEATHSIG = 1
+_AGENT_REQUESTS = object()  # what holds the stdout for them (no session id is it)
 # Runs in the child before the agent: die with the forking thread, never outlive a
 # parent that is already gone, then become the agent (same pid).
 _LAUNCHER = (
@@ -185,6 +191,7 @@ class AgentProcess:
         self._input: AgentInput | None = None
         self._calls = AgentCalls(f"agent {spec.alias}")
         self._stdout_task: asyncio.Task[None] | None = None
+        self._requests_held = False  # its stdout is held for its requests in hand
         self._private_tmp: str | None = None
 
     # --- lifecycle (caller's thread) --------------------------------------------
@@ -440,6 +447,25 @@ class AgentProcess:
             streaming = self._hand_updates(run)
         if streaming and self._stdout is not None:
             self._stdout.pause_for(STREAM_READ_PAUSE_SECS)
+        if endpoint.running_handlers >= MAX_AGENT_REQUESTS and not self._requests_held:
+            self._hold_for_requests(True)
+
+    def _hold_for_requests(self, held: bool) -> None:
+        """Hold the agent's stdout while it has too many requests in hand (the loop
+        thread), until half of them are answered or the endpoint closed."""
+        stdout, endpoint = self._stdout, self._endpoint
+        assert stdout is not None and endpoint is not None
+        if not held or endpoint.closed or endpoint.running_handlers < MAX_AGENT_REQUESTS // 2:
+            self._requests_held = False
+            stdout.release(_AGENT_REQUESTS)
+        else:
+            if not self._requests_held:
+                log.warning("agent %s has %d requests unanswered; reading it no further "
+                            "until half are", self.alias, endpoint.running_handlers)
+            self._requests_held = True
+            stdout.hold(_AGENT_REQUESTS)
+            asyncio.get_running_loop().call_later(REQUESTS_RECHECK_SECS,
+                                                  self._hold_for_requests, True)
 
     def _update_params(self, message: dict[str, Any] | None) -> dict[str, Any] | None:
         """The params of ``message`` when it is a valid ``session/update`` notification
