@@ -8,6 +8,7 @@ import concurrent.futures
 import fcntl
 import os
 import queue
+import signal
 import sys
 import threading
 import time
@@ -385,4 +386,22 @@ def test_an_agent_with_too_many_requests_unanswered_is_read_no_further(
         assert "".join(event.text for event in client.events) == f"allowed {count}"
     finally:
         decide.set()
+        process.stop()
+
+
+def test_an_agent_that_died_is_not_alive_before_its_stdout_was_read_to_its_end(
+        tmp_path: Path) -> None:
+    """Its stdout held (a lagging client's turn holds it so), the agent is killed: no
+    new turn may pick it, though the end of its output was not read yet."""
+    spec = LaunchSpec("dies", (sys.executable, str(_FIXTURE_AGENT)), clean_env({}),
+                      str(tmp_path), 10.0)
+    process = AgentProcess(spec, HANDLERS, NOTIFICATIONS, on_updates)
+    process.start({})
+    try:
+        assert process.pid is not None and process.alive
+        process.hold_reading("a lagging turn", True)
+        os.kill(process.pid, signal.SIGKILL)
+        os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOWAIT)  # dead, not reaped
+        assert not process.alive
+    finally:
         process.stop()

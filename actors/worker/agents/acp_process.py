@@ -207,8 +207,10 @@ class AgentProcess:
 
     @property
     def alive(self) -> bool:
-        """False once its stdout ended (it exited or is about to) or it was stopped."""
-        return not self.exited.is_set()
+        """False once its stdout ended (it exited or is about to), it was stopped, or
+        it exited (the end of its stdout may not be read yet: e.g. held)."""
+        proc = self._proc
+        return not self.exited.is_set() and (proc is None or proc.poll() is None)
 
     @property
     def pid(self) -> int | None:
