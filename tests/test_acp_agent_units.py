@@ -223,6 +223,9 @@ class _AnsweredThenExited:
     def notify(self, method: str, params: Any) -> None:
         pass
 
+    def hold_reading(self, holder: object, held: bool) -> None:
+        pass
+
     def failure_text(self, doing: str) -> str:
         return f"agent exited {doing}"
 

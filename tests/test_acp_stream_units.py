@@ -8,6 +8,11 @@ import concurrent.futures
 import fcntl
 import os
 import queue
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -16,9 +21,9 @@ import orjson
 from actors.worker.agents import TurnContext
 from actors.worker.agents.acp_calls import AgentCalls, AgentInput
 from actors.worker.agents.acp_client import HANDLERS, NOTIFICATIONS, on_updates
-from actors.worker.agents.acp_process import AgentProcess, LaunchSpec, SessionLink
+from actors.worker.agents.acp_process import AgentProcess, LaunchSpec, SessionLink, clean_env
 from actors.worker.agents.acp_stdout import Line, LinesProtocol, enlarge_pipe
-from actors.worker.agents.acp_turn import UpdateRelay
+from actors.worker.agents.acp_turn import AcpTurn, UpdateRelay
 from actors.worker.agents.acp_updates import (
     ToolNames,
     events_from_updates,
@@ -29,6 +34,8 @@ from actors.worker.tools import PathPolicy
 from ipc.events import MessageChunk
 from ipc.framing import OVERSIZED
 from ipc.jsonrpc import ConnectionLost, Endpoint, RemoteError
+
+_FIXTURE_AGENT = Path(__file__).parent / "fixtures" / "acp_fixture_agent.py"
 
 
 def _lines_of(reads: list[bytes], limit: int = 1024, eof: bool = True) -> list[Line]:
@@ -232,7 +239,7 @@ def test_the_agents_stdin_takes_frames_whole_from_any_thread_past_a_full_pipe() 
     async def play() -> bytes:
         loop = asyncio.get_running_loop()
         read_end, write_end = os.pipe()
-        agent_input = AgentInput(loop, write_end)
+        agent_input = AgentInput(loop, write_end, len(big), lambda _waiting: None)
         try:
             await asyncio.to_thread(agent_input.write, big)  # the rest waits for the loop
             agent_input.write(b"small\n")  # behind it, never inside it
@@ -255,3 +262,146 @@ def test_the_agents_stdout_pipe_holds_more_than_a_pause_of_its_reader_lets_it_wr
     finally:
         os.close(read_end)
         os.close(write_end)
+
+
+def test_an_agent_that_stops_reading_its_stdin_is_killed_before_its_input_grows_unbounded(
+        tmp_path: Path) -> None:
+    spec = LaunchSpec("deaf", (sys.executable, str(_FIXTURE_AGENT)),
+                      clean_env({"FIXTURE_MODE": "deaf"}), str(tmp_path), 10.0)
+    process = AgentProcess(spec, HANDLERS, NOTIFICATIONS, on_updates)
+    process.start({})
+    try:
+        blob = "x" * (4 * 1024 * 1024)
+        futures = []
+        for _ in range(48):  # 192 MiB: far more than the input may hold for it
+            futures.append(process.call("_fixture/big", {"blob": blob}))  # never blocks
+            if process.exited.is_set():
+                break
+        assert process.exited.wait(10), "the agent was left to hold up its input"
+        assert "killed by signal 9" in process.failure_text("now")
+        for future in futures:
+            assert isinstance(future.exception(10), ConnectionLost)
+    finally:
+        process.stop()
+
+
+class _LaggingClient:
+    """A turn's context whose client takes nothing until :attr:`window` is set: its
+    stream window is used up at once (the turn's thread then waits in :meth:`emit`)."""
+
+    def __init__(self) -> None:
+        self.cancelled = threading.Event()
+        self.window = threading.Event()
+        self.events: list[Any] = []
+
+    def emit_nowait(self, event: Any) -> bool:
+        self.events.append(event)
+        return False
+
+    def emit(self, event: Any) -> None:
+        self.events.append(event)
+        assert self.window.wait(30), "the test never let the client catch up"
+
+
+def test_a_client_that_lags_holds_its_agents_output_once_a_bound_is_queued(
+        tmp_path: Path) -> None:
+    """The agent floods while the client takes nothing: the worker holds a bounded
+    queue for the turn and stops reading the agent (which waits on its pipe); once the
+    client catches up, the whole stream arrives in order and the turn ends."""
+    spec = LaunchSpec("flood", (sys.executable, str(_FIXTURE_AGENT)), clean_env({}),
+                      str(tmp_path), 10.0)
+    process = AgentProcess(spec, HANDLERS, NOTIFICATIONS, on_updates)
+    client = _LaggingClient()
+    process.start({})
+    try:
+        sid = process.call_and_wait("session/new", {"cwd": str(tmp_path),
+                                                    "mcpServers": []})["sessionId"]
+        link = process.links[sid] = SessionLink(sid, PathPolicy.build("/", "/", ()),
+                                                lambda: "full")
+        turn = AcpTurn(process, link, cast(TurnContext, client), lambda: "full", 10.0)
+        marker, count = tmp_path / "flooded", 400_000  # ~32 MB of updates
+        outcome: list[str | None] = []
+        runner = threading.Thread(target=lambda: outcome.append(
+            turn.run(f"flood {count} {marker}")))
+        runner.start()
+        bound = 8 * 1024 * 1024 // 60 + 5_000  # updates of ~80 bytes, and one read more
+        deadline = time.monotonic() + 30
+        while not (process._stdout is not None and getattr(process._stdout, "held", False)):
+            assert link.inbox.qsize() <= bound, "the worker queued without bound"
+            assert not marker.exists(), "the agent never had to wait"
+            assert time.monotonic() < deadline
+            time.sleep(0.01)  # the agent's own progress: nothing here to wait on
+        client.window.set()
+        runner.join(30)
+        assert outcome == ["end_turn"] and marker.exists()
+        text = "".join(event.text for event in client.events)
+        assert text == "".join(f"{number} " for number in range(count))
+    finally:
+        client.window.set()
+        process.stop()
+
+
+class _UndecidedClient(_LaggingClient):
+    """A client that decides no permission until :attr:`window` is set."""
+
+    def ask_permission(self, *_ask: Any) -> str | None:
+        assert self.window.wait(30), "the test never let the client decide"
+        return "allow_once"
+
+
+def test_an_agent_with_too_many_requests_unanswered_is_read_no_further(
+        tmp_path: Path) -> None:
+    """The agent sends thousands of permission requests at once while the client decides
+    none: the worker stops reading it at a bound of requests in its hands; once the
+    client decides, every one is answered."""
+    spec = LaunchSpec("asks", (sys.executable, str(_FIXTURE_AGENT)), clean_env({}),
+                      str(tmp_path), 10.0)
+    process = AgentProcess(spec, HANDLERS, NOTIFICATIONS, on_updates)
+    client = _UndecidedClient()
+    client.window.set()  # the stream's window has room; only decisions wait
+    decide = threading.Event()
+    client.window = decide
+    process.start({})
+    try:
+        sid = process.call_and_wait("session/new", {"cwd": str(tmp_path),
+                                                    "mcpServers": []})["sessionId"]
+        link = process.links[sid] = SessionLink(sid, PathPolicy.build("/", "/", ()),
+                                                lambda: "supervised")
+        turn = AcpTurn(process, link, cast(TurnContext, client), lambda: "supervised", 10.0)
+        count = 20_000
+        outcome: list[str | None] = []
+        runner = threading.Thread(target=lambda: outcome.append(turn.run(f"asks {count}")))
+        runner.start()
+        endpoint = process._endpoint
+        assert endpoint is not None
+        bound = 256 + 2_000  # and one read more (~200 bytes a request)
+        deadline = time.monotonic() + 30
+        while not (process._stdout is not None and getattr(process._stdout, "held", False)):
+            assert endpoint.running_handlers <= bound, "the worker took requests unbounded"
+            assert time.monotonic() < deadline
+            time.sleep(0.01)  # the agent's own progress: nothing here to wait on
+        decide.set()
+        runner.join(60)
+        assert outcome == ["end_turn"]
+        assert "".join(event.text for event in client.events) == f"allowed {count}"
+    finally:
+        decide.set()
+        process.stop()
+
+
+def test_an_agent_that_died_is_not_alive_before_its_stdout_was_read_to_its_end(
+        tmp_path: Path) -> None:
+    """Its stdout held (a lagging client's turn holds it so), the agent is killed: no
+    new turn may pick it, though the end of its output was not read yet."""
+    spec = LaunchSpec("dies", (sys.executable, str(_FIXTURE_AGENT)), clean_env({}),
+                      str(tmp_path), 10.0)
+    process = AgentProcess(spec, HANDLERS, NOTIFICATIONS, on_updates)
+    process.start({})
+    try:
+        assert process.pid is not None and process.alive
+        process.hold_reading("a lagging turn", True)
+        os.kill(process.pid, signal.SIGKILL)
+        os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOWAIT)  # dead, not reaped
+        assert not process.alive
+    finally:
+        process.stop()

@@ -496,3 +496,23 @@ def test_a_long_stream_to_a_client_that_lags_arrives_whole_and_in_the_agents_ord
     assert answers[request_id]["result"]["content"] == expected
     again = raw_host.call("session/prompt", {"sessionId": sid, "prompt": "after"})
     assert again["content"] == "after"
+
+
+async def test_an_agent_that_gives_two_sessions_one_session_id_mixes_neither(
+    sdk_hosts: SdkHostFactory, config_dir: Path, workspace: Path
+) -> None:
+    """The second session's agent session would be the first's: that session is refused
+    (its turn fails, saying why), and the first keeps its own output."""
+    acp_config(config_dir, fixture_command(),
+               extra='env = {FIXTURE_MODE = "one_sid"}\n[workers]\nmax = 1')
+    async with sdk_hosts() as host:
+        await host.initialize()
+        first = await host.new_session(workspace)
+        second = await host.new_session(workspace)
+        text, _ = await prompt_text(host, first, "first's own words")
+        assert text == "first's own words"
+        exc = await expect_error(host.prompt(second, "second's words"), -32603)
+        assert "fx-session-0" in str(exc.data or exc) and "per_session" in str(exc.data or exc)
+        text, _ = await prompt_text(host, first, "still the first's")
+        assert text == "still the first's"
+        assert "second's" not in host.client.text(first)

@@ -48,6 +48,7 @@ from actors.worker.agents.acp_process import AgentProcess, LaunchSpec, SessionLi
 from actors.worker.agents.acp_turn import AcpTurn
 from actors.worker.agents.base import Agent, AgentFailure, SessionSetup, TurnContext, TurnResult
 from actors.worker.tools import ShellTool
+from ipc.errors import clip
 from ipc.worker_wire import AgentProcessEntry
 
 __all__ = [
@@ -426,7 +427,11 @@ class AcpAgent(Agent):
                             "earlier turns was not restored", setup.sid, self.alias, agent_sid)
         link = SessionLink(agent_sid, setup.paths, setup.mode, setup.sid, setup.client,
                            self._mode_switched)
-        process.links[agent_sid] = link
+        if process.links.setdefault(agent_sid, link) is not link:  # it is another's
+            raise AgentFailure(
+                f"agent {self.alias} gave this session the session id {clip(agent_sid)!r}, "
+                "which another session of it holds (an agent that serves one session "
+                "per process needs per_session = true)")
         self._process, self._link = process, link
         self._agent_sessions += 1
 

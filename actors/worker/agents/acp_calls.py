@@ -36,12 +36,17 @@ class AgentInput:
     """The agent's stdin, written from any thread, a frame at a time: what the pipe
     takes at once is written by the caller, the rest waits here and the loop thread
     writes it as the pipe drains. Once the agent is gone, writes are dropped (its
-    stdout's end tells the rest)."""
+    stdout's end tells the rest). An agent that leaves more than ``limit`` bytes
+    waiting (it stopped reading its stdin) is given up on: what waits is dropped and
+    ``stuck`` is called (the writer's thread), which ends the agent."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, fd: int) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, fd: int, limit: int,
+                 stuck: Callable[[int], None]) -> None:
         os.set_blocking(fd, False)
         self._loop = loop
         self._fd = fd
+        self._limit = limit
+        self._stuck = stuck
         self._lock = threading.Lock()
         self._backlog = bytearray()
         self._gone = False
@@ -51,15 +56,21 @@ class AgentInput:
         with self._lock:
             if self._gone:
                 return
-            if self._backlog:
-                self._backlog += frame
-                return
-            written = self._write_some(frame)
-            if written < len(frame):
-                self._backlog += frame[written:]
+            if not self._backlog:
+                written = self._write_some(frame)
+                if written == len(frame):
+                    return
+                frame = frame[written:]
                 with contextlib.suppress(RuntimeError):  # the loop is closed
                     self._loop.call_soon_threadsafe(self._loop.add_writer, self._fd,
                                                     self._drain)
+            self._backlog += frame
+            waiting = len(self._backlog)
+            if waiting <= self._limit:
+                return
+            self._gone = True
+            self._backlog.clear()
+        self._stuck(waiting)
 
     def close(self) -> None:
         """Write nothing more (any thread)."""
@@ -70,8 +81,10 @@ class AgentInput:
     def _drain(self) -> None:
         """The loop thread, while the backlog waits: as much as the pipe takes."""
         with self._lock:
-            del self._backlog[:self._write_some(self._backlog)]
-            if not self._backlog:
+            if not self._gone:
+                del self._backlog[:self._write_some(self._backlog)]
+            if self._gone or not self._backlog:
+                self._backlog.clear()
                 self._loop.remove_writer(self._fd)
 
     def _write_some(self, data: bytes | bytearray) -> int:

@@ -63,14 +63,23 @@ KEPT_ENV = ("PATH", "HOME", "LANG", "TERM")
 FRAME_LIMIT = 32 * 1024 * 1024
 STDERR_TAIL_LINES = 12
 STOP_GRACE_SECS = 1.0
+#: What may wait for an agent that does not read its stdin (two of the largest
+#: lines) before it is killed: the worker's memory is not the agent's to fill.
+INPUT_BACKLOG_LIMIT = 2 * FRAME_LIMIT
 #: While a turn streams, the agent's stdout is read again only after this pause (in
 #: effect a millisecond: the loop's timers wake no sooner; its relay gathers that long
 #: anyway): a few long reads instead of one per few lines, at the cost of up to that
 #: pause before the turn's answer is read.
 STREAM_READ_PAUSE_SECS = 0.0005
+#: The agent's requests the worker may have in hand at once (a permission request
+#: waits on its client): past it, the agent's stdout is no longer read (one read more
+#: at most) until half of them are answered, checked every :data:`REQUESTS_RECHECK_SECS`.
+MAX_AGENT_REQUESTS = 256
+REQUESTS_RECHECK_SECS = 0.01
 #: ACP's error code for "authentication required" (the agent's, not zeroclaw's -32000).
 AUTH_REQUIRED = -32000
 _PR_SET_PDEATHSIG = 1
+_AGENT_REQUESTS = object()  # what holds the stdout for them (no session id is it)
 # Runs in the child before the agent: die with the forking thread, never outlive a
 # parent that is already gone, then become the agent (same pid).
 _LAUNCHER = (
@@ -182,6 +191,7 @@ class AgentProcess:
         self._input: AgentInput | None = None
         self._calls = AgentCalls(f"agent {spec.alias}")
         self._stdout_task: asyncio.Task[None] | None = None
+        self._requests_held = False  # its stdout is held for its requests in hand
         self._private_tmp: str | None = None
 
     # --- lifecycle (caller's thread) --------------------------------------------
@@ -197,8 +207,10 @@ class AgentProcess:
 
     @property
     def alive(self) -> bool:
-        """False once its stdout ended (it exited or is about to) or it was stopped."""
-        return not self.exited.is_set()
+        """False once its stdout ended (it exited or is about to), it was stopped, or
+        it exited (the end of its stdout may not be read yet: e.g. held)."""
+        proc = self._proc
+        return not self.exited.is_set() and (proc is None or proc.poll() is None)
 
     @property
     def pid(self) -> int | None:
@@ -232,6 +244,16 @@ class AgentProcess:
             log.warning("agent %s: notification %s cannot be sent: %s", self.alias, method, exc)
             return
         agent_input.write(frame)
+
+    def hold_reading(self, holder: object, held: bool) -> None:
+        """Any thread: while some ``holder`` holds it, the agent's stdout is not read
+        (it waits on its full pipe, all its sessions with it); a turn whose client
+        lags far behind holds it so."""
+        stdout = self._stdout
+        if stdout is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed
+                self._loop.call_soon_threadsafe(stdout.hold if held else stdout.release,
+                                                holder)
 
     def begin_stop(self) -> None:
         """Ask the process to end (SIGTERM to its group); :meth:`stop` finishes."""
@@ -328,7 +350,8 @@ class AgentProcess:
         loop = asyncio.get_running_loop()
         proc = self._proc = self._spawn()
         assert proc.stdout is not None and proc.stdin is not None and proc.stderr is not None
-        agent_input = self._input = AgentInput(loop, proc.stdin.fileno())
+        agent_input = self._input = AgentInput(loop, proc.stdin.fileno(),
+                                               INPUT_BACKLOG_LIMIT, self._input_stuck)
         self._endpoint = Endpoint(agent_input.write, self._bound(self._methods),
                                   require_initialize=False, name=f"agent {self.alias}",
                                   notifications=self._bound(self._notifications))
@@ -363,6 +386,15 @@ class AgentProcess:
         log.info("agent %s started (pid %d, sandbox %s)", self.alias, proc.pid,
                  spec.confinement)
         return proc
+
+    def _input_stuck(self, waiting: int) -> None:
+        """The agent left ``waiting`` bytes of its input unread (the writer's thread):
+        it is killed, and ends as if it had exited."""
+        log.warning("agent %s stopped reading its input (%d bytes waiting); killing it",
+                    self.alias, waiting)
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            _signal_group(proc, signal.SIGKILL)
 
     def _bound(self, table: Mapping[str, Callable[..., Any]]) -> dict[str, Callable[..., Any]]:
         """``table``'s handlers bound to this process; an extension method (``_name``)
@@ -417,6 +449,25 @@ class AgentProcess:
             streaming = self._hand_updates(run)
         if streaming and self._stdout is not None:
             self._stdout.pause_for(STREAM_READ_PAUSE_SECS)
+        if endpoint.running_handlers >= MAX_AGENT_REQUESTS and not self._requests_held:
+            self._hold_for_requests(True)
+
+    def _hold_for_requests(self, held: bool) -> None:
+        """Hold the agent's stdout while it has too many requests in hand (the loop
+        thread), until half of them are answered or the endpoint closed."""
+        stdout, endpoint = self._stdout, self._endpoint
+        assert stdout is not None and endpoint is not None
+        if not held or endpoint.closed or endpoint.running_handlers < MAX_AGENT_REQUESTS // 2:
+            self._requests_held = False
+            stdout.release(_AGENT_REQUESTS)
+        else:
+            if not self._requests_held:
+                log.warning("agent %s has %d requests unanswered; reading it no further "
+                            "until half are", self.alias, endpoint.running_handlers)
+            self._requests_held = True
+            stdout.hold(_AGENT_REQUESTS)
+            asyncio.get_running_loop().call_later(REQUESTS_RECHECK_SECS,
+                                                  self._hold_for_requests, True)
 
     def _update_params(self, message: dict[str, Any] | None) -> dict[str, Any] | None:
         """The params of ``message`` when it is a valid ``session/update`` notification

@@ -33,8 +33,8 @@ _CR: Final = b"\r"
 
 
 class LinesProtocol(asyncio.Protocol):
-    """Hands ``deliver`` the lines of each read, in order (the loop thread);
-    :attr:`ended` is done once the stream ended (its exception: a read failed)."""
+    """Hands ``deliver`` the lines of each read, in order (the loop thread, as all of
+    it); :attr:`ended` is done once the stream ended (its exception: a read failed)."""
 
     def __init__(self, limit: int, deliver: Callable[[list[Line]], None],
                  read_size: int = _DEFAULT_PIPE_SIZE) -> None:
@@ -48,6 +48,8 @@ class LinesProtocol(asyncio.Protocol):
         self._held_size = 0
         self._discarding = False  # inside a line over the limit
         self._transport: asyncio.ReadTransport | None = None
+        self._holders: set[object] = set()  # who keeps it from reading (:meth:`hold`)
+        self._pausing = False  # a :meth:`pause_for` is under way
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.ReadTransport)
@@ -60,7 +62,33 @@ class LinesProtocol(asyncio.Protocol):
         transport = self._transport
         if transport is not None and transport.is_reading():
             transport.pause_reading()
-            asyncio.get_running_loop().call_later(seconds, transport.resume_reading)
+            self._pausing = True
+            asyncio.get_running_loop().call_later(seconds, self._pause_ended)
+
+    def hold(self, holder: object) -> None:
+        """Read nothing more until ``holder`` lets go (:meth:`release`); the agent then
+        waits on its full pipe."""
+        self._holders.add(holder)
+        if self._transport is not None:
+            self._transport.pause_reading()
+
+    def release(self, holder: object) -> None:
+        """``holder`` no longer keeps it from reading."""
+        self._holders.discard(holder)
+        self._resume()
+
+    @property
+    def held(self) -> bool:
+        """Whether someone keeps it from reading."""
+        return bool(self._holders)
+
+    def _pause_ended(self) -> None:
+        self._pausing = False
+        self._resume()
+
+    def _resume(self) -> None:
+        if self._transport is not None and not self._holders and not self._pausing:
+            self._transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
         lines: list[Line] = []

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
+
+import orjson
 
 from actors.worker.agents.acp_client import CANCELLED_OUTCOME
 from actors.worker.agents.acp_process import AgentProcess, SessionLink
@@ -28,6 +31,9 @@ _POLL_SECS = 0.05
 #: before they go on: a streaming agent costs the host an update per millisecond at
 #: most, not one per chunk, and its first chunk is not held back.
 GATHER_SECS = 0.001
+#: What may queue for a turn's thread while its stream window is used up (the encoded
+#: size of the agent's updates) before its agent's output is no longer read.
+QUEUED_LIMIT = 8 * 1024 * 1024
 #: How long a turn whose agent exited waits for the loop thread to settle its answer.
 _ANSWER_AFTER_EXIT_SECS = 1.0
 _STOP_REASONS = frozenset({"end_turn", "max_tokens", "max_turn_requests", "refusal", "cancelled"})
@@ -56,7 +62,9 @@ class AcpTurn:
         self._answer_leftovers()  # from before this turn
         if self.ctx.cancelled.is_set():
             return None  # cancelled before it reached the agent
-        relay = link.turn = UpdateRelay(self.ctx, self.tools, link.inbox)
+        relay = link.turn = UpdateRelay(self.ctx, self.tools, link.inbox,
+                                        functools.partial(self.process.hold_reading,
+                                                          link.agent_session_id))
         try:
             future = self.process.call("session/prompt", {
                 "sessionId": link.agent_session_id,
@@ -85,7 +93,7 @@ class AcpTurn:
                 first = self.link.inbox.get(timeout=_POLL_SECS)
             except queue.Empty:
                 continue
-            if self._handle([first, *_drain(self.link.inbox)]):
+            if self._handle(relay.take(first)):
                 return
             relay.caught_up()
 
@@ -181,14 +189,20 @@ class UpdateRelay:
     permission request) takes what was gathered along first. While the stream window
     has room; once a burst used it up, updates queue in the session's inbox for the
     turn's thread, which waits for credit, until that thread has caught up
-    (:meth:`caught_up`). The window is thus overrun by one burst at most.
+    (:meth:`caught_up`). The window is thus overrun by one burst at most. While
+    more than :data:`QUEUED_LIMIT` is queued, the agent's output is not read (it
+    waits, and with it its other sessions): a lagging client never makes the
+    worker hold more than that (and what its turn's thread took) for a turn.
 
     Thread-safe: one lock orders the loop thread's relaying, the queueing, and the
     turn's end (:meth:`close`), after which the turn's record is its thread's alone.
     """
 
     def __init__(self, ctx: TurnContext, tools: ToolNames,
-                 inbox: queue.SimpleQueue[tuple[str, Any]]) -> None:
+                 inbox: queue.SimpleQueue[tuple[str, Any]],
+                 hold: Callable[[bool], None] | None = None) -> None:
+        """``hold(True)``: the agent's output is not to be read until ``hold(False)``
+        (any thread)."""
         self._ctx = ctx
         self._tools = tools
         self._inbox = inbox
@@ -197,6 +211,9 @@ class UpdateRelay:
         self._queued = False  # the turn's thread relays (the window was used up)
         self._open = True
         self._gather = 0.0  # the first burst goes at once
+        self._hold = hold
+        self._queued_size = 0  # the encoded size of the updates queued for the thread
+        self._holding = False  # the agent's output is not read meanwhile
 
     def update(self, update: Any) -> None:
         """One update of the agent (the loop thread): relayed with its burst."""
@@ -204,7 +221,7 @@ class UpdateRelay:
             if not self._open:
                 return
             if self._queued:
-                self._inbox.put(("update", update))
+                self._queue([update])
                 return
             self._burst.append(update)
             if len(self._burst) == 1:  # at least once the loop read what is there
@@ -220,8 +237,7 @@ class UpdateRelay:
             if not self._open:
                 return False
             if self._queued:
-                for update in updates:
-                    self._inbox.put(("update", update))
+                self._queue(updates)
                 return True
             waiting = bool(self._burst)  # a flush is already due
             self._burst += updates
@@ -257,19 +273,43 @@ class UpdateRelay:
             if self._queued and self._inbox.empty():
                 self._queued = False
 
+    def take(self, first: tuple[str, Any]) -> list[tuple[str, Any]]:
+        """``first`` and what else the inbox holds, oldest first (the turn's thread,
+        which got ``first`` from it): the agent's output is read again if it was
+        held for what queued."""
+        with self._lock:
+            messages = [first, *_drain(self._inbox)]
+            self._queued_size = 0
+            self._hold_reading(False)
+        return messages
+
     def close(self) -> None:
         """The turn ended (its thread): later updates are dropped."""
         with self._lock:
             self._open = False
             self._burst = []
+            self._hold_reading(False)
+
+    def _queue(self, updates: list[Any]) -> None:
+        """``updates`` for the turn's thread; once more than :data:`QUEUED_LIMIT` waits
+        for it, the agent's output is no longer read until that thread takes them."""
+        for update in updates:
+            self._inbox.put(("update", update))
+            self._queued_size += len(orjson.dumps(update))
+        if self._queued_size > QUEUED_LIMIT:
+            self._hold_reading(True)
+
+    def _hold_reading(self, held: bool) -> None:
+        if held != self._holding and self._hold is not None:
+            self._holding = held
+            self._hold(held)
 
     def _flush(self) -> None:
         burst, self._burst = self._burst, []
         if not burst or not self._open:
             return
         if self._queued:
-            for update in burst:
-                self._inbox.put(("update", update))
+            self._queue(burst)
             return
         room = True
         try:
