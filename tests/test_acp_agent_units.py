@@ -36,6 +36,7 @@ from ipc.events import (
     ToolCallStarted,
     UsageUpdate,
 )
+from tests.acp_doubles import RecordingStream
 
 
 def test_command_problems_name_the_reason() -> None:
@@ -143,22 +144,9 @@ def test_updates_that_arrive_together_merge_their_consecutive_chunks_in_order() 
     assert merged_chunks([]) == []
 
 
-class _Stream:
-    """A turn's context that keeps what is emitted; its window is used up after ``room``
-    events."""
-
-    def __init__(self, room: int) -> None:
-        self.events: list[object] = []
-        self.room = room
-
-    def emit_nowait(self, event: object) -> bool:
-        self.events.append(event)
-        return len(self.events) < self.room
-
-
 def test_the_relay_streams_bursts_merged_and_queues_in_order_once_the_window_is_full() -> None:
     inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
-    stream = _Stream(room=1)
+    stream = RecordingStream(room=1)
     relay = UpdateRelay(cast(TurnContext, stream), ToolNames(), inbox)
     loop = asyncio.new_event_loop()
     replies: list[object] = []

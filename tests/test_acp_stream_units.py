@@ -34,6 +34,7 @@ from actors.worker.tools import PathPolicy
 from ipc.events import MessageChunk
 from ipc.framing import OVERSIZED
 from ipc.jsonrpc import ConnectionLost, Endpoint, RemoteError
+from tests.acp_doubles import RecordingStream
 
 _FIXTURE_AGENT = Path(__file__).parent / "fixtures" / "acp_fixture_agent.py"
 
@@ -99,21 +100,9 @@ def test_merged_events_are_the_merged_chunks_of_the_updates_events() -> None:
     assert merged_events([_chunk("")], ToolNames()) == [] and merged_events([], ToolNames()) == []
 
 
-class _Stream:
-    """A turn's context that keeps what is emitted; its window is used up after ``room``."""
-
-    def __init__(self, room: int) -> None:
-        self.events: list[object] = []
-        self.room = room
-
-    def emit_nowait(self, event: object) -> bool:
-        self.events.append(event)
-        return len(self.events) < self.room
-
-
 def test_a_turns_first_run_of_updates_goes_at_once_and_later_ones_are_gathered() -> None:
     inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
-    stream = _Stream(room=2)
+    stream = RecordingStream(room=2)
     relay = UpdateRelay(cast(TurnContext, stream), ToolNames(), inbox)
 
     async def play() -> list[bool]:
@@ -285,6 +274,26 @@ def test_an_agent_that_stops_reading_its_stdin_is_killed_before_its_input_grows_
         process.stop()
 
 
+def _fixture_turn(tmp_path: Path, name: str, client: Any,
+                  autonomy: str) -> tuple[AgentProcess, SessionLink, AcpTurn]:
+    """The fixture agent started as ``name``, one session on it, and a turn of that
+    session whose context is ``client`` (the caller stops the process)."""
+    spec = LaunchSpec(name, (sys.executable, str(_FIXTURE_AGENT)), clean_env({}),
+                      str(tmp_path), 10.0)
+    process = AgentProcess(spec, HANDLERS, NOTIFICATIONS, on_updates)
+    process.start({})
+    try:
+        sid = process.call_and_wait("session/new", {"cwd": str(tmp_path),
+                                                    "mcpServers": []})["sessionId"]
+    except BaseException:
+        process.stop()
+        raise
+    link = process.links[sid] = SessionLink(sid, PathPolicy.build("/", "/", ()),
+                                            lambda: autonomy)
+    turn = AcpTurn(process, link, cast(TurnContext, client), lambda: autonomy, 10.0)
+    return process, link, turn
+
+
 class _LaggingClient:
     """A turn's context whose client takes nothing until :attr:`window` is set: its
     stream window is used up at once (the turn's thread then waits in :meth:`emit`)."""
@@ -308,17 +317,9 @@ def test_a_client_that_lags_holds_its_agents_output_once_a_bound_is_queued(
     """The agent floods while the client takes nothing: the worker holds a bounded
     queue for the turn and stops reading the agent (which waits on its pipe); once the
     client catches up, the whole stream arrives in order and the turn ends."""
-    spec = LaunchSpec("flood", (sys.executable, str(_FIXTURE_AGENT)), clean_env({}),
-                      str(tmp_path), 10.0)
-    process = AgentProcess(spec, HANDLERS, NOTIFICATIONS, on_updates)
     client = _LaggingClient()
-    process.start({})
+    process, link, turn = _fixture_turn(tmp_path, "flood", client, "full")
     try:
-        sid = process.call_and_wait("session/new", {"cwd": str(tmp_path),
-                                                    "mcpServers": []})["sessionId"]
-        link = process.links[sid] = SessionLink(sid, PathPolicy.build("/", "/", ()),
-                                                lambda: "full")
-        turn = AcpTurn(process, link, cast(TurnContext, client), lambda: "full", 10.0)
         marker, count = tmp_path / "flooded", 400_000  # ~32 MB of updates
         outcome: list[str | None] = []
         runner = threading.Thread(target=lambda: outcome.append(
@@ -354,20 +355,12 @@ def test_an_agent_with_too_many_requests_unanswered_is_read_no_further(
     """The agent sends thousands of permission requests at once while the client decides
     none: the worker stops reading it at a bound of requests in its hands; once the
     client decides, every one is answered."""
-    spec = LaunchSpec("asks", (sys.executable, str(_FIXTURE_AGENT)), clean_env({}),
-                      str(tmp_path), 10.0)
-    process = AgentProcess(spec, HANDLERS, NOTIFICATIONS, on_updates)
     client = _UndecidedClient()
     client.window.set()  # the stream's window has room; only decisions wait
     decide = threading.Event()
     client.window = decide
-    process.start({})
+    process, _link, turn = _fixture_turn(tmp_path, "asks", client, "supervised")
     try:
-        sid = process.call_and_wait("session/new", {"cwd": str(tmp_path),
-                                                    "mcpServers": []})["sessionId"]
-        link = process.links[sid] = SessionLink(sid, PathPolicy.build("/", "/", ()),
-                                                lambda: "supervised")
-        turn = AcpTurn(process, link, cast(TurnContext, client), lambda: "supervised", 10.0)
         count = 20_000
         outcome: list[str | None] = []
         runner = threading.Thread(target=lambda: outcome.append(turn.run(f"asks {count}")))
