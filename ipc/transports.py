@@ -29,7 +29,6 @@ import os
 import stat
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any, Final, TypeAlias
 
@@ -41,6 +40,7 @@ from ipc.framing import (
     new_stream_reader,
 )
 from ipc.jsonrpc import Endpoint
+from ipc.stall_watch import StallWatch
 
 __all__ = [
     "DEFAULT_STALL_TIMEOUT",
@@ -129,12 +129,8 @@ class WriteFlow:
         self._writer = writer
         self._transport = writer.transport
         self._queued = queued
-        self._stall_timeout = stall_timeout
-        self._on_stall = on_stall
         self._written = 0
-        self._last_taken = 0
-        self._last_progress = 0.0
-        self._stall_timer: asyncio.TimerHandle | None = None
+        self._stall = StallWatch(stall_timeout, self._taken, self._still_behind, on_stall)
         self._drained: list[Callable[[], None]] = []
         self._waiter: asyncio.Task[None] | None = None
         with contextlib.suppress(NotImplementedError, AttributeError):
@@ -150,10 +146,8 @@ class WriteFlow:
     def wrote(self, nbytes: int) -> None:
         """Count a write; start watching for a stall when it left us behind."""
         self._written += nbytes
-        if self._stall_timer is None and self.behind:
-            self._last_taken = self._taken()
-            self._last_progress = time.monotonic()
-            self._watch_stall()
+        if self.behind:
+            self._stall.start()
 
     def when_drained(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` (once) when the connection is no longer behind; never
@@ -164,30 +158,15 @@ class WriteFlow:
 
     def close(self) -> None:
         self._drained.clear()
-        if self._stall_timer is not None:
-            self._stall_timer.cancel()
+        self._stall.stop()
         if self._waiter is not None:
             self._waiter.cancel()
 
     def _taken(self) -> int:
         return self._written - self._unsent()
 
-    def _watch_stall(self) -> None:
-        period = min(1.0, self._stall_timeout / 4)
-        self._stall_timer = asyncio.get_running_loop().call_later(period, self._check_stall)
-
-    def _check_stall(self) -> None:
-        """While behind: any byte taken is progress; none for ``stall_timeout`` is a stall."""
-        self._stall_timer = None
-        if not self.behind or self._transport.is_closing():
-            return
-        now, taken = time.monotonic(), self._taken()
-        if taken != self._last_taken:
-            self._last_taken, self._last_progress = taken, now
-        elif now - self._last_progress >= self._stall_timeout:
-            self._on_stall(f"client stalled: took no bytes for {self._stall_timeout:g} s")
-            return
-        self._watch_stall()
+    def _still_behind(self) -> bool:
+        return self.behind and not self._transport.is_closing()
 
     async def _wait_drained(self) -> None:
         try:

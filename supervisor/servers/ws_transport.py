@@ -38,7 +38,6 @@ import asyncio
 import collections
 import logging
 import os
-import time
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any, Final, Protocol, cast
 
@@ -50,6 +49,7 @@ from websockets.server import ServerProtocol
 from websockets.streams import StreamReader
 
 from ipc.framing import OVERSIZED, Oversized
+from ipc.stall_watch import StallWatch
 from ipc.transports import PACE_MARK
 
 if TYPE_CHECKING:
@@ -367,16 +367,14 @@ class Outbox:
         self._connection = connection
         self._transport = connection.transport
         self._high_water = high_water
-        self._stall_timeout = stall_timeout
         self._frames: collections.deque[bytes] = collections.deque()
         self._queued = 0
         self._empty = asyncio.Event()
         self._empty.set()
         self._drained: list[Callable[[], None]] = []
-        self._last_taken = 0
-        self._last_progress = 0.0
-        self._stall_timer: asyncio.TimerHandle | None = None
         self._done = False  # closed, or given up on
+        self._stall = StallWatch(stall_timeout, self._taken, self._still_behind,
+                                 self._give_up)
 
     @property
     def behind(self) -> bool:
@@ -396,10 +394,8 @@ class Outbox:
             if self._queued > self._high_water:
                 self._give_up(f"client is not reading ({self._queued} bytes queued)")
                 return
-        if self._stall_timer is None and self._connection.paused and not self._done:
-            self._last_taken = self._taken()
-            self._last_progress = time.monotonic()
-            self._watch_stall()
+        if self._still_behind():
+            self._stall.start()
 
     def check_backlog(self) -> None:
         """Give up on a client whose unsent bytes passed the high-water mark, counting
@@ -431,22 +427,9 @@ class Outbox:
     def _taken(self) -> int:
         return self._connection.written - self._transport.get_write_buffer_size()
 
-    def _watch_stall(self) -> None:
-        period = min(1.0, self._stall_timeout / 4)
-        self._stall_timer = asyncio.get_running_loop().call_later(period, self._check_stall)
-
-    def _check_stall(self) -> None:
-        """While behind: any byte taken is progress; none for ``stall_timeout`` is a stall."""
-        self._stall_timer = None
-        if self._done or not self._connection.paused:
-            return
-        now, taken = time.monotonic(), self._taken()
-        if taken != self._last_taken:
-            self._last_taken, self._last_progress = taken, now
-        elif now - self._last_progress >= self._stall_timeout:
-            self._give_up(f"client stalled: took no frame for {self._stall_timeout:g} s")
-            return
-        self._watch_stall()
+    def _still_behind(self) -> bool:
+        """Worth watching for a stall: not given up on, and the socket takes no more."""
+        return not self._done and self._connection.paused
 
     def _give_up(self, reason: str) -> None:
         log.warning("closing gateway connection: %s", reason)
@@ -468,9 +451,7 @@ class Outbox:
         self._queued = 0
         self._drained.clear()
         self._empty.set()
-        if self._stall_timer is not None:
-            self._stall_timer.cancel()
-            self._stall_timer = None
+        self._stall.stop()
 
     async def flushed(self) -> None:
         """Until every queued frame went to the socket (or the connection closed)."""
