@@ -65,6 +65,10 @@ SendFn = Callable[[WorkerMessage], int | None]
 Raises :class:`ipc.worker_wire.EncodeError` for a message that cannot be encoded."""
 
 
+def _no_wake() -> None:
+    """Nothing to wake: messages are delivered as they are sent."""
+
+
 def check_mode(mode: str) -> str:
     if mode not in MODE_IDS:
         raise ValueError(f"unknown mode {mode!r} (known: {', '.join(MODE_IDS)})")
@@ -280,12 +284,16 @@ class SessionActor(SimpleInboxActor):
         send: SendFn,
         permissions: PermissionBoard,
         tools: dict[str, Tool] | None = None,
+        wake: Callable[[], None] | None = None,
     ) -> None:
         super().__init__()
         self.config = config
         self.state = state
         self.agent = agent
         self.send = send
+        #: Wakes the IO thread to send what is queued now (any thread; see
+        #: :data:`actors.worker.turn.QUIET_SECONDS`).
+        self.wake = wake or _no_wake
         self.permissions = permissions
         self.tools = tools if tools is not None else default_tools()
         self.history: list[TurnItem] = list(config.history)
