@@ -31,6 +31,7 @@ from actors.worker.agents.base import (
     TurnResult,
     history_tokens,
 )
+from actors.worker.cancel import TurnCancel
 from actors.worker.tools import PathPolicy, Tool, default_tools
 from actors.worker.turn import ActorTurnContext, TurnRecorder
 from ipc.events import TurnItem, TurnRecord, item_from_wire
@@ -154,7 +155,7 @@ class SessionState:
         with self._lock:
             if self._turn_cancel is not None:
                 return None
-            self._turn_cancel = threading.Event()
+            self._turn_cancel = TurnCancel()
             self._turn_id = turn_id
             self._window = StreamWindow()
             return self._turn_cancel
