@@ -5,9 +5,23 @@ from __future__ import annotations
 import os
 import select
 import threading
+import time
+from pathlib import Path
+from typing import ClassVar
 
+from actors.worker.agents.base import Agent, TurnContext
 from actors.worker.main import Outbox
-from ipc.worker_wire import SessionClosed, TurnEnded, TurnEvent, decode
+from actors.worker.session import (
+    PermissionBoard,
+    RunTurn,
+    SessionActor,
+    SessionConfig,
+    SessionState,
+)
+from ipc.events import MessageChunk
+from ipc.worker_wire import OpenSession, SessionClosed, TurnEnded, TurnEvent, decode
+
+WAIT = 10.0
 
 
 def test_a_burst_wakes_the_io_thread_once_and_keeps_order() -> None:
@@ -105,4 +119,55 @@ def test_a_turn_end_sent_by_its_own_thread_takes_the_events_before_it() -> None:
         assert size == len(frames[-1]) and not _woken(outbox)  # the IO thread sleeps on
         assert outbox.take_all() == [] and not outbox.ticking  # its tick finds nothing
     finally:
+        outbox.close()
+
+
+class _WaitingAgent(Agent):
+    """Says "early" at once, then waits (as on a model) before "late" and the end."""
+
+    provider: ClassVar[str] = "waiting"
+
+    def __init__(self) -> None:
+        super().__init__({})
+        self.go_on = threading.Event()
+        self.may_end = threading.Event()
+
+    def run_turn(self, prompt: str, ctx: TurnContext) -> None:
+        ctx.emit(MessageChunk("early"))
+        self.go_on.wait(WAIT)
+        ctx.emit(MessageChunk("late"))
+        self.may_end.wait(WAIT)
+
+
+def _wait_woken(outbox: Outbox, seconds: float) -> bool:
+    return select.select([outbox.fd], [], [], seconds)[0] == [outbox.fd]
+
+
+def test_a_turns_event_after_a_quiet_spell_wakes_the_ticking_io_thread(tmp_path: Path) -> None:
+    """An event that comes after the turn waited (a model's first delta) goes at once,
+    not at the IO thread's next tick; one right at the turn's start does not wake it."""
+    outbox, agent = Outbox(), _WaitingAgent()
+    message = OpenSession(sid="s", agent={"provider": "echo"}, workspace_dir=str(tmp_path),
+                          cwd=str(tmp_path), mode="full", forbidden_paths=[],
+                          permission_timeout=WAIT, history=[])
+    state = SessionState("s", "full")
+    actor = SessionActor.start(config=SessionConfig.from_open(message), state=state,
+                               agent=agent, send=outbox.put, permissions=PermissionBoard(),
+                               wake=outbox.wake)
+    try:
+        assert outbox.take_all(tick=True) == [] and outbox.ticking  # a turn was handed off
+        cancel = state.begin_turn("t1")
+        assert cancel is not None
+        actor.tell(RunTurn("t1", "go", cancel))
+        assert not _wait_woken(outbox, 0.05)  # "early" waits for the tick (or the end)
+        assert len(outbox.take_all(tick=True)) == 1 and outbox.ticking  # taken at a tick
+        time.sleep(0.002)  # the turn waits: quiet
+        agent.go_on.set()
+        assert _wait_woken(outbox, WAIT / 4)  # "late" wakes the IO thread, though it ticks
+        taken = [decode(f) for f in outbox.take_all()]
+        assert [m.event["text"] for m in taken if isinstance(m, TurnEvent)] == ["late"]
+    finally:
+        agent.go_on.set()
+        agent.may_end.set()
+        actor.stop()
         outbox.close()

@@ -105,7 +105,9 @@ class Outbox:
     all: streamed events wait for the tick or for the next message that does wake
     it (the turn's end), and leave together. A short turn so costs the IO thread
     one wake-up for all it sends, and it never wakes in the middle of the burst
-    to fight the turn's thread for the GIL.
+    to fight the turn's thread for the GIL. An event after a quiet spell of its
+    turn (a model's first delta) does wake it (:meth:`wake`, see
+    :data:`actors.worker.turn.QUIET_SECONDS`): waiting for more would gain nothing.
     """
 
     def __init__(self) -> None:
@@ -382,7 +384,8 @@ class WorkerProcess:
             self.outbox.put(OpenFailed(sid=sid, message=str(exc) or type(exc).__name__))
             return
         actor = SessionActor.start(config=config, state=state, agent=agent,
-                                   send=self.send, permissions=self.permissions)
+                                   send=self.send, permissions=self.permissions,
+                                   wake=self.outbox.wake)
         self.sessions[sid] = _LiveSession(actor, state, agent)
         self.outbox.put(SessionOpened(sid=sid))
 

@@ -31,6 +31,7 @@ from actors.worker.agents.base import (
     TurnResult,
     history_tokens,
 )
+from actors.worker.cancel import TurnCancel
 from actors.worker.tools import PathPolicy, Tool, default_tools
 from actors.worker.turn import ActorTurnContext, TurnRecorder
 from ipc.events import TurnItem, TurnRecord, item_from_wire
@@ -63,6 +64,10 @@ logger = logging.getLogger("zeroclaw.session")
 SendFn = Callable[[WorkerMessage], int | None]
 """Queue a message for the host; the bytes it takes on the wire (None: not counted).
 Raises :class:`ipc.worker_wire.EncodeError` for a message that cannot be encoded."""
+
+
+def _no_wake() -> None:
+    """Nothing to wake: messages are delivered as they are sent."""
 
 
 def check_mode(mode: str) -> str:
@@ -150,7 +155,7 @@ class SessionState:
         with self._lock:
             if self._turn_cancel is not None:
                 return None
-            self._turn_cancel = threading.Event()
+            self._turn_cancel = TurnCancel()
             self._turn_id = turn_id
             self._window = StreamWindow()
             return self._turn_cancel
@@ -280,12 +285,16 @@ class SessionActor(SimpleInboxActor):
         send: SendFn,
         permissions: PermissionBoard,
         tools: dict[str, Tool] | None = None,
+        wake: Callable[[], None] | None = None,
     ) -> None:
         super().__init__()
         self.config = config
         self.state = state
         self.agent = agent
         self.send = send
+        #: Wakes the IO thread to send what is queued now (any thread; see
+        #: :data:`actors.worker.turn.QUIET_SECONDS`).
+        self.wake = wake or _no_wake
         self.permissions = permissions
         self.tools = tools if tools is not None else default_tools()
         self.history: list[TurnItem] = list(config.history)

@@ -52,6 +52,12 @@ __all__ = [
 
 logger = logging.getLogger("zeroclaw.turn")
 
+QUIET_SECONDS = 0.0005
+"""An event this long after its turn's previous one (or the turn's start) wakes the IO
+thread at once: the stream was quiet (the agent waited on a model, a process), so
+nothing would join the event if it waited for the IO thread's tick. A short turn's
+burst (the echo agent's) comes faster and leaves with the turn's end, unwoken."""
+
 def failure_marker(message: str) -> str:
     """What ends the text of a failed turn that is kept for its partial output."""
     return f"[turn failed: {message}]"
@@ -225,6 +231,7 @@ class TurnSession(Protocol):
     @property
     def history_tokens(self) -> int: ...
     def send(self, message: WorkerMessage) -> int | None: ...
+    def wake(self) -> None: ...
 
 
 class ActorTurnContext:
@@ -240,6 +247,7 @@ class ActorTurnContext:
         self._cancelled = cancelled
         self._recorder = recorder
         self._window = window
+        self._last_event = time.monotonic()
         self.failure: str | None = None
         """Set when a message of the turn could not be sent: the turn then fails,
         even if the agent caught the :class:`TurnAborted` it got."""
@@ -264,8 +272,7 @@ class ActorTurnContext:
         """Record ``event`` and stream it; waits while the host's client lags a whole
         stream window behind (see :class:`actors.worker.session.StreamWindow`)."""
         self._recorder.add(event)
-        wire = event_to_wire(event)
-        size = self._send(TurnEvent(sid=self._sid, turn_id=self._turn_id, event=wire))
+        size = self._stream(event)
         if size:
             self._window.spend(size)
 
@@ -274,9 +281,20 @@ class ActorTurnContext:
         room. Any thread, while the turn's thread does not emit (a hosted agent's
         loop thread relays its updates so)."""
         self._recorder.add(event)
+        size = self._stream(event)
+        return self._window.spend_nowait(size) if size else True
+
+    def _stream(self, event: Event) -> int | None:
+        """Send ``event``; the first after a quiet spell (see :data:`QUIET_SECONDS`)
+        wakes the IO thread, which otherwise may wait for its tick to send it."""
+        now = time.monotonic()
+        quiet = now - self._last_event >= QUIET_SECONDS
+        self._last_event = now
         size = self._send(TurnEvent(sid=self._sid, turn_id=self._turn_id,
                                     event=event_to_wire(event)))
-        return self._window.spend_nowait(size) if size else True
+        if quiet:
+            self._session.wake()
+        return size
 
     def _send(self, message: WorkerMessage) -> int | None:
         """Hand ``message`` to the IO thread; raises :class:`TurnAborted` when it

@@ -11,8 +11,9 @@ The request is sent and its body read on the process's model I/O loop
 (:mod:`~actors.worker.agents.llm.model_io`, aiohttp), which splits the body into
 events and hands each read's events to the session actor's thread through a queue
 (:class:`_Pump`; one hand-over per read, not per line: a fast stream costs a thread
-wake-up per network read); the actor thread waits at most :data:`POLL_SECS` at a
-time, so a cancel is noticed promptly in every phase (connect, waiting for
+wake-up per network read); the turn's cancel puts a sentinel in that queue
+(:class:`~actors.worker.cancel.TurnCancel`), so a waiting actor thread never wakes
+for nothing, yet sees a cancel at once in every phase (connect, waiting for
 headers, a stalled stream); it then cancels the exchange on the loop, which
 closes its connection at once and so tells the server. aiohttp is imported when
 the first request is made, so starting a host or a worker does not pay for it.
@@ -29,7 +30,7 @@ import random
 import re
 import threading
 import time
-from collections.abc import Generator, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +39,7 @@ import orjson
 from actors.worker.agents.base import AgentFailure
 from actors.worker.agents.llm.config import ModelSettings
 from actors.worker.agents.llm.model_io import ModelIo, env_proxy, model_io
+from actors.worker.cancel import call_on_cancel
 
 if TYPE_CHECKING:
     import ssl
@@ -121,6 +123,7 @@ class _Pump:
     def __init__(self, io: ModelIo, request: _Request) -> None:
         self._queue: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._held: tuple[str, Any] | None = None  # taken from the queue, not yet returned
+        self._unhook: Callable[[], None] | None = None  # set by the first wait
         self._exchange = io.submit(self._run(io.session, request))
 
     async def _run(self, session: aiohttp.ClientSession, request: _Request) -> None:
@@ -163,18 +166,15 @@ class _Pump:
         return ("end", None)
 
     def next(self, cancelled: threading.Event) -> tuple[str, Any] | None:
-        """The next item; None once ``cancelled`` is set (checked every POLL_SECS).
+        """The next item; None once ``cancelled`` is set (the cancel wakes this wait).
 
         Events are merged with every event item already queued behind them (what
         arrived while the caller was busy), so a caller that falls behind a fast
         stream catches up in one step rather than one per network read."""
         item = self._held
         self._held = None
-        while item is None and not cancelled.is_set():
-            try:
-                item = self._queue.get(timeout=POLL_SECS)
-            except queue.Empty:
-                continue
+        if item is None:
+            item = self._get(cancelled, None)
         if item is None or item[0] != "events":
             return item
         events: list[bytes] = item[1]
@@ -188,11 +188,38 @@ class _Pump:
                 return ("events", events)
             events.extend(later[1])  # the loop made a new list for each item
 
+    def _get(self, cancelled: threading.Event, timeout: float | None) -> tuple[str, Any] | None:
+        """The next item, or None when ``cancelled`` is set or ``timeout`` passed. A
+        :class:`~actors.worker.cancel.TurnCancel` wakes the wait by putting
+        :data:`_CANCELLED` in the queue; a plain Event is looked at every
+        :data:`POLL_SECS`."""
+        if self._unhook is None:
+            self._unhook = call_on_cancel(cancelled, self._wake_cancelled) or _poll_cancel
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not cancelled.is_set():
+            wait = None if deadline is None else deadline - time.monotonic()
+            if self._unhook is _poll_cancel:
+                wait = POLL_SECS if wait is None else min(wait, POLL_SECS)
+            if wait is not None and wait <= 0:
+                return None
+            try:
+                item = self._queue.get(timeout=wait)
+            except queue.Empty:
+                continue
+            return None if item is _CANCELLED else item
+        return None
+
+    def _wake_cancelled(self) -> None:
+        """The turn was cancelled (the canceller's thread): end the wait in :meth:`_get`."""
+        self._queue.put(_CANCELLED)
+
     def abort(self) -> None:
         """Stop the exchange (any thread): the loop cancels it at once, which closes
         its connection (the server sees it end) wherever it is: connecting, waiting
         for the response, reading the body."""
         self._exchange.cancel()
+        if self._unhook is not None:
+            self._unhook()
 
     def drain(self, cancelled: threading.Event) -> None:
         """After the last event: let the loop read the body's end (briefly), so the
@@ -200,13 +227,17 @@ class _Pump:
         if self._held is not None:  # the body's end came with the last events
             return
         deadline = time.monotonic() + DRAIN_SECS
-        while time.monotonic() < deadline and not cancelled.is_set():
-            try:
-                kind, _ = self._queue.get(timeout=POLL_SECS)
-            except queue.Empty:
-                continue
-            if kind != "events":
+        while (item := self._get(cancelled, deadline - time.monotonic())) is not None:
+            if item[0] != "events":
                 return
+
+
+_CANCELLED: tuple[str, Any] = ("cancelled", None)
+"""Put in a :class:`_Pump`'s queue by the turn's cancel: the wait ends at once."""
+
+
+def _poll_cancel() -> None:
+    """Stands for "no cancel hook": the cancel flag is polled (a plain Event)."""
 
 
 def _retry_after(value: str | None) -> float | None:
