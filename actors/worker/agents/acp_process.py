@@ -177,6 +177,8 @@ class AgentProcess:
         self.links: dict[str, SessionLink] = {}
         self.initialize_result: dict[str, Any] = {}
         self.exited = threading.Event()
+        self._exit_lock = threading.Lock()
+        self._exit_told = False
         self.exit_status: int | None = None
         self._methods = methods
         self._notifications = {} if notifications is None else notifications
@@ -280,6 +282,7 @@ class AgentProcess:
             with contextlib.suppress(RuntimeError):
                 self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(STOP_GRACE_SECS)
+        self._tell_exited()  # the loop may have stopped before it could
         if self._input is not None:
             self._input.close()
         if proc is not None and proc.stdin is not None:
@@ -511,12 +514,21 @@ class AgentProcess:
         endpoint.close()
         log.warning("agent %s (pid %d) ended with status %s", self.alias, self._proc.pid,
                     self.exit_status)
-        links = list(self.links.values())
-        for link in links:  # behind what its open turn gathered
-            turn = link.turn
-            (turn.put if turn is not None else link.inbox.put)(("exited", None))
+        links = self._tell_exited()
         for link in links:  # what it ran in zeroclaw's terminals ends with it
             await asyncio.to_thread(link.terminals.close_all)
+
+    def _tell_exited(self) -> list[SessionLink]:
+        """Each session's inbox hears once that the agent is gone, behind what its open
+        turn gathered (the loop thread at the end of its stdout, or :meth:`stop`'s
+        caller when the loop was stopped first): a turn waits on its inbox alone."""
+        with self._exit_lock:
+            told, self._exit_told = self._exit_told, True
+        links = list(self.links.values())
+        for link in [] if told else links:
+            turn = link.turn
+            (turn.put if turn is not None else link.inbox.put)(("exited", None))
+        return links
 
     def _copy_stderr(self, stream: Any) -> None:
         """Stderr thread: each line to the log (prefixed) and to the kept tail."""

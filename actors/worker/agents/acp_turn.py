@@ -22,11 +22,15 @@ from actors.worker.agents.acp_client import CANCELLED_OUTCOME
 from actors.worker.agents.acp_process import AgentProcess, SessionLink
 from actors.worker.agents.acp_updates import ToolNames, merged_events
 from actors.worker.agents.base import AgentFailure, TurnContext
+from actors.worker.cancel import call_on_cancel
 from ipc.jsonrpc import ConnectionLost, RemoteError
 
 __all__ = ["AcpTurn"]
 
+#: How often a turn looks at a cancel flag that cannot wake it (a plain Event).
 _POLL_SECS = 0.05
+#: Put in the session's inbox by the turn's cancel: the turn's wait ends at once.
+_CANCEL_WAKE: tuple[str, Any] = ("cancel", None)
 #: After a turn's first burst, the agent's updates are gathered this long at most
 #: before they go on: a streaming agent costs the host an update per millisecond at
 #: most, not one per chunk, and its first chunk is not held back.
@@ -79,21 +83,39 @@ class AcpTurn:
         return self._stop_reason(future)
 
     def _pump(self, future: concurrent.futures.Future[Any], relay: UpdateRelay) -> None:
-        """Relay the agent's messages until its answer, its exit, or the cancel grace."""
-        cancel_sent: float | None = None
+        """Relay the agent's messages until its answer, its exit, or the cancel grace.
+        Event-driven: the turn's cancel puts :data:`_CANCEL_WAKE` in the inbox (the
+        agent's exit and answer reach it anyway); a plain Event is polled."""
+        unhook = call_on_cancel(self.ctx.cancelled,
+                                functools.partial(self.link.inbox.put, _CANCEL_WAKE))
+        try:
+            self._relay_until_over(future, relay, polled=unhook is None)
+        finally:
+            if unhook is not None:
+                unhook()
+
+    def _relay_until_over(self, future: concurrent.futures.Future[Any], relay: UpdateRelay,
+                          polled: bool) -> None:
+        """The loop of :meth:`_pump`: the wait is bounded only by the cancel grace once
+        a cancel was sent, and by :data:`_POLL_SECS` when the cancel is ``polled``."""
+        grace_ends: float | None = None
         while self._agent_may_speak(future):
-            if self.ctx.cancelled.is_set() and cancel_sent is None:
+            if self.ctx.cancelled.is_set() and grace_ends is None:
                 self.process.notify("session/cancel", {"sessionId": self.link.agent_session_id})
-                cancel_sent = time.monotonic()
-            if cancel_sent is not None and time.monotonic() - cancel_sent > self.cancel_grace:
+                grace_ends = time.monotonic() + self.cancel_grace
+            timeout = None if grace_ends is None else grace_ends - time.monotonic()
+            if timeout is not None and timeout <= 0:
                 self.ignored_cancel = True
                 future.cancel()
                 return
+            if polled:
+                timeout = _POLL_SECS if timeout is None else min(timeout, _POLL_SECS)
             try:
-                first = self.link.inbox.get(timeout=_POLL_SECS)
+                first = self.link.inbox.get(timeout=timeout)
             except queue.Empty:
                 continue
-            if self._handle(relay.take(first)):
+            messages = [m for m in relay.take(first) if m is not _CANCEL_WAKE]
+            if self._handle(messages):
                 return
             relay.caught_up()
 

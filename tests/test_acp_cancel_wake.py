@@ -1,0 +1,77 @@
+"""A hosted agent's turn wakes on the turn's cancel itself, not on a poll of its flag."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from actors.worker.agents import acp_turn
+from actors.worker.cancel import TurnCancel
+from tests.test_acp_stream_units import _fixture_turn
+
+WAIT = 10.0
+
+
+class _Client:
+    """A turn's context that takes every event; :attr:`spoke` once the agent said something."""
+
+    def __init__(self, cancelled: threading.Event) -> None:
+        self.cancelled = cancelled
+        self.spoke = threading.Event()
+        self.events: list[Any] = []
+
+    def emit_nowait(self, event: Any) -> bool:
+        self.emit(event)
+        return True
+
+    def emit(self, event: Any) -> None:
+        self.events.append(event)
+        self.spoke.set()
+
+
+def _cancelled_turn(tmp_path: Path, client: _Client, prompt: str,
+                    grace: float) -> tuple[list[str | None], bool]:
+    """Run ``prompt`` on the fixture agent, cancel it once the agent spoke; what the
+    turn returned and whether it ignored the cancel (the grace ran out)."""
+    process, _link, turn = _fixture_turn(tmp_path, "wake", client, "full")
+    turn.cancel_grace = grace
+    outcome: list[str | None] = []
+    runner = threading.Thread(target=lambda: outcome.append(turn.run(prompt)), daemon=True)
+    try:
+        runner.start()
+        assert client.spoke.wait(WAIT), "the agent never spoke"
+        client.cancelled.set()  # the agent is silent from now on
+        runner.join(WAIT)
+        assert not runner.is_alive(), "the cancel did not end the turn's wait"
+        return outcome, turn.ignored_cancel
+    finally:
+        client.cancelled.set()
+        process.stop()
+        runner.join(WAIT)
+
+
+def test_a_cancel_reaches_a_silent_agent_at_once_and_its_answer_ends_the_turn(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The agent waits for ``session/cancel`` and answers ``cancelled``: the turn's
+    wait is woken by the cancel (a poll would not see it in time)."""
+    monkeypatch.setattr(acp_turn, "_POLL_SECS", 3600.0)
+    outcome, ignored = _cancelled_turn(tmp_path, _Client(TurnCancel()), "wait", grace=WAIT * 2)
+    assert outcome == ["cancelled"] and not ignored
+
+
+def test_a_cancel_ignored_by_a_silent_agent_ends_the_turn_when_its_grace_runs_out(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The agent ignores ``session/cancel``: the grace is the wait's bound."""
+    monkeypatch.setattr(acp_turn, "_POLL_SECS", 3600.0)
+    outcome, ignored = _cancelled_turn(tmp_path, _Client(TurnCancel()), "stubborn", grace=0.5)
+    assert outcome == [None] and ignored
+
+
+def test_a_plain_event_as_the_cancel_flag_is_polled(tmp_path: Path) -> None:
+    """A context whose cancel cannot wake the turn (a plain Event) still ends it."""
+    outcome, ignored = _cancelled_turn(tmp_path, _Client(threading.Event()), "stubborn",
+                                       grace=0.5)
+    assert outcome == [None] and ignored
