@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from actors.worker.agents import acp_turn
+from actors.worker.agents.base import AgentFailure
 from actors.worker.cancel import TurnCancel
 from tests.test_acp_stream_units import _fixture_turn
 
@@ -75,3 +76,31 @@ def test_a_plain_event_as_the_cancel_flag_is_polled(tmp_path: Path) -> None:
     outcome, ignored = _cancelled_turn(tmp_path, _Client(threading.Event()), "stubborn",
                                        grace=0.5)
     assert outcome == [None] and ignored
+
+
+def test_a_turn_hears_its_agent_stopped_from_another_thread(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The agent is stopped mid-turn (the session closed, the worker shuts down): its
+    turn's wait ends on the exit told to its inbox, not on a poll of the process."""
+    monkeypatch.setattr(acp_turn, "_POLL_SECS", 3600.0)
+    client = _Client(TurnCancel())
+    process, _link, turn = _fixture_turn(tmp_path, "stopped", client, "full")
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            turn.run("stubborn")
+        except AgentFailure as exc:
+            failures.append(exc)
+
+    runner = threading.Thread(target=run, daemon=True)
+    try:
+        runner.start()
+        assert client.spoke.wait(WAIT), "the agent never spoke"
+        process.stop()
+        runner.join(WAIT)
+        assert not runner.is_alive(), "the turn did not hear its agent stop"
+        assert len(failures) == 1
+    finally:
+        process.stop()
+        runner.join(WAIT)
