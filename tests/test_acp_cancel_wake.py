@@ -104,3 +104,29 @@ def test_a_turn_hears_its_agent_stopped_from_another_thread(
     finally:
         process.stop()
         runner.join(WAIT)
+
+
+def test_a_turn_hears_its_agent_exit_while_a_child_holds_its_stdout_open(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The agent exits, its child keeps its stdout open: the turn still fails on the
+    exit (the loop watches the process itself), not on a poll of it."""
+    monkeypatch.setattr(acp_turn, "_POLL_SECS", 3600.0)
+    client = _Client(TurnCancel())
+    process, _link, turn = _fixture_turn(tmp_path, "orphaned", client, "full")
+    failures: list[AgentFailure] = []
+
+    def run() -> None:
+        try:
+            turn.run("orphan")
+        except AgentFailure as exc:
+            failures.append(exc)
+
+    runner = threading.Thread(target=run, daemon=True)
+    try:
+        runner.start()
+        runner.join(WAIT)
+        assert not runner.is_alive(), "the turn did not hear its agent exit"
+        assert len(failures) == 1 and "exited with status 0" in str(failures[0])
+    finally:
+        process.stop()
+        runner.join(WAIT)

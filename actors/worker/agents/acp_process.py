@@ -63,6 +63,9 @@ KEPT_ENV = ("PATH", "HOME", "LANG", "TERM")
 FRAME_LIMIT = 32 * 1024 * 1024
 STDERR_TAIL_LINES = 12
 STOP_GRACE_SECS = 1.0
+#: How long after the agent process ended its sessions hear of it when its stdout is
+#: still open (a child of it holds it): what it wrote before is read by then.
+EXIT_SETTLE_SECS = 1.0
 #: What may wait for an agent that does not read its stdin (two of the largest
 #: lines) before it is killed: the worker's memory is not the agent's to fill.
 INPUT_BACKLOG_LIMIT = 2 * FRAME_LIMIT
@@ -195,6 +198,7 @@ class AgentProcess:
         self._stdout_task: asyncio.Task[None] | None = None
         self._requests_held = False  # its stdout is held for its requests in hand
         self._private_tmp: str | None = None
+        self._pidfd: int | None = None  # the agent process's, watched by the loop
 
     # --- lifecycle (caller's thread) --------------------------------------------
 
@@ -273,6 +277,9 @@ class AgentProcess:
             except subprocess.TimeoutExpired:
                 _signal_group(proc, signal.SIGKILL)
                 proc.wait()
+        stdout_task = self._stdout_task
+        if proc is not None and stdout_task is not None and not stdout_task.done():
+            _signal_group(proc, signal.SIGKILL)  # its children that hold its stdout open
         self.exited.set()
         if self._private_tmp is not None:
             shutil.rmtree(self._private_tmp, ignore_errors=True)
@@ -348,6 +355,7 @@ class AgentProcess:
             loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
             loop.run_until_complete(loop.shutdown_default_executor())
             loop.close()
+            self._close_pidfd()
 
     async def _start(self, client_capabilities: dict[str, Any]) -> None:
         loop = asyncio.get_running_loop()
@@ -364,6 +372,7 @@ class AgentProcess:
         threading.Thread(target=self._copy_stderr, args=(proc.stderr,), daemon=True,
                          name=f"acp-agent-{self.alias}-stderr").start()
         self._stdout_task = loop.create_task(self._watch_stdout(stdout))
+        self._watch_exit(proc)
         result = await self._endpoint.request("initialize", {
             "protocolVersion": 1, "clientCapabilities": client_capabilities,
             "clientInfo": {"name": "zeroclaw", "title": "ZeroClaw", "version": _version()},
@@ -517,6 +526,30 @@ class AgentProcess:
         links = self._tell_exited()
         for link in links:  # what it ran in zeroclaw's terminals ends with it
             await asyncio.to_thread(link.terminals.close_all)
+
+    def _watch_exit(self, proc: subprocess.Popen[bytes]) -> None:
+        """The loop wakes when the agent process ends (its pidfd), so its sessions hear
+        of it even while a child of it holds its stdout open: after
+        :data:`EXIT_SETTLE_SECS`, time for what it wrote last to be read, if its
+        stdout has not ended by then (the loop thread)."""
+        loop = asyncio.get_running_loop()
+        try:
+            pidfd = os.pidfd_open(proc.pid)
+        except OSError:  # no pidfds here: the end of its stdout still tells
+            return
+        self._pidfd = pidfd
+
+        def ended() -> None:
+            loop.remove_reader(pidfd)
+            self._close_pidfd()
+            loop.call_later(EXIT_SETTLE_SECS, self._tell_exited)
+
+        loop.add_reader(pidfd, ended)
+
+    def _close_pidfd(self) -> None:
+        pidfd, self._pidfd = self._pidfd, None
+        if pidfd is not None:
+            os.close(pidfd)
 
     def _tell_exited(self) -> list[SessionLink]:
         """Each session's inbox hears once that the agent is gone, behind what its open
