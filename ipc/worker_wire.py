@@ -16,7 +16,7 @@ data (events, turn records, history) travels as plain dicts made by
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, TypeAlias, TypedDict
+from typing import Any, ClassVar, Final, TypeAlias, TypedDict
 
 import orjson
 
@@ -54,8 +54,10 @@ __all__ = [
     "WireError",
     "WorkerMessage",
     "WorkerReady",
+    "chunk_frame_prefix",
     "decode",
     "encode",
+    "encode_chunk",
     "join_envelopes",
     "split_envelopes",
     "stored_tool_rules",
@@ -471,6 +473,27 @@ def encode(message: HostMessage | WorkerMessage) -> bytes:
         return orjson.dumps(payload)
     except TypeError as exc:  # orjson.JSONEncodeError is a TypeError
         raise EncodeError(f"{type(message).__name__} cannot be encoded: {exc}") from None
+
+
+def chunk_frame_prefix(sid: str, turn_id: str, kind: str) -> bytes:
+    """What :func:`encode` makes of a :class:`TurnEvent` of ``sid``'s turn ``turn_id``
+    whose event is a text chunk of ``kind``, up to the chunk's text (see
+    :func:`encode_chunk`): a turn builds it once, not per chunk."""
+    head = orjson.dumps({"sid": sid, "turn_id": turn_id, "event": {"k": kind, "text": ""}})
+    return head[: -len(b'""}}')]
+
+
+_CHUNK_FRAME_END: Final = b'},"t":"' + TurnEvent.T.encode() + b'"}'
+
+
+def encode_chunk(prefix: bytes, text: str) -> bytes:
+    """The frame :func:`encode` makes of a text chunk's :class:`TurnEvent` (``prefix``
+    from :func:`chunk_frame_prefix`), without building the message or its dict: the
+    way of every streamed chunk. Raises :class:`EncodeError` as :func:`encode` does."""
+    try:
+        return prefix + orjson.dumps(text) + _CHUNK_FRAME_END
+    except TypeError as exc:  # e.g. a lone surrogate
+        raise EncodeError(f"TurnEvent cannot be encoded: {exc}") from None
 
 
 def join_envelopes(frames: list[bytes]) -> bytes:
