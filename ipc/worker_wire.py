@@ -56,6 +56,7 @@ __all__ = [
     "WorkerReady",
     "chunk_frame_prefix",
     "decode",
+    "decode_all",
     "encode",
     "encode_chunk",
     "join_envelopes",
@@ -509,9 +510,45 @@ def split_envelopes(frame: bytes) -> list[bytes]:
 def decode(frame: bytes) -> HostMessage | WorkerMessage:
     """Parse one frame; raises :class:`WireError` for anything unknown or malformed."""
     try:
-        payload = orjson.loads(frame)
+        return _message(orjson.loads(frame))
+    except orjson.JSONDecodeError as exc:
+        raise WireError(f"bad worker envelope: {exc.__class__.__name__}") from None
+
+
+def decode_all(envelopes: list[bytes]) -> list[HostMessage | WorkerMessage | WireError]:
+    """:func:`decode` of each of ``envelopes`` (those of one frame), the error in
+    place of a message that does not parse: a burst is parsed by one orjson call."""
+    if len(envelopes) > 1:
+        try:
+            payloads = orjson.loads(b"[" + b",".join(envelopes) + b"]")
+        except orjson.JSONDecodeError:
+            payloads = None
+        if isinstance(payloads, list) and len(payloads) == len(envelopes):
+            return [_message_or_error(payload) for payload in payloads]
+    return [_decoded_or_error(envelope) for envelope in envelopes]
+
+
+def _decoded_or_error(envelope: bytes) -> HostMessage | WorkerMessage | WireError:
+    try:
+        return decode(envelope)
+    except WireError as exc:
+        return exc
+
+
+def _message_or_error(payload: Any) -> HostMessage | WorkerMessage | WireError:
+    try:
+        return _message(payload)
+    except WireError as exc:
+        return exc
+
+
+def _message(payload: Any) -> HostMessage | WorkerMessage:
+    """The message of a parsed envelope; raises :class:`WireError`."""
+    try:
+        if payload.get("t") == TurnEvent.T and len(payload) == 4:  # every streamed event
+            return TurnEvent(payload["sid"], payload["turn_id"], payload["event"])
         cls = _TYPES[payload.pop("t")]
         message: HostMessage | WorkerMessage = cls(**payload)
-    except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+    except (KeyError, TypeError, AttributeError) as exc:
         raise WireError(f"bad worker envelope: {exc.__class__.__name__}") from None
     return message

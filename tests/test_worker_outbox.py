@@ -25,8 +25,10 @@ from ipc.worker_wire import (
     TurnEnded,
     TurnEvent,
     TurnFailed,
+    WireError,
     chunk_frame_prefix,
     decode,
+    decode_all,
     encode,
     encode_chunk,
 )
@@ -232,3 +234,16 @@ def test_a_chunk_that_cannot_be_encoded_fails_its_turn(tmp_path: Path) -> None:
     finally:
         actor.stop()
         outbox.close()
+
+
+def test_a_burst_decodes_as_its_envelopes_one_by_one() -> None:
+    """One parse for a frame's envelopes gives what decode gives each; a malformed one
+    (even one that would parse inside a JSON array) is an error in its place only."""
+    good = [encode(TurnEvent(sid="s", turn_id="t1", event={"k": "message", "text": w}))
+            for w in ("a ", "b")] + [encode(TurnEnded(sid="s", turn_id="t1", record={}))]
+    assert decode_all(good) == [decode(e) for e in good]
+    for bad in ([b"[1", b'2]'], [b"{}", b'{"t":"nope"}'], [b"1,2"], [b'{"t":"event"}']):
+        burst = [good[0], *bad, good[2]]
+        decoded = decode_all(burst)
+        assert decoded[0] == decode(good[0]) and decoded[-1] == decode(good[2])
+        assert all(isinstance(m, WireError) for m in decoded[1:-1]), decoded
