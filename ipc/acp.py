@@ -14,8 +14,11 @@ import hashlib
 import mimetypes
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 from urllib.parse import unquote, urlparse
+
+import orjson
 
 from ipc.errors import InvalidParams
 from ipc.events import (
@@ -45,6 +48,7 @@ __all__ = [
     "Blob",
     "NewSessionRequest",
     "PromptRequest",
+    "chunk_update_frame",
     "encode_event",
     "new_session_request",
     "optional_str",
@@ -444,6 +448,33 @@ def _command(command: CommandInfo) -> dict[str, Any]:
 def encode_event(sid: str, event: Event) -> dict[str, Any]:
     """``session/update`` notification params for ``event``."""
     return {"sessionId": sid, "update": _update(event)}
+
+
+_CHUNK_UPDATES: dict[type[Any], str] = {
+    MessageChunk: "agent_message_chunk",
+    ThoughtChunk: "agent_thought_chunk",
+}
+_CHUNK_UPDATE_END = b"}}}}\n"
+
+
+def chunk_update_frame(sid: str, event: Event) -> bytes | None:
+    """The whole ``session/update`` notification line (JSON-RPC, newline included)
+    for ``event`` when it is a message or thought chunk, else None: the same bytes
+    as the notification of :func:`encode_event`, made without its dicts (the way
+    of every streamed chunk). Raises ``TypeError`` when the text cannot be encoded."""
+    kind = _CHUNK_UPDATES.get(type(event))
+    if kind is None:
+        return None
+    text: str = event.text  # type: ignore[union-attr]
+    return _chunk_update_prefix(sid, kind) + orjson.dumps(text) + _CHUNK_UPDATE_END
+
+
+@lru_cache(maxsize=1024)
+def _chunk_update_prefix(sid: str, kind: str) -> bytes:
+    """The notification of a ``kind`` chunk of ``sid`` up to its text."""
+    params = {"sessionId": sid, "update": _text(kind, "")}
+    whole = orjson.dumps({"jsonrpc": "2.0", "method": "session/update", "params": params})
+    return whole[: -len(b'""}}}}')]
 
 
 _REPLAY_CHUNKS: dict[str, type[UserChunk | MessageChunk | ThoughtChunk]] = {

@@ -362,6 +362,11 @@ class Endpoint:
         finally:
             self._pending.pop(request_id, None)
 
+    def send_frame(self, frame: bytes) -> None:
+        """Send one message the caller encoded (a whole line; a no-op once closed)."""
+        if not self._closed:
+            self._send(frame)
+
     def notify(self, method: str, params: Any = None) -> None:
         """Send a notification to the peer (a no-op once closed)."""
         if self._closed:

@@ -16,7 +16,7 @@ data (events, turn records, history) travels as plain dicts made by
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, TypeAlias, TypedDict
+from typing import Any, ClassVar, Final, TypeAlias, TypedDict
 
 import orjson
 
@@ -54,8 +54,11 @@ __all__ = [
     "WireError",
     "WorkerMessage",
     "WorkerReady",
+    "chunk_frame_prefix",
     "decode",
+    "decode_all",
     "encode",
+    "encode_chunk",
     "join_envelopes",
     "split_envelopes",
     "stored_tool_rules",
@@ -473,6 +476,27 @@ def encode(message: HostMessage | WorkerMessage) -> bytes:
         raise EncodeError(f"{type(message).__name__} cannot be encoded: {exc}") from None
 
 
+def chunk_frame_prefix(sid: str, turn_id: str, kind: str) -> bytes:
+    """What :func:`encode` makes of a :class:`TurnEvent` of ``sid``'s turn ``turn_id``
+    whose event is a text chunk of ``kind``, up to the chunk's text (see
+    :func:`encode_chunk`): a turn builds it once, not per chunk."""
+    head = orjson.dumps({"sid": sid, "turn_id": turn_id, "event": {"k": kind, "text": ""}})
+    return head[: -len(b'""}}')]
+
+
+_CHUNK_FRAME_END: Final = b'},"t":"' + TurnEvent.T.encode() + b'"}'
+
+
+def encode_chunk(prefix: bytes, text: str) -> bytes:
+    """The frame :func:`encode` makes of a text chunk's :class:`TurnEvent` (``prefix``
+    from :func:`chunk_frame_prefix`), without building the message or its dict: the
+    way of every streamed chunk. Raises :class:`EncodeError` as :func:`encode` does."""
+    try:
+        return prefix + orjson.dumps(text) + _CHUNK_FRAME_END
+    except TypeError as exc:  # e.g. a lone surrogate
+        raise EncodeError(f"TurnEvent cannot be encoded: {exc}") from None
+
+
 def join_envelopes(frames: list[bytes]) -> bytes:
     """Encoded envelopes as the one frame of a worker's zmq message."""
     return frames[0] if len(frames) == 1 else b"\n".join(frames)
@@ -486,9 +510,45 @@ def split_envelopes(frame: bytes) -> list[bytes]:
 def decode(frame: bytes) -> HostMessage | WorkerMessage:
     """Parse one frame; raises :class:`WireError` for anything unknown or malformed."""
     try:
-        payload = orjson.loads(frame)
+        return _message(orjson.loads(frame))
+    except orjson.JSONDecodeError as exc:
+        raise WireError(f"bad worker envelope: {exc.__class__.__name__}") from None
+
+
+def decode_all(envelopes: list[bytes]) -> list[HostMessage | WorkerMessage | WireError]:
+    """:func:`decode` of each of ``envelopes`` (those of one frame), the error in
+    place of a message that does not parse: a burst is parsed by one orjson call."""
+    if len(envelopes) > 1:
+        try:
+            payloads = orjson.loads(b"[" + b",".join(envelopes) + b"]")
+        except orjson.JSONDecodeError:
+            payloads = None
+        if isinstance(payloads, list) and len(payloads) == len(envelopes):
+            return [_message_or_error(payload) for payload in payloads]
+    return [_decoded_or_error(envelope) for envelope in envelopes]
+
+
+def _decoded_or_error(envelope: bytes) -> HostMessage | WorkerMessage | WireError:
+    try:
+        return decode(envelope)
+    except WireError as exc:
+        return exc
+
+
+def _message_or_error(payload: Any) -> HostMessage | WorkerMessage | WireError:
+    try:
+        return _message(payload)
+    except WireError as exc:
+        return exc
+
+
+def _message(payload: Any) -> HostMessage | WorkerMessage:
+    """The message of a parsed envelope; raises :class:`WireError`."""
+    try:
+        if payload.get("t") == TurnEvent.T and len(payload) == 4:  # every streamed event
+            return TurnEvent(payload["sid"], payload["turn_id"], payload["event"])
         cls = _TYPES[payload.pop("t")]
         message: HostMessage | WorkerMessage = cls(**payload)
-    except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+    except (KeyError, TypeError, AttributeError) as exc:
         raise WireError(f"bad worker envelope: {exc.__class__.__name__}") from None
     return message

@@ -57,7 +57,7 @@ from ipc.worker_wire import (
     WireError,
     WorkerMessage,
     WorkerReady,
-    decode,
+    decode_all,
     encode,
     split_envelopes,
 )
@@ -494,11 +494,9 @@ class WorkerPool:
         envelopes = split_envelopes(frames[1])
         run: list[TurnEvent] = []
         run_bytes = 0
-        for envelope in envelopes:
-            try:
-                message = decode(envelope)
-            except WireError as exc:
-                log.warning("worker %s: dropped a malformed frame: %s", worker_id, exc)
+        for envelope, message in zip(envelopes, decode_all(envelopes), strict=True):
+            if isinstance(message, WireError):
+                log.warning("worker %s: dropped a malformed frame: %s", worker_id, message)
                 continue
             if type(message) is TurnEvent and self._on_events is not None:
                 if run and (run[0].sid != message.sid or run[0].turn_id != message.turn_id):

@@ -9,8 +9,10 @@ import socket
 from collections.abc import Callable
 
 import orjson
+import pytest
 
-from ipc.events import Event, MessageChunk, PlanEntry, PlanUpdate, ThoughtChunk
+from ipc import acp
+from ipc.events import Event, MessageChunk, PlanEntry, PlanUpdate, ThoughtChunk, UserChunk
 from ipc.transports import WriteFlow
 from supervisor.pacing import CREDIT_BATCH, TurnStream
 
@@ -137,3 +139,17 @@ async def test_write_flow_calls_back_once_drained_and_cuts_a_peer_that_takes_not
         flow.close()
         writer.transport.abort()
         theirs.close()
+
+
+def test_a_chunks_notification_line_is_that_of_its_encoded_update() -> None:
+    """The streamed chunks' notification, made from a cached prefix around the text,
+    is the line the generic encoding makes; other events keep the generic way, and
+    a text that cannot be encoded raises the TypeError TurnStream fails the turn on."""
+    for sid, event in [("s1", MessageChunk("hi ")), ('s"\\', ThoughtChunk('é\n"\u2028'))]:
+        params = acp.encode_event(sid, event)
+        line = orjson.dumps({"jsonrpc": "2.0", "method": "session/update", "params": params},
+                            option=orjson.OPT_APPEND_NEWLINE)
+        assert acp.chunk_update_frame(sid, event) == line
+    assert acp.chunk_update_frame("s1", UserChunk("x")) is None
+    with pytest.raises(TypeError):
+        acp.chunk_update_frame("s1", MessageChunk("lone \ud800"))

@@ -19,7 +19,19 @@ from actors.worker.session import (
     SessionState,
 )
 from ipc.events import MessageChunk
-from ipc.worker_wire import OpenSession, SessionClosed, TurnEnded, TurnEvent, decode
+from ipc.worker_wire import (
+    OpenSession,
+    SessionClosed,
+    TurnEnded,
+    TurnEvent,
+    TurnFailed,
+    WireError,
+    chunk_frame_prefix,
+    decode,
+    decode_all,
+    encode,
+    encode_chunk,
+)
 
 WAIT = 10.0
 
@@ -153,7 +165,7 @@ def test_a_turns_event_after_a_quiet_spell_wakes_the_ticking_io_thread(tmp_path:
     state = SessionState("s", "full")
     actor = SessionActor.start(config=SessionConfig.from_open(message), state=state,
                                agent=agent, send=outbox.put, permissions=PermissionBoard(),
-                               wake=outbox.wake)
+                               wake=outbox.wake, send_event_frame=outbox.put_event_frame)
     try:
         assert outbox.take_all(tick=True) == [] and outbox.ticking  # a turn was handed off
         cancel = state.begin_turn("t1")
@@ -171,3 +183,67 @@ def test_a_turns_event_after_a_quiet_spell_wakes_the_ticking_io_thread(tmp_path:
         agent.may_end.set()
         actor.stop()
         outbox.close()
+
+
+def test_a_chunk_encoded_straight_to_its_frame_is_the_frame_of_its_turn_event() -> None:
+    """The streamed chunks' way past the TurnEvent dataclass makes the same bytes (the
+    stream window counts them) and the host decodes the same message."""
+    for sid, turn_id, kind, text in [("s", "t1", "message", "hello "),
+                                     ('s"\\', "t\n2", "thought", 'é\n"\u2028{}\x00')]:
+        frame = encode_chunk(chunk_frame_prefix(sid, turn_id, kind), text)
+        message = TurnEvent(sid=sid, turn_id=turn_id, event={"k": kind, "text": text})
+        assert frame == encode(message)
+        assert decode(frame) == message
+
+
+class _SayingAgent(Agent):
+    """Says each of its texts, then ends the turn."""
+
+    provider: ClassVar[str] = "saying"
+
+    def __init__(self, *texts: str) -> None:
+        super().__init__({})
+        self.texts = texts
+
+    def run_turn(self, prompt: str, ctx: TurnContext) -> None:
+        for text in self.texts:
+            ctx.emit(MessageChunk(text))
+
+
+def test_a_chunk_that_cannot_be_encoded_fails_its_turn(tmp_path: Path) -> None:
+    outbox = Outbox()
+    message = OpenSession(sid="s", agent={"provider": "echo"}, workspace_dir=str(tmp_path),
+                          cwd=str(tmp_path), mode="full", forbidden_paths=[],
+                          permission_timeout=WAIT, history=[])
+    state = SessionState("s", "full")
+    actor = SessionActor.start(config=SessionConfig.from_open(message), state=state,
+                               agent=_SayingAgent("fine ", "lone \ud800"), send=outbox.put,
+                               permissions=PermissionBoard(), wake=outbox.wake,
+                               send_event_frame=outbox.put_event_frame)
+    try:
+        cancel = state.begin_turn("t1")
+        assert cancel is not None
+        actor.tell(RunTurn("t1", "go", cancel))
+        taken: list[object] = []
+        while not any(isinstance(m, TurnFailed) for m in taken):
+            assert _wait_woken(outbox, WAIT)
+            taken += [decode(f) for f in outbox.take_all()]
+        assert [m.event["text"] for m in taken if isinstance(m, TurnEvent)] == ["fine "]
+        failed = taken[-1]
+        assert isinstance(failed, TurnFailed) and "cannot be streamed" in failed.message
+    finally:
+        actor.stop()
+        outbox.close()
+
+
+def test_a_burst_decodes_as_its_envelopes_one_by_one() -> None:
+    """One parse for a frame's envelopes gives what decode gives each; a malformed one
+    (even one that would parse inside a JSON array) is an error in its place only."""
+    good = [encode(TurnEvent(sid="s", turn_id="t1", event={"k": "message", "text": w}))
+            for w in ("a ", "b")] + [encode(TurnEnded(sid="s", turn_id="t1", record={}))]
+    assert decode_all(good) == [decode(e) for e in good]
+    for bad in ([b"[1", b'2]'], [b"{}", b'{"t":"nope"}'], [b"1,2"], [b'{"t":"event"}']):
+        burst = [good[0], *bad, good[2]]
+        decoded = decode_all(burst)
+        assert decoded[0] == decode(good[0]) and decoded[-1] == decode(good[2])
+        assert all(isinstance(m, WireError) for m in decoded[1:-1]), decoded

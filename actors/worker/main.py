@@ -127,14 +127,21 @@ class Outbox:
         when it cannot be encoded: the caller (a turn) fails on it, so nothing
         is dropped unnoticed.
         """
-        frame = encode(message)
+        return self._queue(encode(message), event=type(message) is TurnEvent)
+
+    def put_event_frame(self, frame: bytes) -> int:
+        """:meth:`put` for a :class:`ipc.worker_wire.TurnEvent` already encoded (a
+        streamed chunk, see :func:`ipc.worker_wire.encode_chunk`; any thread)."""
+        return self._queue(frame, event=True)
+
+    def _queue(self, frame: bytes, *, event: bool) -> int:
         with self._lock:
             if self._closed:
                 return 0
             self._frames.append(frame)
             if self._signalled:
                 pass
-            elif self._ticking and type(message) is TurnEvent:
+            elif self._ticking and event:
                 self._events_held = True
             else:
                 self._signalled = True
@@ -385,7 +392,8 @@ class WorkerProcess:
             return
         actor = SessionActor.start(config=config, state=state, agent=agent,
                                    send=self.send, permissions=self.permissions,
-                                   wake=self.outbox.wake)
+                                   wake=self.outbox.wake,
+                                   send_event_frame=self.outbox.put_event_frame)
         self.sessions[sid] = _LiveSession(actor, state, agent)
         self.outbox.put(SessionOpened(sid=sid))
 

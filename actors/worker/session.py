@@ -286,6 +286,7 @@ class SessionActor(SimpleInboxActor):
         permissions: PermissionBoard,
         tools: dict[str, Tool] | None = None,
         wake: Callable[[], None] | None = None,
+        send_event_frame: Callable[[bytes], int | None] | None = None,
     ) -> None:
         super().__init__()
         self.config = config
@@ -295,6 +296,9 @@ class SessionActor(SimpleInboxActor):
         #: Wakes the IO thread to send what is queued now (any thread; see
         #: :data:`actors.worker.turn.QUIET_SECONDS`).
         self.wake = wake or _no_wake
+        #: Queues an encoded TurnEvent (a streamed chunk) as ``send`` would queue the
+        #: message; without it, chunks go through ``send`` as TurnEvents.
+        self.send_event_frame = send_event_frame
         self.permissions = permissions
         self.tools = tools if tools is not None else default_tools()
         self.history: list[TurnItem] = list(config.history)

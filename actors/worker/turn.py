@@ -43,6 +43,8 @@ from ipc.worker_wire import (
     TurnEvent,
     UserAsk,
     WorkerMessage,
+    chunk_frame_prefix,
+    encode_chunk,
 )
 
 __all__ = [
@@ -232,6 +234,8 @@ class TurnSession(Protocol):
     def history_tokens(self) -> int: ...
     def send(self, message: WorkerMessage) -> int | None: ...
     def wake(self) -> None: ...
+    @property
+    def send_event_frame(self) -> Callable[[bytes], int | None] | None: ...
 
 
 class ActorTurnContext:
@@ -248,6 +252,12 @@ class ActorTurnContext:
         self._recorder = recorder
         self._window = window
         self._last_event = time.monotonic()
+        self._send_frame = session.send_event_frame
+        #: Each text chunk kind's frame up to its text (see :func:`encode_chunk`).
+        self._chunk_prefixes: dict[type[Any], bytes] = {
+            kind: chunk_frame_prefix(self._sid, turn_id, kind.KIND)
+            for kind in (MessageChunk, ThoughtChunk)
+        }
         self.failure: str | None = None
         """Set when a message of the turn could not be sent: the turn then fails,
         even if the agent caught the :class:`TurnAborted` it got."""
@@ -290,11 +300,23 @@ class ActorTurnContext:
         now = time.monotonic()
         quiet = now - self._last_event >= QUIET_SECONDS
         self._last_event = now
-        size = self._send(TurnEvent(sid=self._sid, turn_id=self._turn_id,
-                                    event=event_to_wire(event)))
+        prefix = self._chunk_prefixes.get(type(event))
+        if prefix is not None and self._send_frame is not None:  # the way of every chunk
+            size = self._send_chunk(prefix, event.text)  # type: ignore[union-attr]
+        else:
+            size = self._send(TurnEvent(sid=self._sid, turn_id=self._turn_id,
+                                        event=event_to_wire(event)))
         if quiet:
             self._session.wake()
         return size
+
+    def _send_chunk(self, prefix: bytes, text: str) -> int | None:
+        """:meth:`_send` for a text chunk, encoded straight to its frame."""
+        assert self._send_frame is not None
+        try:
+            return self._send_frame(encode_chunk(prefix, text))
+        except EncodeError as exc:
+            raise self._unstreamable(exc) from None
 
     def _send(self, message: WorkerMessage) -> int | None:
         """Hand ``message`` to the IO thread; raises :class:`TurnAborted` when it
@@ -302,9 +324,13 @@ class ActorTurnContext:
         try:
             return self._session.send(message)
         except EncodeError as exc:
-            self.failure = f"this turn cannot be streamed: {exc}"
-            logger.warning("session %s: %s", self._sid, self.failure)
-            raise TurnAborted(self.failure) from None
+            raise self._unstreamable(exc) from None
+
+    def _unstreamable(self, exc: EncodeError) -> TurnAborted:
+        """The turn fails: one of its messages cannot be encoded."""
+        self.failure = f"this turn cannot be streamed: {exc}"
+        logger.warning("session %s: %s", self._sid, self.failure)
+        return TurnAborted(self.failure)
 
     def ask_permission(
         self, tool_call_id: str, tool_name: str, title: str, kind: str, raw_input: Any,

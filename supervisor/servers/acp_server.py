@@ -112,7 +112,11 @@ class AcpPeer:
         return flow
 
     def send_event(self, sid: str, event: Event) -> None:
-        self.endpoint.notify("session/update", acp.encode_event(sid, event))
+        frame = acp.chunk_update_frame(sid, event)
+        if frame is not None:
+            self.endpoint.send_frame(frame)
+        else:
+            self.endpoint.notify("session/update", acp.encode_event(sid, event))
 
     async def ask_permission(self, sid: str, ask: PermissionAsk, timeout: float) -> str | None:
         try:
