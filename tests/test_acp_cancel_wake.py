@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from actors.worker.agents import acp_turn
+from actors.worker.agents.acp_turn import AcpTurn
 from actors.worker.agents.base import AgentFailure
 from actors.worker.cancel import TurnCancel
 from tests.test_acp_stream_units import _fixture_turn
@@ -78,6 +79,20 @@ def test_a_plain_event_as_the_cancel_flag_is_polled(tmp_path: Path) -> None:
     assert outcome == [None] and ignored
 
 
+def _failing_turn(turn: AcpTurn, prompt: str) -> tuple[threading.Thread, list[AgentFailure]]:
+    """A thread (not started) that runs ``turn`` on ``prompt``, and the list that gets
+    the :class:`AgentFailure` it ends with."""
+    failures: list[AgentFailure] = []
+
+    def run() -> None:
+        try:
+            turn.run(prompt)
+        except AgentFailure as exc:
+            failures.append(exc)
+
+    return threading.Thread(target=run, daemon=True), failures
+
+
 def test_a_turn_hears_its_agent_stopped_from_another_thread(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The agent is stopped mid-turn (the session closed, the worker shuts down): its
@@ -85,15 +100,7 @@ def test_a_turn_hears_its_agent_stopped_from_another_thread(
     monkeypatch.setattr(acp_turn, "_POLL_SECS", 3600.0)
     client = _Client(TurnCancel())
     process, _link, turn = _fixture_turn(tmp_path, "stopped", client, "full")
-    failures: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            turn.run("stubborn")
-        except AgentFailure as exc:
-            failures.append(exc)
-
-    runner = threading.Thread(target=run, daemon=True)
+    runner, failures = _failing_turn(turn, "stubborn")
     try:
         runner.start()
         assert client.spoke.wait(WAIT), "the agent never spoke"
@@ -113,15 +120,7 @@ def test_a_turn_hears_its_agent_exit_while_a_child_holds_its_stdout_open(
     monkeypatch.setattr(acp_turn, "_POLL_SECS", 3600.0)
     client = _Client(TurnCancel())
     process, _link, turn = _fixture_turn(tmp_path, "orphaned", client, "full")
-    failures: list[AgentFailure] = []
-
-    def run() -> None:
-        try:
-            turn.run("orphan")
-        except AgentFailure as exc:
-            failures.append(exc)
-
-    runner = threading.Thread(target=run, daemon=True)
+    runner, failures = _failing_turn(turn, "orphan")
     try:
         runner.start()
         runner.join(WAIT)
