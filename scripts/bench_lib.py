@@ -90,7 +90,7 @@ class BenchSizes:
     live_connections: int = 8  # open the live sessions over this many connections at once
     status_calls: int = 300
     persist_sessions: int = 64
-    wakeup_turns: int = 300
+    wakeup_turns: int = 1000
     wakeup_idle_seconds: float = 2.0
 
     @classmethod
@@ -98,7 +98,7 @@ class BenchSizes:
         return cls(rounds=1, min_seconds=0.3, cold_starts=3, initializes=200, session_news=100,
                    turns_each=3, socket_initializes=1000, live_sessions=2000,
                    status_calls=100,
-                   wakeup_turns=150, wakeup_idle_seconds=1.0)
+                   wakeup_turns=300, wakeup_idle_seconds=1.0)
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,20 @@ def _cpu_split(entry: dict[str, Any]) -> str:
     return "CPU µs per operation, server + client: " + "; ".join(sides)
 
 
+def _turn_cpu_split(entry: dict[str, Any]) -> str:
+    """Where a sequential turn's CPU goes, per side: the host's loop thread, its other
+    threads, the workers and the client (the wake-up measurement's details)."""
+    sides = []
+    for side in ("zeroclaw", "design", "floor"):
+        if entry.get(f"{side}_loop_cpu_us_per_turn") is None:
+            continue
+        parts = [entry[f"{side}_{key}_cpu_us_per_turn"]
+                 for key in ("loop", "host_threads", "workers", "client")]
+        sides.append(f"{side} {parts[0]:.0f} loop + {parts[1]:.0f} host threads +"
+                     f" {parts[2]:.0f} workers + {parts[3]:.0f} client = {sum(parts):.0f}")
+    return "; ".join(sides)
+
+
 def _notes(metrics: dict[str, Any]) -> list[str]:
     notes = []
     for entry in metrics.values():
@@ -78,6 +92,7 @@ def _notes(metrics: dict[str, Any]) -> list[str]:
                      for side in ("zeroclaw", "design", "floor")
                      if entry.get(f"{side}_host_wakeups_per_turn") is not None]
             notes.append(f"  {entry['title']}: " + "; ".join(sides))
+            notes.append(f"  CPU µs per sequential turn: {_turn_cpu_split(entry)}")
         if entry.get("zeroclaw_updates_per_turn") is not None:
             notes.append(f"  {entry['title']}: zeroclaw sent {entry['zeroclaw_updates_per_turn']:,}"
                          " updates per turn (chunks merge while the client lags)")
