@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The design floor for benchmarks: only what the design card makes unavoidable.
 
-Usage: ``design_floor.py [--db PATH]`` (NDJSON JSON-RPC on stdin/stdout; exits on EOF).
+Usage: ``design_floor.py [--db PATH] [--card]`` (NDJSON JSON-RPC on stdin/stdout; exits
+on EOF).
 
 A turn goes client -> this host's asyncio loop -> a zmq ROUTER/DEALER hop over
 ipc to a second process (the worker, this script with ``--worker``) and back ->
@@ -22,6 +23,15 @@ its edge-triggered FD) and one writer thread (``sqlite3``, WAL,
 ``synchronous=NORMAL`` as the real store; every write queued while it commits
 goes into the next transaction: group commit). The worker process runs one
 blocking DEALER loop. The worker exits when its host does.
+
+``--card`` adds the two parts the design card names for every turn, and nothing
+else: in the worker, one pykka session actor per session runs the turn and sends
+its answer on the DEALER itself (under a lock, as zeroclaw's session threads do);
+on the host, the writer is a pykka persistence actor writing zeroclaw's own rows
+(the session row; per turn its two message rows and the session's counters)
+through peewee and :class:`storage.prepared_writes.PreparedWrites`. The gap from
+the plain floor to this one is what those parts cost; from this one to zeroclaw,
+what zeroclaw's own code costs.
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ import asyncio
 import itertools
 import os
 import queue
+import select
 import sqlite3
 import subprocess
 import sys
@@ -42,7 +53,10 @@ from pathlib import Path
 from typing import Any, cast
 
 import orjson
+import pykka
 import zmq
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # zeroclaw's store (--card)
 
 __all__ = ["main"]
 
@@ -53,29 +67,96 @@ _NEWLINE = orjson.OPT_APPEND_NEWLINE
 # --- the worker process -------------------------------------------------------------------
 
 
-def run_worker(endpoint: str, host_pid: int) -> int:
-    """Answer every ``[rid, prompt]`` with ``[rid, words]`` until the host is gone."""
+def echo_chunks(prompt: bytes) -> list[str]:
+    """The prompt's words, as the echo agent streams them."""
+    words = prompt.decode().split(" ")
+    return [word + " " for word in words[:-1]] + words[-1:]
+
+
+def run_worker(endpoint: str, host_pid: int, card: bool) -> int:
+    """Answer every ``[rid, sid, prompt]`` with ``[rid, words]`` until the host is gone
+    (``card``: each session's prompts go through that session's actor)."""
     ctx = zmq.Context()
     dealer = ctx.socket(zmq.DEALER)
     dealer.setsockopt(zmq.LINGER, 0)
     dealer.connect(endpoint)
     dealer.send_multipart([b"ready", b""])
-    poller = zmq.Poller()
-    poller.register(dealer, zmq.POLLIN)
-    while os.getppid() == host_pid:
-        if not poller.poll(1000):
-            continue
-        while True:
-            try:
-                rid, prompt = dealer.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            words = prompt.decode().split(" ")
-            chunks = [word + " " for word in words[:-1]] + words[-1:]
-            dealer.send_multipart([rid, orjson.dumps(chunks)])
+    if card:
+        CardWorker(dealer, host_pid).run()
+    else:
+        poller = zmq.Poller()
+        poller.register(dealer, zmq.POLLIN)
+        while os.getppid() == host_pid:
+            if not poller.poll(1000):
+                continue
+            while True:
+                try:
+                    rid, _sid, prompt = dealer.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                dealer.send_multipart([rid, orjson.dumps(echo_chunks(prompt))])
     dealer.close()
     ctx.term()
     return 0
+
+
+class SessionActor(pykka.ThreadingActor):
+    """One session's turns, on the actor's own thread: the answer goes out on the
+    DEALER under the worker's lock; the IO thread is woken only if input is waiting
+    (this send may have taken the FD's edge)."""
+
+    def __init__(self, worker: CardWorker) -> None:
+        super().__init__()
+        self.worker = worker
+
+    def on_receive(self, message: Any) -> None:
+        rid, prompt = message
+        worker = self.worker
+        with worker.lock:
+            worker.dealer.send_multipart([rid, orjson.dumps(echo_chunks(prompt))], zmq.NOBLOCK)
+            pending = worker.has_input()
+        if pending:
+            os.write(worker.wake_w, b"x")
+
+
+class CardWorker:
+    """The worker's IO thread in ``--card`` mode: polls the DEALER's FD (and a wake
+    pipe), reads under the lock, tells each prompt to its session's actor."""
+
+    def __init__(self, dealer: zmq.Socket[bytes], host_pid: int) -> None:
+        self.dealer = dealer
+        self.host_pid = host_pid
+        self.lock = threading.Lock()
+        self.wake_r, self.wake_w = os.pipe()
+        self.actors: dict[bytes, pykka.ActorRef[SessionActor]] = {}
+
+    def has_input(self) -> bool:
+        return bool(cast(int, self.dealer.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
+
+    def run(self) -> None:
+        poller = select.poll()
+        poller.register(cast(int, self.dealer.getsockopt(zmq.FD)), select.POLLIN)
+        poller.register(self.wake_r, select.POLLIN)
+        try:
+            while os.getppid() == self.host_pid:
+                for fd, _events in poller.poll(1000):
+                    if fd == self.wake_r:
+                        os.read(self.wake_r, 4096)
+                self._receive_all()
+        finally:
+            pykka.ActorRegistry.stop_all()
+
+    def _receive_all(self) -> None:
+        with self.lock:
+            while True:
+                try:
+                    rid, sid, prompt = self.dealer.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    return
+                actor = self.actors.get(sid)
+                if actor is None:
+                    actor = self.actors[sid] = SessionActor.start(self)
+                actor.tell((rid, prompt))
 
 
 # --- the writer thread --------------------------------------------------------------------
@@ -98,8 +179,12 @@ class Writer:
         self._thread = threading.Thread(target=self._run, name="writer", daemon=True)
         self._thread.start()
 
-    def write(self, sql: str, params: tuple[Any, ...], done: Callable[[], None]) -> None:
-        self._queue.put((sql, params, done))
+    def write_session(self, sid: str, done: Callable[[], None]) -> None:
+        self._queue.put(("INSERT INTO sessions VALUES (?, ?)", (sid, time.time()), done))
+
+    def write_turn(self, sid: str, prompt: str, answer: str, done: Callable[[], None]) -> None:
+        self._queue.put(("INSERT INTO turns VALUES (?, ?, ?, ?)",
+                         (sid, prompt, answer, time.time()), done))
 
     def close(self) -> None:
         self._queue.put(None)
@@ -131,15 +216,89 @@ class Writer:
             self._loop.call_soon_threadsafe(done)
 
 
+class CardWriter(pykka.ThreadingActor):
+    """``--card``: a pykka persistence actor writing zeroclaw's own rows through
+    peewee (:class:`storage.prepared_writes.PreparedWrites`). Writes that arrive
+    while the inbox is not empty are held and committed together (group commit);
+    each callback then runs on the loop. Everything but the constructor runs on the
+    actor's thread; ``write_*`` and ``close`` are called from the loop."""
+
+    def __init__(self, path: Path, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__()
+        from storage import open_store
+        from storage.prepared_writes import PreparedWrites
+
+        self._loop = loop
+        self._store = open_store(path)
+        self._prepared = PreparedWrites(self._store.writer)
+        self._held: list[tuple[tuple[str, ...], Callable[[], None]]] = []
+
+    @classmethod
+    def open(cls, path: Path, loop: asyncio.AbstractEventLoop) -> CardWriterRef:
+        return CardWriterRef(cls.start(path, loop))
+
+    def on_receive(self, message: Any) -> None:
+        self._held.append(message)
+        if self.actor_inbox.empty():
+            held, self._held = self._held, []
+            db = self._store.writer
+            db.begin()
+            for row, _done in held:
+                if len(row) == 1:
+                    self.insert_session(*row)
+                else:
+                    self.insert_turn(*row)
+            db.commit()
+            self._prepared.commit_staged()
+            for _write, done in held:
+                self._loop.call_soon_threadsafe(done)
+
+    def on_stop(self) -> None:
+        self._store.close()
+
+    def insert_session(self, sid: str) -> None:
+        from storage.models import StoredSession
+
+        now = time.time()
+        self._prepared.insert_session(StoredSession(
+            id=sid, agent_alias="echo", workspace_dir="/", cwd="/", mode="default",
+            created_at=now, last_activity=now))
+
+    def insert_turn(self, sid: str, prompt: str, answer: str) -> None:
+        from ipc.events import TextItem, TurnRecord
+
+        now = time.time()
+        self._prepared.write_turn(TurnRecord(
+            session_id=sid, items=(TextItem("user", prompt), TextItem("assistant", answer)),
+            stop_reason="end_turn", content=answer, started_at=now, finished_at=now))
+
+
+class CardWriterRef:
+    """The loop's handle on a :class:`CardWriter` (the writes are told, not asked)."""
+
+    def __init__(self, ref: pykka.ActorRef[CardWriter]) -> None:
+        self._ref = ref
+
+    def write_session(self, sid: str, done: Callable[[], None]) -> None:
+        self._ref.tell(((sid,), done))
+
+    def write_turn(self, sid: str, prompt: str, answer: str, done: Callable[[], None]) -> None:
+        self._ref.tell(((sid, prompt, answer), done))
+
+    def close(self) -> None:
+        self._ref.stop(timeout=10)
+
+
 # --- the host -----------------------------------------------------------------------------
 
 
 class Host:
     """The asyncio side: stdio in and out, the ROUTER, the writer."""
 
-    def __init__(self, db_path: Path, run_dir: Path) -> None:
+    def __init__(self, db_path: Path, run_dir: Path, card: bool) -> None:
         self.loop = asyncio.get_running_loop()
-        self.writer = Writer(db_path, self.loop)
+        self.writer: Writer | CardWriterRef = (
+            CardWriter.open(db_path, self.loop) if card else Writer(db_path, self.loop))
         self.ctx = zmq.Context()
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -147,7 +306,8 @@ class Host:
         endpoint = f"ipc://{run_dir}/w.sock"
         self.router.bind(endpoint)
         self.worker = subprocess.Popen(
-            [sys.executable, __file__, "--worker", endpoint, str(os.getpid())])
+            [sys.executable, __file__, "--worker", endpoint, str(os.getpid()),
+             *(["--card"] if card else [])])
         self.worker_id: bytes | None = None
         self.ready = asyncio.Event()
         self.pending: dict[bytes, tuple[Any, Any, str]] = {}
@@ -198,15 +358,15 @@ class Host:
         self.unanswered += 1
         if method == "session/new":
             sid = f"design-{next(self.sessions)}"
-            self.writer.write("INSERT INTO sessions VALUES (?, ?)", (sid, time.time()),
-                              lambda: self._reply(request_id, {"sessionId": sid}))
+            self.writer.write_session(sid, lambda: self._reply(request_id, {"sessionId": sid}))
         elif method == "session/prompt":
             text = params.get("prompt")
             text = text if isinstance(text, str) else "hello world"
             rid = str(next(self.rids)).encode()
-            self.pending[rid] = (request_id, params.get("sessionId"), text)
+            session_id = params.get("sessionId")
+            self.pending[rid] = (request_id, session_id, text)
             assert self.worker_id is not None
-            self._send([self.worker_id, rid, text.encode()])
+            self._send([self.worker_id, rid, str(session_id).encode(), text.encode()])
         else:
             self._reply(request_id, {})
 
@@ -219,8 +379,7 @@ class Host:
             for chunk in chunks))
         answer = "".join(chunks)
         result = {"sessionId": sid, "stopReason": "end_turn", "content": answer}
-        self.writer.write("INSERT INTO turns VALUES (?, ?, ?, ?)", (sid, text, answer,
-                          time.time()), lambda: self._reply(request_id, result))
+        self.writer.write_turn(sid, text, answer, lambda: self._reply(request_id, result))
 
     def _reply(self, request_id: Any, result: Any, error: Any = None) -> None:
         self.unanswered -= error is None
@@ -229,9 +388,9 @@ class Host:
         self.out(orjson.dumps(frame, option=_NEWLINE))
 
 
-async def serve_stdio(db_path: Path | None) -> None:
+async def serve_stdio(db_path: Path | None, card: bool) -> None:
     with tempfile.TemporaryDirectory(prefix="zcdf-") as temp:
-        host = Host(db_path or Path(temp) / "design-floor.db", Path(temp))
+        host = Host(db_path or Path(temp) / "design-floor.db", Path(temp), card)
         await asyncio.wait_for(host.ready.wait(), 30)
         loop = host.loop
         reader = asyncio.StreamReader(limit=FRAME_LIMIT)
@@ -263,10 +422,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--db", type=Path, help="the SQLite file (default: a temp dir)")
     parser.add_argument("--worker", nargs=2, metavar=("ENDPOINT", "HOST_PID"),
                         help=argparse.SUPPRESS)
+    parser.add_argument("--card", action="store_true",
+                        help="add a pykka session actor per session and zeroclaw's store")
     args = parser.parse_args(argv)
     if args.worker:
-        return run_worker(args.worker[0], int(args.worker[1]))
-    asyncio.run(serve_stdio(args.db))
+        return run_worker(args.worker[0], int(args.worker[1]), args.card)
+    asyncio.run(serve_stdio(args.db, args.card))
     return 0
 
 
