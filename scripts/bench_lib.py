@@ -14,6 +14,7 @@ Result format (one JSON object: the last line of stdout, and ``--json-out``)::
      "metrics": {NAME: {"section": "stdio"|"daemon", "title", "unit",
                         "better": "higher"|"lower", "zeroclaw", "floor", "ratio",
                         "design"?, "design_ratio"?, "design_target"?,
+                        "card"?, "card_ratio"?,
                         "target", "ok", "count", "zeroclaw_p50_ms"?, "zeroclaw_p99_ms"?,
                         "floor_p50_ms"?, "floor_p99_ms"?, "zeroclaw_error"?, "floor_error"?,
                         ...details}}}
@@ -23,7 +24,10 @@ zeroclaw / floor (None where a ratio means nothing, e.g. RSS); ``target`` is a
 text such as ">= 0.9x floor" or "<= 2 ms" and ``ok`` whether every target of
 the metric is met (None without a target). Metrics measured on the design floor
 too (``scripts/design_floor.py``) add ``design`` and ``design_ratio`` (zeroclaw /
-design) and, where the issue sets one, ``design_target``.
+design) and, where the issue sets one, ``design_target``; and ``card`` and
+``card_ratio``: the same floor with the parts the card names for every turn
+(``design_floor.py --card``: a pykka session actor per session, the persistence
+actor writing zeroclaw's own rows through peewee).
 """
 
 from __future__ import annotations
@@ -150,12 +154,14 @@ class MetricSpec:
         return pick(samples, key=lambda sample: sample.value)
 
     def entry(self, zeroclaw: Sample | str, floor: Sample | str,
-              design: Sample | str | None = None) -> dict[str, Any]:
+              design: Sample | str | None = None,
+              card: Sample | str | None = None) -> dict[str, Any]:
         """The JSON entry; a side given as a string failed with that error."""
         entry: dict[str, Any] = {"section": self.section, "title": self.title,
                                  "unit": self.unit, "better": self.better}
         sides = [("zeroclaw", zeroclaw), ("floor", floor)]
         sides += [("design", design)] if design is not None else []
+        sides += [("card", card)] if card is not None else []
         for side, run in sides:
             if isinstance(run, str):
                 entry[side] = None
@@ -178,6 +184,10 @@ class MetricSpec:
             if self.design_goal is not None:
                 entry["design_target"] = self.design_goal.describe().replace("floor", "design")
                 verdicts.append(self.design_goal.met(entry["zeroclaw"], entry["design_ratio"]))
+        if card is not None:
+            on_card = entry["zeroclaw"] is not None and entry["card"]
+            entry["card_ratio"] = (entry["zeroclaw"] / entry["card"]
+                                   if self.has_ratio and on_card else None)
         entry["ok"] = None if not verdicts or None in verdicts else all(verdicts)
         return entry
 
@@ -215,12 +225,14 @@ async def best_of_rounds(spec: MetricSpec, measures: dict[str, Measure],
 
 
 async def measure_pair(spec: MetricSpec, floor: Measure, zeroclaw: Measure,
-                       rounds: int, design: Measure | None = None) -> dict[str, Any]:
-    """``rounds`` alternated rounds (floor, design floor when given, then zeroclaw);
-    each side keeps its best."""
-    measures = {"floor": floor, **({"design": design} if design else {}), "zeroclaw": zeroclaw}
+                       rounds: int, design: Measure | None = None,
+                       card: Measure | None = None) -> dict[str, Any]:
+    """``rounds`` alternated rounds (floor, the design and card floors when given, then
+    zeroclaw); each side keeps its best."""
+    measures = {"floor": floor, **({"design": design} if design else {}),
+                **({"card": card} if card else {}), "zeroclaw": zeroclaw}
     best = await best_of_rounds(spec, measures, rounds)
-    return spec.entry(best["zeroclaw"], best["floor"], best["design"] if design else None)
+    return spec.entry(best["zeroclaw"], best["floor"], best.get("design"), best.get("card"))
 
 
 def turns_title(sessions: int) -> str:

@@ -53,7 +53,7 @@ def _columns(rows: Sequence[Sequence[str]], left: int) -> list[str]:
 def _cpu_split(entry: dict[str, Any]) -> str:
     """CPU µs per operation, server (host alone, where it has children) + client."""
     sides = []
-    for side in ("zeroclaw", "design", "floor"):
+    for side in ("zeroclaw", "card", "design", "floor"):
         server, host = entry.get(f"{side}_server_cpu_us"), entry.get(f"{side}_host_cpu_us")
         if server is None:
             continue
@@ -66,7 +66,7 @@ def _turn_cpu_split(entry: dict[str, Any]) -> str:
     """Where a sequential turn's CPU goes, per side: the host's loop thread, its other
     threads, the workers and the client (the wake-up measurement's details)."""
     sides = []
-    for side in ("zeroclaw", "design", "floor"):
+    for side in ("zeroclaw", "card", "design", "floor"):
         if entry.get(f"{side}_loop_cpu_us_per_turn") is None:
             continue
         parts = [entry[f"{side}_{key}_cpu_us_per_turn"]
@@ -89,7 +89,7 @@ def _notes(metrics: dict[str, Any]) -> list[str]:
         if entry.get("zeroclaw_host_wakeups_per_turn") is not None:
             sides = [f"{side} {entry[f'{side}_host_wakeups_per_turn']:.1f} host +"
                      f" {entry[f'{side}_workers_wakeups_per_turn']:.1f} worker"
-                     for side in ("zeroclaw", "design", "floor")
+                     for side in ("zeroclaw", "card", "design", "floor")
                      if entry.get(f"{side}_host_wakeups_per_turn") is not None]
             notes.append(f"  {entry['title']}: " + "; ".join(sides))
             notes.append(f"  CPU µs per sequential turn: {_turn_cpu_split(entry)}")
@@ -114,18 +114,19 @@ def format_table(result: dict[str, Any]) -> str:
     """One row per metric: zeroclaw, the echo floor, zeroclaw / floor, the design floor and
     zeroclaw / design (where measured), targets, latencies; then notes and errors."""
     rows = [("section", "metric", "unit", "zeroclaw", "floor", "zc/floor", "design",
-             "zc/design", "target", "ok", "p50/p99 ms zeroclaw | floor")]
+             "zc/design", "card", "zc/card", "target", "ok", "p50/p99 ms zeroclaw | floor")]
     for entry in result["metrics"].values():
         targets = ", ".join(t for t in (entry["target"], entry.get("design_target")) if t)
         rows.append((entry["section"], entry["title"], entry["unit"], _number(entry["zeroclaw"]),
                      _number(entry["floor"]), _ratio(entry["ratio"]),
                      _number(entry.get("design")), _ratio(entry.get("design_ratio")),
+                     _number(entry.get("card")), _ratio(entry.get("card_ratio")),
                      targets, _ok(entry), _latencies(entry)))
     lines = _columns(rows, left=3)
     notes = _notes(result["metrics"])
     errors = [f"  {entry['title']}: {side} failed: {entry[f'{side}_error']}"
               for entry in result["metrics"].values()
-              for side in ("zeroclaw", "floor", "design") if f"{side}_error" in entry]
+              for side in ("zeroclaw", "floor", "design", "card") if f"{side}_error" in entry]
     errors += [f"  {section}: {error}" for section, error in result.get("errors", {}).items()]
     scope = f"{'quick' if result.get('quick') else 'full'} run, {result.get('cpus')} CPUs,"
     lines.append(f"({scope} {result.get('elapsed_secs', 0):.0f} s; best of"
@@ -155,7 +156,7 @@ def compare_results(before: dict[str, Any], after: dict[str, Any],
     (rates: higher is better; latencies and RSS: lower), zeroclaw / floor A -> B, and the
     floor's own change (how much of the change is the machine rather than zeroclaw)."""
     rows = [("metric", "unit", "A", "B", "change", "verdict", "zc/floor A -> B",
-             "zc/design A -> B", "floor change")]
+             "zc/design A -> B", "zc/card A -> B", "floor change")]
     names_in_order = list(before["metrics"]) + [
         name for name in after["metrics"] if name not in before["metrics"]]
     for name in names_in_order:
@@ -169,6 +170,7 @@ def compare_results(before: dict[str, Any], after: dict[str, Any],
                      _verdict(entry, change) if change is not None else "-",
                      f"{_ratio(old.get('ratio'))} -> {_ratio(new.get('ratio'))}",
                      f"{_ratio(old.get('design_ratio'))} -> {_ratio(new.get('design_ratio'))}",
+                     f"{_ratio(old.get('card_ratio'))} -> {_ratio(new.get('card_ratio'))}",
                      _percent(_change(old.get("floor"), new.get("floor")))))
     header = [f"{label}: {path} (started {result.get('started')},"
               f" {'quick' if result.get('quick') else 'full'} run)"
@@ -181,6 +183,6 @@ def exit_status(result: dict[str, Any]) -> int:
     2: all measured, but a target was missed."""
     metrics = result["metrics"].values()
     if result.get("errors") or any(f"{side}_error" in e for e in metrics
-                                   for side in ("zeroclaw", "floor", "design")):
+                                   for side in ("zeroclaw", "floor", "design", "card")):
         return 1
     return 2 if any(entry.get("ok") is False for entry in metrics) else 0

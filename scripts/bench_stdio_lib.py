@@ -73,6 +73,13 @@ def design_floor_stdio() -> StdioServer:
         sys.executable, str(DESIGN_FLOOR_SCRIPT), "--db", str(workdir / "design-floor.db")])
 
 
+def card_floor_stdio() -> StdioServer:
+    """The design floor with the card's session and persistence actors (``--card``)."""
+    return StdioServer("card", lambda workdir: [
+        sys.executable, str(DESIGN_FLOOR_SCRIPT), "--card",
+        "--db", str(workdir / "card-floor.db")])
+
+
 async def _initialized(server: StdioServer, workdir: Path) -> RpcPeer:
     peer = await RpcPeer.spawn(server.argv_for(workdir), workdir, server.env)
     try:
@@ -202,10 +209,11 @@ def _plan(sizes: BenchSizes) -> list[tuple[MetricSpec, StdioMeasure, bool]]:
 async def run_stdio(sizes: BenchSizes) -> dict[str, dict[str, Any]]:
     """Every stdio metric, floor(s) and zeroclaw in alternated rounds: the result entries."""
     zeroclaw = zeroclaw_acp(max_sessions=2 * max(sizes.concurrency))
-    floor, design = floor_stdio(), design_floor_stdio()
+    floor, design, card = floor_stdio(), design_floor_stdio(), card_floor_stdio()
     metrics = {}
     for spec, measure, on_design in _plan(sizes):
         metrics[spec.name] = await measure_pair(
             spec, partial(measure, floor), partial(measure, zeroclaw), sizes.rounds,
-            partial(measure, design) if on_design else None)
+            partial(measure, design) if on_design else None,
+            partial(measure, card) if on_design else None)
     return metrics

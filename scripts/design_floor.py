@@ -24,9 +24,11 @@ its edge-triggered FD) and one writer thread (``sqlite3``, WAL,
 goes into the next transaction: group commit). The worker process runs one
 blocking DEALER loop. The worker exits when its host does.
 
-``--card`` adds the two parts the design card names for every turn, and nothing
-else: in the worker, one pykka session actor per session runs the turn and sends
-its answer on the DEALER itself (under a lock, as zeroclaw's session threads do);
+``--card`` adds the two parts the design card names for every session and turn, and
+nothing else: in the worker, one pykka session actor per session, started by
+``session/new`` (a round trip to the worker, beside the row's commit; the answer
+waits for both), runs the session's turns and sends each answer on the DEALER
+itself (under a lock, as zeroclaw's session threads do);
 on the host, the writer is a pykka persistence actor writing zeroclaw's own rows
 (the session row; per turn its two message rows and the session's counters)
 through peewee and :class:`storage.prepared_writes.PreparedWrites`. The gap from
@@ -147,16 +149,22 @@ class CardWorker:
             pykka.ActorRegistry.stop_all()
 
     def _receive_all(self) -> None:
+        """``[rid, sid]`` starts the session's actor and answers; ``[rid, sid, prompt]``
+        goes to that actor."""
         with self.lock:
             while True:
                 try:
-                    rid, sid, prompt = self.dealer.recv_multipart(zmq.NOBLOCK)
+                    rid, sid, *prompt = self.dealer.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:
                     return
+                if not prompt:
+                    self.actors[sid] = SessionActor.start(self)
+                    self.dealer.send_multipart([rid, b"[]"], zmq.NOBLOCK)
+                    continue
                 actor = self.actors.get(sid)
                 if actor is None:
                     actor = self.actors[sid] = SessionActor.start(self)
-                actor.tell((rid, prompt))
+                actor.tell((rid, prompt[0]))
 
 
 # --- the writer thread --------------------------------------------------------------------
@@ -308,9 +316,11 @@ class Host:
         self.worker = subprocess.Popen(
             [sys.executable, __file__, "--worker", endpoint, str(os.getpid()),
              *(["--card"] if card else [])])
+        self.card = card
         self.worker_id: bytes | None = None
         self.ready = asyncio.Event()
         self.pending: dict[bytes, tuple[Any, Any, str]] = {}
+        self.opening: dict[bytes, Callable[[], None]] = {}  # --card: actors being started
         self.rids = itertools.count()
         self.sessions = itertools.count(1)
         self.out: Callable[[bytes], None] = lambda data: None
@@ -332,6 +342,10 @@ class Host:
             if rid == b"ready":
                 self.worker_id = worker_id
                 self.ready.set()
+                continue
+            opened = self.opening.pop(rid, None)
+            if opened is not None:
+                opened()
                 continue
             self._turn_answered(rid, orjson.loads(body))
 
@@ -357,8 +371,7 @@ class Host:
         params = params if isinstance(params, dict) else {}
         self.unanswered += 1
         if method == "session/new":
-            sid = f"design-{next(self.sessions)}"
-            self.writer.write_session(sid, lambda: self._reply(request_id, {"sessionId": sid}))
+            self._new_session(request_id)
         elif method == "session/prompt":
             text = params.get("prompt")
             text = text if isinstance(text, str) else "hello world"
@@ -369,6 +382,24 @@ class Host:
             self._send([self.worker_id, rid, str(session_id).encode(), text.encode()])
         else:
             self._reply(request_id, {})
+
+    def _new_session(self, request_id: Any) -> None:
+        """Commit the session's row (``--card``: and start its actor in the worker, at
+        the same time); answer once everything asked for is done."""
+        sid = f"design-{next(self.sessions)}"
+        waiting = [2 if self.card else 1]
+
+        def one_done() -> None:
+            waiting[0] -= 1
+            if not waiting[0]:
+                self._reply(request_id, {"sessionId": sid})
+
+        if self.card:
+            rid = str(next(self.rids)).encode()
+            self.opening[rid] = one_done
+            assert self.worker_id is not None
+            self._send([self.worker_id, rid, sid.encode()])
+        self.writer.write_session(sid, one_done)
 
     def _turn_answered(self, rid: bytes, chunks: list[str]) -> None:
         request_id, sid, text = self.pending.pop(rid)
