@@ -12,6 +12,9 @@ worker, and the turn's store commit.
 Metrics: sequential turns (turns/s, target >= 0.5x direct); one turn streaming
 :data:`STREAM_CHUNKS` chunks (chunks/s, target >= 0.7x direct); the latency from
 sending a prompt to its first chunk (p50 ms, target: within 1 ms of direct).
+The sequential turns and the first chunk are also measured on the design and card
+floors (``design_floor.py``, with no agent process at all): what any host built
+as the card asks pays for a turn, before hosting an agent adds its own hop.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
-from bench_lib import BenchSizes, Goal, MetricSpec, Sample, measure_pair
+from bench_lib import DESIGN_FLOOR_SCRIPT, BenchSizes, Goal, MetricSpec, Sample, measure_pair
 from bench_rpc_lib import RpcFailure, RpcPeer, percentile
 
 __all__ = ["STREAM_CHUNKS", "AgentTools", "find_agent_tools", "run_hosted"]
@@ -195,14 +198,26 @@ async def streamed_chunks(sizes: BenchSizes, side: Side) -> Sample:
 Measure = Callable[[Side], Awaitable[Sample]]
 
 
-def _plan(sizes: BenchSizes) -> list[tuple[MetricSpec, Measure]]:
+def design_floor(card: bool) -> Side:
+    """``scripts/design_floor.py`` (``--card``): a turn's unavoidable cost with no agent
+    process at all, to set the direct agent's turn rate against."""
+    def argv_for(workdir: Path) -> list[str]:
+        return [sys.executable, str(DESIGN_FLOOR_SCRIPT), *(["--card"] if card else []),
+                "--db", str(workdir / "floor.db")]
+
+    return Side("card" if card else "design", argv_for)
+
+
+def _plan(sizes: BenchSizes) -> list[tuple[MetricSpec, Measure, bool]]:
+    """(metric, measurement, whether the design and card floors are measured too: they
+    answer a turn, but stream only the prompt's words back)."""
     return [
         (MetricSpec("hosted_turns", "hosted", "sequential turns, echo agent", "turns/s",
-                    goal=Goal(">=", 0.5)), partial(sequential_turns, sizes)),
+                    goal=Goal(">=", 0.5)), partial(sequential_turns, sizes), True),
         (MetricSpec("hosted_stream", "hosted", f"one turn of {STREAM_CHUNKS} chunks",
-                    "chunks/s", goal=Goal(">=", 0.7)), partial(streamed_chunks, sizes)),
+                    "chunks/s", goal=Goal(">=", 0.7)), partial(streamed_chunks, sizes), False),
         (MetricSpec("hosted_first_chunk", "hosted", "prompt to first chunk, p50", "ms",
-                    "lower"), partial(first_chunk, sizes)),
+                    "lower"), partial(first_chunk, sizes), True),
     ]
 
 
@@ -220,9 +235,12 @@ async def run_hosted(sizes: BenchSizes) -> dict[str, dict[str, Any]]:
     """Every metric, direct ("floor") and hosted in alternated rounds: the result entries."""
     tools = find_agent_tools()
     floor, zeroclaw = direct(tools), hosted(tools)
+    design, card = design_floor(card=False), design_floor(card=True)
     metrics = {}
-    for spec, measure in _plan(sizes):
+    for spec, measure, on_design in _plan(sizes):
         metrics[spec.name] = await measure_pair(
-            spec, partial(measure, floor), partial(measure, zeroclaw), sizes.rounds)
+            spec, partial(measure, floor), partial(measure, zeroclaw), sizes.rounds,
+            partial(measure, design) if on_design else None,
+            partial(measure, card) if on_design else None)
     _judge_first_chunk(metrics["hosted_first_chunk"])
     return metrics
