@@ -45,6 +45,7 @@ from typing import Any, Protocol
 import orjson
 
 from actors.worker.agents.acp_calls import AgentCalls, AgentInput
+from actors.worker.agents.acp_chunks import chunk_params
 from actors.worker.agents.acp_confine import AgentJail
 from actors.worker.agents.acp_stdout import Line, LinesProtocol, enlarge_pipe
 from actors.worker.agents.acp_terminals import Terminals
@@ -430,17 +431,22 @@ class AgentProcess:
 
     def _receive(self, lines: list[Line]) -> None:
         """The lines of one read of the agent's stdout, in order (the loop thread): its
-        well-formed ``session/update`` notifications, decoded once, in runs to the
-        ``updates`` handler; the answers to :meth:`call` to their futures; any other
-        JSON line to the endpoint (which answers what it cannot parse); an oversized
-        or non-JSON line is logged and dropped."""
+        well-formed ``session/update`` notifications, decoded once (a plain text
+        chunk's read by its bytes), in runs to the ``updates`` handler; the answers to
+        :meth:`call` to their futures; any other JSON line to the endpoint (which
+        answers what it cannot parse); an oversized or non-JSON line is logged and
+        dropped."""
         endpoint = self._endpoint
         assert endpoint is not None
         run: list[Any] = []
         streaming = False
+        in_runs = self._updates is not None
         for line in lines:
             if line is OVERSIZED:
                 log.warning("agent %s: dropped an oversized line on stdout", self.alias)
+                continue
+            if in_runs and (chunk := chunk_params(line)) is not None:
+                run.append(chunk)
                 continue
             if line[:1] not in (b"{", b"["):
                 if line.strip():  # blank lines are skipped
