@@ -70,11 +70,12 @@ EXIT_SETTLE_SECS = 1.0
 #: What may wait for an agent that does not read its stdin (two of the largest
 #: lines) before it is killed: the worker's memory is not the agent's to fill.
 INPUT_BACKLOG_LIMIT = 2 * FRAME_LIMIT
-#: While a turn streams, the agent's stdout is read again only after this pause (the
-#: loop thread sleeps: a timer would wake it no sooner than a millisecond): a read of
-#: a few hundred lines instead of one per few lines, at the cost of up to that pause,
-#: and the read's work, before the turn's answer is read.
-STREAM_READ_PAUSE_SECS = 0.00025
+#: While a turn streams, the agent's stdout is read again no sooner than this after
+#: the last read came (the loop thread sleeps what the read's work left of it: a timer
+#: would wake it no sooner than a millisecond): a read of a hundred lines or more
+#: instead of one per few lines, at the cost of up to that pause before the turn's
+#: answer is read.
+STREAM_READ_PAUSE_SECS = 0.0004
 #: The agent's requests the worker may have in hand at once (a permission request
 #: waits on its client): past it, the agent's stdout is no longer read (one read more
 #: at most) until half of them are answered, checked every :data:`REQUESTS_RECHECK_SECS`.

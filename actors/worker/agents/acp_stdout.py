@@ -50,6 +50,7 @@ class LinesProtocol(asyncio.Protocol):
         self._discarding = False  # inside a line over the limit
         self._transport: asyncio.ReadTransport | None = None
         self._holders: set[object] = set()  # who keeps it from reading (:meth:`hold`)
+        self._read_at = 0.0  # when the last read came (time.monotonic)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.ReadTransport)
@@ -58,13 +59,16 @@ class LinesProtocol(asyncio.Protocol):
             cast(Any, transport).max_size = self._read_size
 
     def pause_for(self, seconds: float) -> None:
-        """Read nothing more for ``seconds`` (what comes meanwhile waits in the pipe). The
-        loop thread sleeps: an asyncio timer wakes no sooner than a millisecond, which
+        """Read nothing more until ``seconds`` after the last read came (what comes
+        meanwhile waits in the pipe): the loop thread sleeps what the read's work left
+        of that. It sleeps: an asyncio timer wakes no sooner than a millisecond, which
         would hold a streaming turn's answer back that long, and nothing else this loop
         serves minds a wait this short."""
         transport = self._transport
-        if seconds > 0 and transport is not None and transport.is_reading():
-            time.sleep(seconds)
+        if transport is not None and transport.is_reading():
+            left = self._read_at + seconds - time.monotonic()
+            if left > 0:
+                time.sleep(left)
 
     def hold(self, holder: object) -> None:
         """Read nothing more until ``holder`` lets go (:meth:`release`); the agent then
@@ -88,6 +92,7 @@ class LinesProtocol(asyncio.Protocol):
             self._transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
+        self._read_at = time.monotonic()
         lines: list[Line] = []
         start = 0
         if self._held or self._discarding:
