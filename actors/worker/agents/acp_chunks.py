@@ -36,5 +36,5 @@ def chunk_params(line: bytes) -> dict[str, Any] | None:
         return {"sessionId": session_id.decode(), "update": {
             "sessionUpdate": "agent_message_chunk",
             "content": {"type": "text", "text": text.decode()}}}
-    except UnicodeDecodeError:  # the full decode refuses it as it refuses the line
+    except UnicodeDecodeError:  # not UTF-8: left to the full decode, which refuses it
         return None
