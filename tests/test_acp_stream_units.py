@@ -214,6 +214,23 @@ def test_a_streaming_turn_has_its_agents_output_read_in_pauses() -> None:
     assert len(paused) == 1  # no turn took it: no pause
 
 
+def test_a_read_that_ends_with_a_turns_answer_is_not_followed_by_a_pause() -> None:
+    process, _runs = _process_with_links("s1")
+    paused: list[float] = []
+    process._endpoint = Endpoint(lambda _frame: None, {}, require_initialize=False)
+    process._stdout = cast(Any, SimpleNamespace(pause_for=paused.append))
+    sent: list[bytes] = []
+    answer = concurrent.futures.Future[Any]()
+    process._calls.send(sent.append, "session/prompt", {"sessionId": "s1"}, answer)
+    request_id = orjson.loads(sent[0])["id"]
+    process._receive([_note("s1", _chunk("a")), orjson.dumps(
+        {"jsonrpc": "2.0", "id": request_id, "result": {"stopReason": "end_turn"}})])
+    assert answer.result(0) == {"stopReason": "end_turn"}
+    assert paused == []  # the stream it waited for is over
+    process._receive([_note("s1", _chunk("b"))])
+    assert len(paused) == 1
+
+
 def test_a_call_is_answered_by_its_wellformed_response_and_anything_else_is_left_alone() -> None:
     calls = AgentCalls("agent t")
     sent: list[dict[str, Any]] = []

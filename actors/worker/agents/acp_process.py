@@ -436,7 +436,9 @@ class AgentProcess:
         chunk's read by its bytes), in runs to the ``updates`` handler; the answers to
         :meth:`call` to their futures; any other JSON line to the endpoint (which
         answers what it cannot parse); an oversized or non-JSON line is logged and
-        dropped."""
+        dropped. A read that ends with the updates of a turn that streams on is
+        followed by a pause (:data:`STREAM_READ_PAUSE_SECS`): not one that ends with
+        a turn's answer."""
         endpoint = self._endpoint
         assert endpoint is not None
         run: list[Any] = []
@@ -460,8 +462,9 @@ class AgentProcess:
                 run.append(params)
                 continue
             if run:
-                streaming = self._hand_updates(run)
+                self._hand_updates(run)
                 run = []
+            streaming = False  # a turn's answer, a request: no stream to wait for
             if message is None or not self._calls.answer(message):
                 endpoint.receive(line)
         if run:
