@@ -32,8 +32,9 @@ from typing import Any, cast
 
 from bench_lib import DESIGN_FLOOR_SCRIPT, BenchSizes, Goal, MetricSpec, Sample, measure_pair
 from bench_rpc_lib import RpcFailure, RpcPeer, percentile
+from bench_wakeups_lib import cpu_seconds, process_tree
 
-__all__ = ["STREAM_CHUNKS", "AgentTools", "find_agent_tools", "run_hosted"]
+__all__ = ["STREAM_CHUNKS", "AgentTools", "find_agent_tools", "run_hosted", "stream_cpu_note"]
 
 STREAM_CHUNKS = 2000
 FIRST_CHUNK_SLACK_MS = 1.0
@@ -89,6 +90,7 @@ class Side:
     name: str
     argv_for: Callable[[Path], list[str]]
     env: dict[str, str] | None = None
+    hosted: bool = False  # zeroclaw, with the agent in its worker
 
 
 def direct(tools: AgentTools) -> Side:
@@ -109,7 +111,7 @@ def hosted(tools: AgentTools) -> Side:
             f"command = [{command}]\n", encoding="utf-8")
         return [str(executable), "acp", "--config-dir", str(config)]
 
-    return Side("zeroclaw", argv_for, env)
+    return Side("zeroclaw", argv_for, env, hosted=True)
 
 
 @contextlib.asynccontextmanager
@@ -174,15 +176,43 @@ async def first_chunk(sizes: BenchSizes, side: Side) -> Sample:
     return Sample(p50, len(firsts), p50, percentile(firsts, 0.99))
 
 
+def _cpu_by_role(root_pid: int, hosted: bool) -> dict[str, float]:
+    """CPU seconds so far of the process tree of ``root_pid``: ``host`` (the root, for
+    zeroclaw), ``workers`` (its worker processes) and ``agent`` (the rest: the agent
+    and what it runs), with ``client`` this process's."""
+    totals = {"client": time.process_time(), "agent": 0.0}
+    if hosted:
+        totals.update(host=0.0, workers=0.0)
+    for pid in process_tree(root_pid):
+        role = "agent"
+        if hosted and pid == root_pid:
+            role = "host"
+        elif hosted and "actors.worker" in _cmdline(pid):
+            role = "workers"
+        totals[role] += sum(cpu_seconds([pid]).values())
+    return totals
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
+    except OSError:
+        return ""
+
+
 async def streamed_chunks(sizes: BenchSizes, side: Side) -> Sample:
     """Turns of :data:`STREAM_CHUNKS` chunks each: the agent's chunks relayed per second.
 
     zeroclaw merges consecutive chunks into one update while its client reads
     behind (see supervisor/pacing.py), so the chunks are counted by their text
-    (each is ``"x "``), and the updates that carried them are in ``details``."""
+    (each is ``"x "``), and the updates that carried them are in ``details``, with
+    the CPU microseconds per chunk of each process (from /proc: steadier than the
+    rate on a machine shared with other jobs)."""
     async with _session(side) as (peer, sid):
+        assert peer.process is not None
         seconds, updates = 0.0, 0
         turns: list[float] = []
+        cpu_before = _cpu_by_role(peer.process.pid, side.hosted)
         while len(turns) < 3 or seconds < sizes.min_seconds:
             turn, _first = await _turn(peer, sid, f"stream {STREAM_CHUNKS}")
             if peer.text_chars != 2 * STREAM_CHUNKS:
@@ -190,9 +220,13 @@ async def streamed_chunks(sizes: BenchSizes, side: Side) -> Sample:
             seconds += turn
             updates += peer.notifications
             turns.append(turn * 1000)
-    return Sample(STREAM_CHUNKS * len(turns) / seconds, len(turns), percentile(turns, 0.5),
-                  percentile(turns, 0.99), {"turn_ms": round(min(turns), 1),
-                                            "updates_per_turn": round(updates / len(turns))})
+        cpu_after = _cpu_by_role(peer.process.pid, side.hosted)
+    chunks = STREAM_CHUNKS * len(turns)
+    details = {"turn_ms": round(min(turns), 1), "updates_per_turn": round(updates / len(turns))}
+    details.update({f"{role}_cpu_us_per_chunk": round((cpu_after[role] - spent) / chunks * 1e6, 2)
+                    for role, spent in cpu_before.items()})
+    return Sample(chunks / seconds, len(turns), percentile(turns, 0.5), percentile(turns, 0.99),
+                  details)
 
 
 Measure = Callable[[Side], Awaitable[Sample]]
@@ -244,3 +278,16 @@ async def run_hosted(sizes: BenchSizes) -> dict[str, dict[str, Any]]:
             partial(measure, card) if on_design else None)
     _judge_first_chunk(metrics["hosted_first_chunk"])
     return metrics
+
+
+def stream_cpu_note(entry: dict[str, Any] | None) -> str | None:
+    """The CPU per streamed chunk of each side's processes, as a line of the report."""
+    sides = []
+    for side, roles in (("zeroclaw", ("host", "workers", "agent", "client")),
+                        ("floor", ("agent", "client"))):
+        figures = [(role, (entry or {}).get(f"{side}_{role}_cpu_us_per_chunk"))
+                   for role in roles]
+        if any(value is None for _role, value in figures):
+            return None
+        sides.append(f"{side} " + ", ".join(f"{role} {value:.2f}" for role, value in figures))
+    return "  CPU µs per streamed chunk: " + "; ".join(sides)

@@ -45,6 +45,7 @@ from typing import Any, Protocol
 import orjson
 
 from actors.worker.agents.acp_calls import AgentCalls, AgentInput
+from actors.worker.agents.acp_chunks import chunk_params
 from actors.worker.agents.acp_confine import AgentJail
 from actors.worker.agents.acp_stdout import Line, LinesProtocol, enlarge_pipe
 from actors.worker.agents.acp_terminals import Terminals
@@ -69,11 +70,12 @@ EXIT_SETTLE_SECS = 1.0
 #: What may wait for an agent that does not read its stdin (two of the largest
 #: lines) before it is killed: the worker's memory is not the agent's to fill.
 INPUT_BACKLOG_LIMIT = 2 * FRAME_LIMIT
-#: While a turn streams, the agent's stdout is read again only after this pause (in
-#: effect a millisecond: the loop's timers wake no sooner; its relay gathers that long
-#: anyway): a few long reads instead of one per few lines, at the cost of up to that
-#: pause before the turn's answer is read.
-STREAM_READ_PAUSE_SECS = 0.0005
+#: While a turn streams, the agent's stdout is read again no sooner than this after
+#: the last read came (the loop thread sleeps what the read's work left of it: a timer
+#: would wake it no sooner than a millisecond): a read of a hundred lines or more
+#: instead of one per few lines, at the cost of up to that pause before the turn's
+#: answer is read.
+STREAM_READ_PAUSE_SECS = 0.0004
 #: The agent's requests the worker may have in hand at once (a permission request
 #: waits on its client): past it, the agent's stdout is no longer read (one read more
 #: at most) until half of them are answered, checked every :data:`REQUESTS_RECHECK_SECS`.
@@ -430,17 +432,24 @@ class AgentProcess:
 
     def _receive(self, lines: list[Line]) -> None:
         """The lines of one read of the agent's stdout, in order (the loop thread): its
-        well-formed ``session/update`` notifications, decoded once, in runs to the
-        ``updates`` handler; the answers to :meth:`call` to their futures; any other
-        JSON line to the endpoint (which answers what it cannot parse); an oversized
-        or non-JSON line is logged and dropped."""
+        well-formed ``session/update`` notifications, decoded once (a plain text
+        chunk's read by its bytes), in runs to the ``updates`` handler; the answers to
+        :meth:`call` to their futures; any other JSON line to the endpoint (which
+        answers what it cannot parse); an oversized or non-JSON line is logged and
+        dropped. A read that ends with the updates of a turn that streams on is
+        followed by a pause (:data:`STREAM_READ_PAUSE_SECS`): not one that ends with
+        a turn's answer."""
         endpoint = self._endpoint
         assert endpoint is not None
         run: list[Any] = []
         streaming = False
+        in_runs = self._updates is not None
         for line in lines:
             if line is OVERSIZED:
                 log.warning("agent %s: dropped an oversized line on stdout", self.alias)
+                continue
+            if in_runs and (chunk := chunk_params(line)) is not None:
+                run.append(chunk)
                 continue
             if line[:1] not in (b"{", b"["):
                 if line.strip():  # blank lines are skipped
@@ -453,8 +462,9 @@ class AgentProcess:
                 run.append(params)
                 continue
             if run:
-                streaming = self._hand_updates(run)
+                self._hand_updates(run)
                 run = []
+            streaming = False  # a turn's answer, a request: no stream to wait for
             if message is None or not self._calls.answer(message):
                 endpoint.receive(line)
         if run:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final, Literal, cast
 
@@ -24,8 +25,8 @@ __all__ = ["PIPE_SIZE", "Line", "LinesProtocol", "enlarge_pipe"]
 
 Line = bytes | Literal[Oversized.OVERSIZED]
 #: What the agent's stdout pipe is made to hold (Linux's default is 64 KiB, ~400 of a
-#: streaming agent's lines): room for what it writes while its reader pauses (an
-#: asyncio timer wakes no sooner than a millisecond), so it never waits on a full pipe.
+#: streaming agent's lines): room for what it writes while its reader pauses or works
+#: through a long read, so it never waits on a full pipe.
 PIPE_SIZE: Final = 256 * 1024
 _DEFAULT_PIPE_SIZE: Final = 64 * 1024
 _NEWLINE: Final = b"\n"
@@ -49,7 +50,7 @@ class LinesProtocol(asyncio.Protocol):
         self._discarding = False  # inside a line over the limit
         self._transport: asyncio.ReadTransport | None = None
         self._holders: set[object] = set()  # who keeps it from reading (:meth:`hold`)
-        self._pausing = False  # a :meth:`pause_for` is under way
+        self._read_at = 0.0  # when the last read came (time.monotonic)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.ReadTransport)
@@ -58,12 +59,16 @@ class LinesProtocol(asyncio.Protocol):
             cast(Any, transport).max_size = self._read_size
 
     def pause_for(self, seconds: float) -> None:
-        """Read nothing more for ``seconds`` (what comes meanwhile waits in the pipe)."""
+        """Read nothing more until ``seconds`` after the last read came (what comes
+        meanwhile waits in the pipe): the loop thread sleeps what the read's work left
+        of that. It sleeps: an asyncio timer wakes no sooner than a millisecond, which
+        would hold a streaming turn's answer back that long, and nothing else this loop
+        serves minds a wait this short."""
         transport = self._transport
         if transport is not None and transport.is_reading():
-            transport.pause_reading()
-            self._pausing = True
-            asyncio.get_running_loop().call_later(seconds, self._pause_ended)
+            left = self._read_at + seconds - time.monotonic()
+            if left > 0:
+                time.sleep(left)
 
     def hold(self, holder: object) -> None:
         """Read nothing more until ``holder`` lets go (:meth:`release`); the agent then
@@ -82,15 +87,12 @@ class LinesProtocol(asyncio.Protocol):
         """Whether someone keeps it from reading."""
         return bool(self._holders)
 
-    def _pause_ended(self) -> None:
-        self._pausing = False
-        self._resume()
-
     def _resume(self) -> None:
-        if self._transport is not None and not self._holders and not self._pausing:
+        if self._transport is not None and not self._holders:
             self._transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
+        self._read_at = time.monotonic()
         lines: list[Line] = []
         start = 0
         if self._held or self._discarding:
