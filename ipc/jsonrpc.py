@@ -294,9 +294,16 @@ class Endpoint:
     # --- handler tasks ---------------------------------------------------------
 
     def _start_task(self, coroutine: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coroutine)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        """Run a handler's ``coroutine`` as a task, one of ``_tasks`` until it ends: it
+        takes itself out as its last step (see :meth:`_finish_request`), rather than by
+        a done callback, which would cost the loop one more turn per request. A task
+        cancelled before it started never runs that step: :meth:`close`, the one
+        place that cancels them, has those taken out by a done callback."""
+        self._tasks.add(asyncio.get_running_loop().create_task(coroutine))
+
+    def _task_ended(self) -> None:
+        """The last step of a handler task (loop thread)."""
+        self._tasks.discard(asyncio.current_task())
 
     async def _finish_request(
         self, request_id: Any, method: str, awaitable: Awaitable[Any]
@@ -315,6 +322,8 @@ class Endpoint:
             if method == "initialize":
                 self.initialized = True
             self._reply_result(request_id, result)
+        finally:
+            self._task_ended()
 
     async def _finish_notification(self, method: str, awaitable: Awaitable[Any]) -> None:
         try:
@@ -326,6 +335,8 @@ class Endpoint:
                 raise
         except Exception:
             log.exception("%s: notification %s handler crashed", self.name, clip(method))
+        finally:
+            self._task_ended()
 
     async def drain(self) -> None:
         """Wait until every running handler task has finished."""
@@ -421,6 +432,7 @@ class Endpoint:
         self._run_callbacks("on_eof", callbacks)
         for task in list(self._tasks):
             task.cancel()
+            task.add_done_callback(self._tasks.discard)  # also one that never started
         callbacks, self.on_close = self.on_close, []
         self._run_callbacks("on_close", callbacks)
 

@@ -29,7 +29,7 @@ import os
 import stat
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, Final, TypeAlias
 
 from ipc.framing import (
@@ -197,20 +197,25 @@ class _Holding(threading.local):
 _holding = _Holding()
 
 
-@contextlib.contextmanager
-def held_writes() -> Iterator[None]:
+class held_writes:  # lower case: it is used as a function, ``with held_writes():``
     """Within the block, what is sent to each connection is held, then written in one
     write per connection at its end (loop thread): a burst of session updates from a
     worker costs the client one wake-up, not one per update. Outside it, a frame is
-    written at once."""
-    if _holding.connections is not None:  # already holding: the outer block writes
-        yield
-        return
-    held: list[_Connection] = []
-    _holding.connections = held
-    try:
-        yield
-    finally:
+    written at once. A plain class, not a generator: it is entered on the way of
+    every read of worker messages."""
+
+    __slots__ = ("_held",)
+
+    def __enter__(self) -> None:
+        if _holding.connections is not None:  # already holding: the outer block writes
+            self._held: list[_Connection] | None = None
+            return
+        self._held = _holding.connections = []
+
+    def __exit__(self, *exc_info: object) -> None:
+        held = self._held
+        if held is None:
+            return
         _holding.connections = None
         for connection in held:
             connection.write_held()

@@ -684,6 +684,34 @@ async def test_close_cancels_handlers_runs_callbacks_and_silences_sends() -> Non
     assert wire.take() == []
 
 
+async def test_handler_tasks_leave_the_count_however_they_end() -> None:
+    """A handler task takes itself out of ``running_handlers`` as it ends (answered,
+    failed, or a notification's); one that :meth:`Endpoint.close` cancels before it
+    ever ran is taken out too, so a drain after the close ends."""
+
+    async def failing(params: Any, ep: Endpoint) -> None:
+        await asyncio.sleep(0)
+        raise InvalidParams("no")
+
+    def later(params: Any, ep: Endpoint) -> asyncio.Future[None]:
+        return asyncio.get_running_loop().create_future()  # never answers
+
+    endpoint, wire = make(failing=failing, later=later)
+    endpoint.receive(frame(id=1, method="slow_echo"))
+    endpoint.receive(frame(id=2, method="failing"))
+    endpoint.receive(frame(method="slow_echo"))  # a notification
+    assert endpoint.running_handlers == 3
+    await asyncio.wait_for(endpoint.drain(), 5)
+    assert endpoint.running_handlers == 0
+    assert sorted(reply["id"] for reply in wire.take()) == [1, 2]
+
+    endpoint.receive(frame(id=3, method="later"))  # its task has not run yet
+    endpoint.close()
+    await asyncio.wait_for(endpoint.drain(), 5)
+    assert endpoint.running_handlers == 0
+    assert wire.take() == []
+
+
 async def test_drain_waits_for_running_handlers() -> None:
     endpoint, wire = make()
     for request_id in range(10):

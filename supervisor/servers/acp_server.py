@@ -234,7 +234,8 @@ class AcpServer:
     # --- lifecycle ----------------------------------------------------------------
 
     async def sessions(self) -> Sessions:
-        return await self.host.sessions()
+        started = self.host.started()  # the way of every request once the host is up
+        return started if started is not None else await self.host.sessions()
 
     def _needing_store(
         self, handler: Callable[[Any, Endpoint], Any]
