@@ -40,6 +40,7 @@ from ipc.errors import (
     RpcError,
     clip,
 )
+from ipc.later import LaterAnswer
 
 __all__ = [
     "ConnectionLost",
@@ -141,6 +142,8 @@ class Endpoint:
         self._next_id = 0
         self._pending: dict[str, asyncio.Future[Any]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._answers: set[LaterAnswer] = set()  # handlers' answers still to come
+        self._unstarted = 0  # handler tasks whose first step has not run yet
         self._closed = False
         self._input_closed = False
 
@@ -153,8 +156,14 @@ class Endpoint:
 
     @property
     def running_handlers(self) -> int:
-        """How many awaitable handlers are still running."""
-        return len(self._tasks)
+        """How many awaitable handlers are still running (or answers still to come)."""
+        return len(self._tasks) + len(self._answers)
+
+    @property
+    def in_order_now(self) -> bool:
+        """Whether work done now by a handler keeps the arrival order of this connection's
+        requests: no earlier request's handler task still waits for its first step."""
+        return self._unstarted == 0
 
     @property
     def pending_requests(self) -> int:
@@ -243,6 +252,9 @@ class Endpoint:
         except Exception as error:
             self._reply_internal(request_id, method, error)
             return
+        if type(result) is LaterAnswer:
+            self._answer_later(request_id, method, result)
+            return
         if type(result) not in _PLAIN and hasattr(result, "__await__"):
             self._start_task(self._finish_request(request_id, method, result))
             return
@@ -300,6 +312,22 @@ class Endpoint:
         cancelled before it started never runs that step: :meth:`close`, the one
         place that cancels them, has those taken out by a done callback."""
         self._tasks.add(asyncio.get_running_loop().create_task(coroutine))
+        self._unstarted += 1
+
+    def _answer_later(self, request_id: Any, method: str, answer: LaterAnswer) -> None:
+        """A handler answers by a plain call (see :mod:`ipc.later`), maybe at once."""
+        self._answers.add(answer)
+
+        def deliver(error: Exception | None, result: Any) -> None:
+            self._answers.discard(answer)
+            if error is None:
+                self._reply_result(request_id, result)
+            elif isinstance(error, RpcError):
+                self._reply_error(request_id, error)
+            else:
+                self._reply_internal(request_id, method, error)
+
+        answer.bind(deliver)
 
     def _task_ended(self) -> None:
         """The last step of a handler task (loop thread)."""
@@ -308,6 +336,7 @@ class Endpoint:
     async def _finish_request(
         self, request_id: Any, method: str, awaitable: Awaitable[Any]
     ) -> None:
+        self._unstarted -= 1
         try:
             result = await awaitable
         except RpcError as error:
@@ -326,6 +355,7 @@ class Endpoint:
             self._task_ended()
 
     async def _finish_notification(self, method: str, awaitable: Awaitable[Any]) -> None:
+        self._unstarted -= 1
         try:
             await awaitable
         except RpcError as error:
@@ -340,8 +370,9 @@ class Endpoint:
 
     async def drain(self) -> None:
         """Wait until every running handler task has finished."""
-        while self._tasks:
-            await asyncio.wait(list(self._tasks))
+        while self._tasks or self._answers:
+            await asyncio.wait([*self._tasks, *(answer.wait() for answer in self._answers)])
+            self._answers = {answer for answer in self._answers if not answer.done}
 
     # --- outbound --------------------------------------------------------------
 
@@ -433,6 +464,10 @@ class Endpoint:
         for task in list(self._tasks):
             task.cancel()
             task.add_done_callback(self._tasks.discard)  # also one that never started
+        self._unstarted = 0
+        answers, self._answers = self._answers, set()
+        for answer in answers:
+            answer.abandon()
         callbacks, self.on_close = self.on_close, []
         self._run_callbacks("on_close", callbacks)
 

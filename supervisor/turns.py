@@ -236,3 +236,5 @@ class TurnBook:
                 turn.result.set_exception(error or InternalError("turn ended without a result"))
                 turn.result.exception()  # its client may be gone: never "unretrieved"
         turn.finished.set()
+        if turn.on_settled is not None:
+            turn.on_settled()
