@@ -48,6 +48,7 @@ __all__ = [
     "Handler",
     "RemoteError",
     "is_valid_request_id",
+    "notification_frame",
 ]
 
 log = logging.getLogger("zeroclaw.ipc.jsonrpc")
@@ -87,6 +88,15 @@ class RemoteError(RpcError):
 
     def __str__(self) -> str:
         return f"{self.code}: {self.message}"
+
+
+def notification_frame(method: str, params: Any = None) -> bytes:
+    """The line :meth:`Endpoint.notify` sends. Raises ``TypeError`` (orjson) when
+    ``params`` cannot be encoded."""
+    message: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
+    if params is not None:
+        message["params"] = params
+    return _dumps(message, option=_NL)
 
 
 def is_valid_request_id(value: Any) -> bool:
@@ -405,18 +415,15 @@ class Endpoint:
             self._pending.pop(request_id, None)
 
     def send_frame(self, frame: bytes) -> None:
-        """Send one message the caller encoded (a whole line; a no-op once closed)."""
+        """Send what the caller encoded: whole lines, one message each, sent together
+        (see :func:`notification_frame`; a no-op once closed)."""
         if not self._closed:
             self._send(frame)
 
     def notify(self, method: str, params: Any = None) -> None:
         """Send a notification to the peer (a no-op once closed)."""
-        if self._closed:
-            return
-        message: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
-        if params is not None:
-            message["params"] = params
-        self._send(_dumps(message, option=_NL))
+        if not self._closed:
+            self._send(notification_frame(method, params))
 
     # --- replies ---------------------------------------------------------------
 

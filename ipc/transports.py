@@ -43,12 +43,14 @@ from ipc.jsonrpc import Endpoint
 from ipc.stall_watch import StallWatch
 
 __all__ = [
+    "BYTE_STREAM",
     "DEFAULT_STALL_TIMEOUT",
     "DEFAULT_WRITE_HIGH_WATER",
     "PACE_MARK",
     "EndpointFactory",
     "WriteFlow",
     "held_writes",
+    "holding_writes",
     "open_stdio",
     "serve_stream",
     "serve_unix",
@@ -61,6 +63,11 @@ DEFAULT_WRITE_HIGH_WATER: Final = 64 * 1024 * 1024
 
 PACE_MARK: Final = 256 * 1024
 """Unsent bytes past which a connection is behind: paced senders wait for it to drain."""
+
+BYTE_STREAM: Final = "byte_stream"
+"""The key of an endpoint's ``state`` that is true when what it sends is written to a
+byte stream as it is (NDJSON): one send may then carry several lines. On a
+WebSocket, each send is one message and must be one line."""
 
 DEFAULT_STALL_TIMEOUT: Final = 30.0
 """Seconds a connection may stay behind without taking a byte before it is closed."""
@@ -100,6 +107,7 @@ async def serve_stream(
     connection = _Connection(writer, write_high_water, stall_timeout)
     endpoint = make_endpoint(connection.send)
     endpoint.state["flow"] = connection.flow
+    endpoint.state[BYTE_STREAM] = True  # several lines may go in one send
     connection.endpoint = endpoint
     frames = FrameReader(reader, frame_limit, stall_timeout=partial_frame_timeout)
     try:
@@ -139,6 +147,12 @@ class WriteFlow:
     @property
     def behind(self) -> bool:
         return self._unsent() > PACE_MARK
+
+    @property
+    def room(self) -> int:
+        """Bytes that may still be sent before the connection is :attr:`behind` (it is
+        once this is negative)."""
+        return PACE_MARK - self._unsent()
 
     def _unsent(self) -> int:
         return self._transport.get_write_buffer_size() + self._queued()
@@ -195,6 +209,11 @@ class _Holding(threading.local):
 
 
 _holding = _Holding()
+
+
+def holding_writes() -> bool:
+    """Whether this thread is inside :func:`held_writes` (what is sent now is held)."""
+    return _holding.connections is not None
 
 
 class held_writes:  # lower case: it is used as a function, ``with held_writes():``

@@ -28,8 +28,9 @@ from actors.worker.sandbox import detect as detect_sandbox
 from ipc import acp_handshake
 from ipc.errors import InternalError, InvalidParams, SessionNotFound
 from ipc.extensions import ExtensionMethods
-from ipc.jsonrpc import ConnectionLost, Endpoint, RemoteError
+from ipc.jsonrpc import ConnectionLost, Endpoint, RemoteError, notification_frame
 from ipc.later import LaterAnswer
+from ipc.transports import BYTE_STREAM
 from supervisor.agent_modes import may_be_agent_mode, session_modes, set_agent_mode
 from supervisor.host_handle import HostHandle
 
@@ -120,6 +121,26 @@ class AcpPeer:
             self.endpoint.send_frame(frame)
         else:
             self.endpoint.notify("session/update", acp.encode_event(sid, event))
+
+    @property
+    def byte_stream(self) -> bool:
+        """Whether lines may be sent together (:meth:`send_frames`): a stream connection."""
+        return bool(self.endpoint.state.get(BYTE_STREAM))
+
+    def event_frame(self, sid: str, event: Event) -> bytes:
+        """The ``session/update`` line :meth:`send_event` would send (raising
+        ``TypeError`` where it would; empty once the endpoint is closed, where it
+        would encode no notification); :meth:`send_frames` sends such lines together."""
+        frame = acp.chunk_update_frame(sid, event)
+        if frame is not None:
+            return frame
+        if self.endpoint.closed:
+            return b""
+        return notification_frame("session/update", acp.encode_event(sid, event))
+
+    def send_frames(self, frames: bytes) -> None:
+        """Send lines made by :meth:`event_frame`, in one go (:attr:`byte_stream` only)."""
+        self.endpoint.send_frame(frames)
 
     async def ask_permission(self, sid: str, ask: PermissionAsk, timeout: float) -> str | None:
         try:
