@@ -40,6 +40,7 @@ from ipc.errors import (
     RpcError,
     clip,
 )
+from ipc.later import LaterAnswer
 
 __all__ = [
     "ConnectionLost",
@@ -47,6 +48,7 @@ __all__ = [
     "Handler",
     "RemoteError",
     "is_valid_request_id",
+    "notification_frame",
 ]
 
 log = logging.getLogger("zeroclaw.ipc.jsonrpc")
@@ -86,6 +88,15 @@ class RemoteError(RpcError):
 
     def __str__(self) -> str:
         return f"{self.code}: {self.message}"
+
+
+def notification_frame(method: str, params: Any = None) -> bytes:
+    """The line :meth:`Endpoint.notify` sends. Raises ``TypeError`` (orjson) when
+    ``params`` cannot be encoded."""
+    message: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
+    if params is not None:
+        message["params"] = params
+    return _dumps(message, option=_NL)
 
 
 def is_valid_request_id(value: Any) -> bool:
@@ -141,6 +152,8 @@ class Endpoint:
         self._next_id = 0
         self._pending: dict[str, asyncio.Future[Any]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._answers: set[LaterAnswer] = set()  # handlers' answers still to come
+        self._unstarted = 0  # handler tasks whose first step has not run yet
         self._closed = False
         self._input_closed = False
 
@@ -153,8 +166,14 @@ class Endpoint:
 
     @property
     def running_handlers(self) -> int:
-        """How many awaitable handlers are still running."""
-        return len(self._tasks)
+        """How many awaitable handlers are still running (or answers still to come)."""
+        return len(self._tasks) + len(self._answers)
+
+    @property
+    def in_order_now(self) -> bool:
+        """Whether work done now by a handler keeps the arrival order of this connection's
+        requests: no earlier request's handler task still waits for its first step."""
+        return self._unstarted == 0
 
     @property
     def pending_requests(self) -> int:
@@ -243,6 +262,9 @@ class Endpoint:
         except Exception as error:
             self._reply_internal(request_id, method, error)
             return
+        if type(result) is LaterAnswer:
+            self._answer_later(request_id, method, result)
+            return
         if type(result) not in _PLAIN and hasattr(result, "__await__"):
             self._start_task(self._finish_request(request_id, method, result))
             return
@@ -294,13 +316,37 @@ class Endpoint:
     # --- handler tasks ---------------------------------------------------------
 
     def _start_task(self, coroutine: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coroutine)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        """Run a handler's ``coroutine`` as a task, one of ``_tasks`` until it ends: it
+        takes itself out as its last step (see :meth:`_finish_request`), rather than by
+        a done callback, which would cost the loop one more turn per request. A task
+        cancelled before it started never runs that step: :meth:`close`, the one
+        place that cancels them, has those taken out by a done callback."""
+        self._tasks.add(asyncio.get_running_loop().create_task(coroutine))
+        self._unstarted += 1
+
+    def _answer_later(self, request_id: Any, method: str, answer: LaterAnswer) -> None:
+        """A handler answers by a plain call (see :mod:`ipc.later`), maybe at once."""
+        self._answers.add(answer)
+
+        def deliver(error: Exception | None, result: Any) -> None:
+            self._answers.discard(answer)
+            if error is None:
+                self._reply_result(request_id, result)
+            elif isinstance(error, RpcError):
+                self._reply_error(request_id, error)
+            else:
+                self._reply_internal(request_id, method, error)
+
+        answer.bind(deliver)
+
+    def _task_ended(self) -> None:
+        """The last step of a handler task (loop thread)."""
+        self._tasks.discard(asyncio.current_task())
 
     async def _finish_request(
         self, request_id: Any, method: str, awaitable: Awaitable[Any]
     ) -> None:
+        self._unstarted -= 1
         try:
             result = await awaitable
         except RpcError as error:
@@ -315,8 +361,11 @@ class Endpoint:
             if method == "initialize":
                 self.initialized = True
             self._reply_result(request_id, result)
+        finally:
+            self._task_ended()
 
     async def _finish_notification(self, method: str, awaitable: Awaitable[Any]) -> None:
+        self._unstarted -= 1
         try:
             await awaitable
         except RpcError as error:
@@ -326,11 +375,14 @@ class Endpoint:
                 raise
         except Exception:
             log.exception("%s: notification %s handler crashed", self.name, clip(method))
+        finally:
+            self._task_ended()
 
     async def drain(self) -> None:
         """Wait until every running handler task has finished."""
-        while self._tasks:
-            await asyncio.wait(list(self._tasks))
+        while self._tasks or self._answers:
+            await asyncio.wait([*self._tasks, *(answer.wait() for answer in self._answers)])
+            self._answers = {answer for answer in self._answers if not answer.done}
 
     # --- outbound --------------------------------------------------------------
 
@@ -363,18 +415,15 @@ class Endpoint:
             self._pending.pop(request_id, None)
 
     def send_frame(self, frame: bytes) -> None:
-        """Send one message the caller encoded (a whole line; a no-op once closed)."""
+        """Send what the caller encoded: whole lines, one message each, sent together
+        (see :func:`notification_frame`; a no-op once closed)."""
         if not self._closed:
             self._send(frame)
 
     def notify(self, method: str, params: Any = None) -> None:
         """Send a notification to the peer (a no-op once closed)."""
-        if self._closed:
-            return
-        message: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
-        if params is not None:
-            message["params"] = params
-        self._send(_dumps(message, option=_NL))
+        if not self._closed:
+            self._send(notification_frame(method, params))
 
     # --- replies ---------------------------------------------------------------
 
@@ -421,6 +470,11 @@ class Endpoint:
         self._run_callbacks("on_eof", callbacks)
         for task in list(self._tasks):
             task.cancel()
+            task.add_done_callback(self._tasks.discard)  # also one that never started
+        self._unstarted = 0
+        answers, self._answers = self._answers, set()
+        for answer in answers:
+            answer.abandon()
         callbacks, self.on_close = self.on_close, []
         self._run_callbacks("on_close", callbacks)
 

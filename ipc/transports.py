@@ -29,7 +29,7 @@ import os
 import stat
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, Final, TypeAlias
 
 from ipc.framing import (
@@ -43,12 +43,14 @@ from ipc.jsonrpc import Endpoint
 from ipc.stall_watch import StallWatch
 
 __all__ = [
+    "BYTE_STREAM",
     "DEFAULT_STALL_TIMEOUT",
     "DEFAULT_WRITE_HIGH_WATER",
     "PACE_MARK",
     "EndpointFactory",
     "WriteFlow",
     "held_writes",
+    "holding_writes",
     "open_stdio",
     "serve_stream",
     "serve_unix",
@@ -61,6 +63,11 @@ DEFAULT_WRITE_HIGH_WATER: Final = 64 * 1024 * 1024
 
 PACE_MARK: Final = 256 * 1024
 """Unsent bytes past which a connection is behind: paced senders wait for it to drain."""
+
+BYTE_STREAM: Final = "byte_stream"
+"""The key of an endpoint's ``state`` that is true when what it sends is written to a
+byte stream as it is (NDJSON): one send may then carry several lines. On a
+WebSocket, each send is one message and must be one line."""
 
 DEFAULT_STALL_TIMEOUT: Final = 30.0
 """Seconds a connection may stay behind without taking a byte before it is closed."""
@@ -100,6 +107,7 @@ async def serve_stream(
     connection = _Connection(writer, write_high_water, stall_timeout)
     endpoint = make_endpoint(connection.send)
     endpoint.state["flow"] = connection.flow
+    endpoint.state[BYTE_STREAM] = True  # several lines may go in one send
     connection.endpoint = endpoint
     frames = FrameReader(reader, frame_limit, stall_timeout=partial_frame_timeout)
     try:
@@ -139,6 +147,12 @@ class WriteFlow:
     @property
     def behind(self) -> bool:
         return self._unsent() > PACE_MARK
+
+    @property
+    def room(self) -> int:
+        """Bytes that may still be sent before the connection is :attr:`behind` (it is
+        once this is negative)."""
+        return PACE_MARK - self._unsent()
 
     def _unsent(self) -> int:
         return self._transport.get_write_buffer_size() + self._queued()
@@ -197,20 +211,30 @@ class _Holding(threading.local):
 _holding = _Holding()
 
 
-@contextlib.contextmanager
-def held_writes() -> Iterator[None]:
+def holding_writes() -> bool:
+    """Whether this thread is inside :func:`held_writes` (what is sent now is held)."""
+    return _holding.connections is not None
+
+
+class held_writes:  # lower case: it is used as a function, ``with held_writes():``
     """Within the block, what is sent to each connection is held, then written in one
     write per connection at its end (loop thread): a burst of session updates from a
     worker costs the client one wake-up, not one per update. Outside it, a frame is
-    written at once."""
-    if _holding.connections is not None:  # already holding: the outer block writes
-        yield
-        return
-    held: list[_Connection] = []
-    _holding.connections = held
-    try:
-        yield
-    finally:
+    written at once. A plain class, not a generator: it is entered on the way of
+    every read of worker messages."""
+
+    __slots__ = ("_held",)
+
+    def __enter__(self) -> None:
+        if _holding.connections is not None:  # already holding: the outer block writes
+            self._held: list[_Connection] | None = None
+            return
+        self._held = _holding.connections = []
+
+    def __exit__(self, *exc_info: object) -> None:
+        held = self._held
+        if held is None:
+            return
         _holding.connections = None
         for connection in held:
             connection.write_held()

@@ -12,12 +12,11 @@ the routing of worker messages.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import subprocess
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import pykka
@@ -185,19 +184,12 @@ class Host:
         if not self._reading_workers:
             self._send_to_persistence()
 
-    @contextlib.contextmanager
-    def _worker_messages(self) -> Iterator[None]:
+    def _worker_messages(self) -> _WorkerRead:
         """Around a read of worker messages (loop thread): the updates they carry go
         to each client in one write, and then the writes they ask for (the turns that
         ended) go to the PersistenceActor as one message, so the writer's thread is
         woken once, with nothing left for the loop to do before it sleeps."""
-        self._reading_workers = True
-        try:
-            with held_writes():
-                yield
-        finally:
-            self._reading_workers = False
-            self._send_to_persistence()
+        return _WorkerRead(self)
 
     def _send_to_persistence(self) -> None:
         requests, self._to_persist = self._to_persist, []
@@ -433,6 +425,28 @@ class Host:
 
     def session_info_event(self, title: str | None) -> SessionInfo:
         return SessionInfo(title=title, updated_at=iso_utc(time.time()))
+
+
+class _WorkerRead:
+    """The context of :meth:`Host._worker_messages` (loop thread): a plain class, not
+    a generator, as it is entered on every read of worker messages."""
+
+    __slots__ = ("_host", "_writes")
+
+    def __init__(self, host: Host) -> None:
+        self._host = host
+        self._writes = held_writes()
+
+    def __enter__(self) -> None:
+        self._host._reading_workers = True
+        self._writes.__enter__()
+
+    def __exit__(self, *exc_info: object) -> None:
+        try:
+            self._writes.__exit__(*exc_info)
+        finally:
+            self._host._reading_workers = False
+            self._host._send_to_persistence()
 
 
 def _events_from_wire(messages: list[TurnEvent]) -> list[Event]:

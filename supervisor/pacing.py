@@ -18,10 +18,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, cast
 
 from ipc.events import Event, MessageChunk, ThoughtChunk
-from ipc.transports import held_writes
+from ipc.transports import held_writes, holding_writes
 from ipc.worker_wire import STREAM_WINDOW_BYTES
 
 if TYPE_CHECKING:
@@ -50,6 +50,14 @@ class _Merged:
         return self.kind("".join(self.parts))
 
 
+class BatchingPeer(Protocol):
+    """A peer that can encode an update to its line and send lines together (ACP on a
+    stream connection: ``byte_stream`` true)."""
+
+    def event_frame(self, sid: str, event: Event) -> bytes: ...
+    def send_frames(self, frames: bytes) -> None: ...
+
+
 class TurnStream:
     """One running turn's updates on their way to its client (loop thread).
 
@@ -62,6 +70,8 @@ class TurnStream:
         self.sid = sid
         self._peer = peer
         self._flow: WriteFlow | None = getattr(peer, "flow", None)  # fixed per connection
+        self._batching: BatchingPeer | None = (
+            cast("BatchingPeer", peer) if getattr(peer, "byte_stream", False) else None)
         self._grant = grant
         self._on_unsendable = on_unsendable
         self._waiting: list[Event | _Merged] = []
@@ -83,6 +93,12 @@ class TurnStream:
         each goes out now while the client keeps up, else waits (merged) for it."""
         self._owed += nbytes
         flow = self._flow
+        if self._batching is not None and not self._waiting and holding_writes():
+            rest = self._send_together(self._batching, events)
+            if rest is None:
+                self._settle_credit()  # the turn fails: the rest is dropped
+                return
+            events = rest
         for event in events:
             if self._waiting or (flow is not None and flow.behind):
                 self._hold(event)
@@ -95,6 +111,37 @@ class TurnStream:
                 flow.when_drained(self._drained)
         elif self._owed >= CREDIT_BATCH:
             self._settle_credit()
+
+    def _send_together(self, peer: BatchingPeer,
+                       events: Sequence[Event]) -> Sequence[Event] | None:
+        """Send ``events`` as :meth:`deliver_all` would, one by one while the client
+        keeps up, but encoded to their lines and sent as one (inside ``held_writes``,
+        where each line sent counts in full towards :attr:`WriteFlow.behind`, so the
+        same ones go). Returns those that must wait; None when one cannot be encoded
+        (those before it are sent, the turn fails)."""
+        room = self._flow.room if self._flow is not None else None
+        frames: list[bytes] = []
+        rest: Sequence[Event] = ()
+        for index, event in enumerate(events):
+            if room is not None and room < 0:
+                rest = events[index:]
+                break
+            try:
+                frame = peer.event_frame(self.sid, event)
+            except TypeError as exc:  # orjson.JSONEncodeError: nested too deep, bad values
+                self._send_frames(peer, frames)
+                self._unsendable(exc)
+                return None
+            frames.append(frame)
+            if room is not None:
+                room -= len(frame)
+        self._send_frames(peer, frames)
+        return rest
+
+    @staticmethod
+    def _send_frames(peer: BatchingPeer, frames: list[bytes]) -> None:
+        if frames:
+            peer.send_frames(frames[0] if len(frames) == 1 else b"".join(frames))
 
     def flush(self, *, grant: bool = True) -> None:
         """Send everything held back now (the turn ends, or a request must follow
@@ -144,8 +191,11 @@ class TurnStream:
         try:
             self._peer.send_event(self.sid, event)
         except TypeError as exc:  # orjson.JSONEncodeError: nested too deep, bad values
-            reason = f"a session update cannot be encoded: {exc}"
-            log.warning("session %s: %s", self.sid, reason)
-            self._on_unsendable(reason)
+            self._unsendable(exc)
             return False
         return True
+
+    def _unsendable(self, exc: TypeError) -> None:
+        reason = f"a session update cannot be encoded: {exc}"
+        log.warning("session %s: %s", self.sid, reason)
+        self._on_unsendable(reason)

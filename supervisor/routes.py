@@ -155,3 +155,6 @@ class RunningTurn:
     failure: str | None = None  # why it fails, decided on the host (the worker cancels it)
     finished: asyncio.Event = field(default_factory=asyncio.Event)
     permission_tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+    #: Called (loop thread) as the last step of settling, once ``result`` is set:
+    #: the prompt's answer without a task waiting on ``result`` (see Sessions.start_now).
+    on_settled: Callable[[], None] | None = None

@@ -40,7 +40,7 @@ from actors.worker.agents.acp_confine import (
 )
 from ipc.acp import Blob, NewSessionRequest, PromptRequest, blob_marker, replay_events
 from ipc.errors import InternalError, InvalidParams, RpcError, SessionNotFound
-from ipc.events import CurrentMode, item_to_wire
+from ipc.events import CurrentMode, TurnRecord, item_to_wire
 from ipc.worker_wire import OpenSession, SetMode, StartTurn
 from storage.models import StoredSession
 from storage.prepared_writes import title_of
@@ -289,17 +289,51 @@ class Sessions:
             await self._start(turn, request)
             record, count = await turn.result  # only this waits on it: no shield needed
         except asyncio.CancelledError:
-            if turn.started:
-                turns.cancel(turn.sid)  # the worker ends it; the host persists it
-            else:
-                turns.settle(turn, error=InternalError("prompt withdrawn"))
+            self.withdraw(turn)
             raise
         except Exception as exc:
             log.debug("turn of %s failed: %r", turn.sid, exc)
             turns.settle(turn, error=exc if isinstance(exc, RpcError) else InternalError())
             raise
+        return self.outcome(turn, record, count)
+
+    def startable_now(self, request: PromptRequest) -> str | None:
+        """The prompt's text when :meth:`start_now` can take it (loop thread): its
+        session is open, idle and not closing, it has no attachments to store and is
+        no slash command. None: it takes :meth:`prompt`, the general way."""
+        entry = self.live.get(request.session_id)
+        if (request.blobs or entry is None or entry.route is None or entry.turn is not None
+                or entry.opening is not None or entry.closing is not None):
+            return None
+        text = request.assemble({})
+        return None if parse(text) is not None else text
+
+    def start_now(self, peer: Peer, sid: str, text: str) -> RunningTurn:
+        """:meth:`prompt` of a prompt :meth:`startable_now` said yes to, with no await:
+        the turn goes to the worker now; its ``result`` settles as :meth:`prompt`'s
+        would (its ``on_settled`` is called then), and :meth:`outcome` makes the answer."""
+        turn = self.host.turns.begin(sid, peer)  # BUSY at once: the session is open
+        assert turn.route is not None
+        turn.route.peer = peer
+        if self.host.pool.send(turn.route.worker_id, StartTurn(sid, turn.turn_id, text)):
+            turn.started = True
+        else:
+            self.host.turns.settle(turn, error=InternalError("session worker exited"))
+        return turn
+
+    def withdraw(self, turn: RunningTurn) -> None:
+        """The prompt's client is gone before its answer: the worker ends a started
+        turn (the host persists it); one not started yet fails."""
+        if turn.started:
+            self.host.turns.cancel(turn.sid)
+        else:
+            self.host.turns.settle(turn, error=InternalError("prompt withdrawn"))
+
+    def outcome(self, turn: RunningTurn, record: TurnRecord, count: int) -> TurnOutcome:
+        """The answer of a committed turn (the session's ``count``-th); a first turn
+        also tells the client the session's title."""
         if count == 1:
-            peer.send_event(turn.sid, self.host.session_info_event(title_of(record)))
+            turn.peer.send_event(turn.sid, self.host.session_info_event(title_of(record)))
         if record.extra.get("session_meta"):
             self.host.spawn(self._store_meta(turn.sid, dict(record.extra["session_meta"])))
         meta = dict(record.extra.get("meta") or {})

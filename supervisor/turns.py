@@ -72,7 +72,6 @@ class TurnBook:
         """Register a new turn now (no await); -32002 when one is already running,
         -32000 while the session is being closed."""
         future: asyncio.Future[tuple[TurnRecord, int]] = asyncio.get_running_loop().create_future()
-        future.add_done_callback(_retrieve)  # its client may be gone: never "unretrieved"
         turn = RunningTurn(sid, f"t{next(_TURN_IDS)}", peer, future)
         self.live.attach_turn(turn)
         return turn
@@ -235,9 +234,7 @@ class TurnBook:
                 turn.result.set_result(value)
             else:
                 turn.result.set_exception(error or InternalError("turn ended without a result"))
+                turn.result.exception()  # its client may be gone: never "unretrieved"
         turn.finished.set()
-
-
-def _retrieve(future: asyncio.Future[tuple[TurnRecord, int]]) -> None:
-    if not future.cancelled():
-        future.exception()
+        if turn.on_settled is not None:
+            turn.on_settled()

@@ -12,6 +12,7 @@ import pytest
 from ipc.errors import InvalidParams, SessionBusy
 from ipc.extensions import ExtensionMethods
 from ipc.jsonrpc import ConnectionLost, Endpoint, RemoteError, is_valid_request_id
+from ipc.later import LaterAnswer
 
 
 class Wire:
@@ -682,6 +683,96 @@ async def test_close_cancels_handlers_runs_callbacks_and_silences_sends() -> Non
     endpoint.receive(b"garbage")
     endpoint.receive_oversized()
     assert wire.take() == []
+
+
+async def test_handler_tasks_leave_the_count_however_they_end() -> None:
+    """A handler task takes itself out of ``running_handlers`` as it ends (answered,
+    failed, or a notification's); one that :meth:`Endpoint.close` cancels before it
+    ever ran is taken out too, so a drain after the close ends."""
+
+    async def failing(params: Any, ep: Endpoint) -> None:
+        await asyncio.sleep(0)
+        raise InvalidParams("no")
+
+    def later(params: Any, ep: Endpoint) -> asyncio.Future[None]:
+        return asyncio.get_running_loop().create_future()  # never answers
+
+    endpoint, wire = make(failing=failing, later=later)
+    endpoint.receive(frame(id=1, method="slow_echo"))
+    endpoint.receive(frame(id=2, method="failing"))
+    endpoint.receive(frame(method="slow_echo"))  # a notification
+    assert endpoint.running_handlers == 3
+    await asyncio.wait_for(endpoint.drain(), 5)
+    assert endpoint.running_handlers == 0
+    assert sorted(reply["id"] for reply in wire.take()) == [1, 2]
+
+    endpoint.receive(frame(id=3, method="later"))  # its task has not run yet
+    endpoint.close()
+    await asyncio.wait_for(endpoint.drain(), 5)
+    assert endpoint.running_handlers == 0
+    assert wire.take() == []
+
+
+async def test_a_later_answer_is_written_when_given_like_a_handler_task_result() -> None:
+    """A handler may return a LaterAnswer: the endpoint answers when it is given (a
+    result, an RpcError as itself, anything else as -32603), also one given before
+    the handler returned; the frames are those a handler task would write."""
+    answers: dict[str, LaterAnswer] = {}
+
+    def later(params: Any, ep: Endpoint) -> LaterAnswer:
+        answers[params["name"]] = answer = LaterAnswer(lambda: None)
+        if params["name"] == "early":
+            answer.give({"early": True})
+        return answer
+
+    async def slow(params: Any, ep: Endpoint) -> Any:
+        await asyncio.sleep(0)
+        return {"ok": 1}
+
+    endpoint, wire = make(later=later, slow=slow)
+    endpoint.receive(frame(id=1, method="later", params={"name": "ok"}))
+    endpoint.receive(frame(id=2, method="later", params={"name": "rpc"}))
+    endpoint.receive(frame(id=3, method="later", params={"name": "bug"}))
+    endpoint.receive(frame(id=4, method="later", params={"name": "early"}))
+    assert wire.take() == [{"jsonrpc": "2.0", "id": 4, "result": {"early": True}}]
+    assert endpoint.running_handlers == 3
+    draining = asyncio.ensure_future(endpoint.drain())
+    answers["ok"].give({"ok": 1})
+    answers["ok"].give({"ok": 2})  # once only
+    answers["rpc"].fail(InvalidParams("bad"))
+    answers["bug"].fail(ValueError("secret"))
+    await asyncio.wait_for(draining, 5)
+    assert endpoint.running_handlers == 0
+    endpoint.receive(frame(id=5, method="slow"))
+    await asyncio.wait_for(endpoint.drain(), 5)
+    got = wire.take()
+    assert got[0] == got[3] | {"id": 1}  # as the task's answer
+    assert got[1]["error"]["code"] == InvalidParams("x").code
+    assert got[2]["error"] == {"code": -32603, "message": "Internal error: ValueError"}
+
+
+async def test_a_later_answer_still_due_at_close_is_abandoned() -> None:
+    abandoned: list[str] = []
+
+    def later(params: Any, ep: Endpoint) -> LaterAnswer:
+        return LaterAnswer(lambda: abandoned.append("gone"))
+
+    endpoint, wire = make(later=later)
+    endpoint.receive(frame(id=1, method="later"))
+    endpoint.close()
+    await asyncio.wait_for(endpoint.drain(), 5)
+    assert abandoned == ["gone"] and endpoint.running_handlers == 0
+    assert wire.take() == []
+
+
+async def test_a_request_is_in_order_now_only_with_no_handler_task_yet_to_start() -> None:
+    endpoint, _wire = make()
+    assert endpoint.in_order_now
+    endpoint.receive(frame(id=1, method="slow_echo"))
+    assert not endpoint.in_order_now
+    await asyncio.sleep(0)  # one pass of the loop: its first step
+    assert endpoint.in_order_now
+    await asyncio.wait_for(endpoint.drain(), 5)
 
 
 async def test_drain_waits_for_running_handlers() -> None:

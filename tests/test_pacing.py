@@ -12,9 +12,19 @@ import orjson
 import pytest
 
 from ipc import acp
-from ipc.events import Event, MessageChunk, PlanEntry, PlanUpdate, ThoughtChunk, UserChunk
-from ipc.transports import WriteFlow
+from ipc.events import (
+    Event,
+    MessageChunk,
+    PlanEntry,
+    PlanUpdate,
+    ThoughtChunk,
+    UsageUpdate,
+    UserChunk,
+)
+from ipc.transports import WriteFlow, held_writes
 from supervisor.pacing import CREDIT_BATCH, TurnStream
+from supervisor.servers.acp_server import AcpPeer
+from tests.test_transports import handlers, start_pair
 
 
 class FakeFlow:
@@ -153,3 +163,51 @@ def test_a_chunks_notification_line_is_that_of_its_encoded_update() -> None:
     assert acp.chunk_update_frame("s1", UserChunk("x")) is None
     with pytest.raises(TypeError):
         acp.chunk_update_frame("s1", MessageChunk("lone \ud800"))
+
+
+class _OneByOne:
+    """An ACP peer that is no ``byte_stream``: its stream sends each update by itself."""
+
+    def __init__(self, peer: AcpPeer) -> None:
+        self.name = peer.name
+        self.flow = peer.flow
+        self.send_event = peer.send_event
+
+
+async def _stream_bytes(events: list[Event], *, together: bool) -> tuple[bytes, list[str], int]:
+    """What one connection's client gets of ``events`` delivered in one read of worker
+    messages, then the turn's end (the updates' bytes, the failures, the waiting count)."""
+    server, _reader, writer = await start_pair(handlers())
+    endpoint = server.endpoints[0]
+    transport = endpoint._send.__self__._writer.transport  # type: ignore[attr-defined]
+    writes: list[bytes] = []
+    write = transport.write
+    transport.write = lambda data: (writes.append(bytes(data)), write(data))[1]
+    acp_peer = AcpPeer(endpoint)
+    assert acp_peer.byte_stream  # a stream connection: lines may go together
+    peer = acp_peer if together else _OneByOne(acp_peer)
+    failures: list[str] = []
+    turn = TurnStream("s1", peer, lambda n: None, failures.append)  # type: ignore[arg-type]
+    with held_writes():
+        turn.deliver_all(events, 100)
+    waiting = turn.waiting
+    turn.flush(grant=False)
+    writer.close()
+    await asyncio.wait_for(server.task, 10)
+    return b"".join(writes), failures, waiting
+
+
+@pytest.mark.parametrize("events", [
+    [MessageChunk("hello "), ThoughtChunk("hm"), PlanUpdate((PlanEntry("a", "high", "pending"),)),
+     UsageUpdate(used=10, size=100), MessageChunk("world")],
+    [MessageChunk("x" * 100_000) for _ in range(4)] + [ThoughtChunk("t"), MessageChunk("end")],
+    [MessageChunk("ok "), MessageChunk("\ud800"), MessageChunk("never")],
+], ids=["mixed", "behind-midway", "unencodable"])
+async def test_updates_sent_together_are_the_bytes_sent_one_by_one(events: list[Event]) -> None:
+    """Inside a read of worker messages an ACP stream encodes a run of updates and
+    sends them as one (``send_frames``): the client gets the same bytes, the same
+    ones wait (merged) once the connection is behind, the same failure stops it."""
+    together = await _stream_bytes(events, together=True)
+    one_by_one = await _stream_bytes(events, together=False)
+    assert together == one_by_one
+    assert together[0].count(b"\n") >= 1

@@ -86,12 +86,15 @@ class StreamWindow:
     cancelled, so a waiting turn ends promptly.
     """
 
-    def __init__(self, size: int = STREAM_WINDOW_BYTES) -> None:
+    def __init__(self, size: int = STREAM_WINDOW_BYTES,
+                 changed: threading.Condition | None = None) -> None:
+        """``changed``: the condition to wait on, shared by the windows of one session's
+        turns (only its running turn ever waits), so a turn does not build its own."""
         self.size = size
         self._spent = 0  # written by the thread streaming the turn (one at a time)
         self._granted = 0  # written under the lock by the IO thread only
         self._open = False
-        self._changed = threading.Condition(threading.Lock())
+        self._changed = changed if changed is not None else threading.Condition(threading.Lock())
 
     def spend(self, nbytes: int) -> None:
         """Count ``nbytes`` just queued; wait while the window is full (turn thread).
@@ -130,7 +133,8 @@ class SessionState:
         self._lock = threading.Lock()
         self._turn_cancel: threading.Event | None = None
         self._turn_id = ""
-        self._window = StreamWindow()
+        self._window_changed = threading.Condition(threading.Lock())
+        self._window = StreamWindow(changed=self._window_changed)
 
     @property
     def mode(self) -> str:
@@ -157,7 +161,7 @@ class SessionState:
                 return None
             self._turn_cancel = TurnCancel()
             self._turn_id = turn_id
-            self._window = StreamWindow()
+            self._window = StreamWindow(changed=self._window_changed)
             return self._turn_cancel
 
     def grant(self, turn_id: str, nbytes: int) -> None:

@@ -20,14 +20,17 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from actors.worker.sandbox import detect as detect_sandbox
 from ipc import acp_handshake
-from ipc.errors import InvalidParams, SessionNotFound
+from ipc.errors import InternalError, InvalidParams, SessionNotFound
 from ipc.extensions import ExtensionMethods
-from ipc.jsonrpc import ConnectionLost, Endpoint, RemoteError
+from ipc.jsonrpc import ConnectionLost, Endpoint, RemoteError, notification_frame
+from ipc.later import LaterAnswer
+from ipc.transports import BYTE_STREAM
 from supervisor.agent_modes import may_be_agent_mode, session_modes, set_agent_mode
 from supervisor.host_handle import HostHandle
 
@@ -37,7 +40,8 @@ if TYPE_CHECKING:
     from ipc.transports import WriteFlow
     from ipc.worker_wire import PermissionAsk
     from supervisor.config import Settings
-    from supervisor.sessions import Sessions
+    from supervisor.routes import RunningTurn
+    from supervisor.sessions import Sessions, TurnOutcome
     from supervisor.tenants import TenantScope
 
 __all__ = ["AcpServer", "probe_store"]
@@ -117,6 +121,26 @@ class AcpPeer:
             self.endpoint.send_frame(frame)
         else:
             self.endpoint.notify("session/update", acp.encode_event(sid, event))
+
+    @property
+    def byte_stream(self) -> bool:
+        """Whether lines may be sent together (:meth:`send_frames`): a stream connection."""
+        return bool(self.endpoint.state.get(BYTE_STREAM))
+
+    def event_frame(self, sid: str, event: Event) -> bytes:
+        """The ``session/update`` line :meth:`send_event` would send (raising
+        ``TypeError`` where it would; empty once the endpoint is closed, where it
+        would encode no notification); :meth:`send_frames` sends such lines together."""
+        frame = acp.chunk_update_frame(sid, event)
+        if frame is not None:
+            return frame
+        if self.endpoint.closed:
+            return b""
+        return notification_frame("session/update", acp.encode_event(sid, event))
+
+    def send_frames(self, frames: bytes) -> None:
+        """Send lines made by :meth:`event_frame`, in one go (:attr:`byte_stream` only)."""
+        self.endpoint.send_frame(frames)
 
     async def ask_permission(self, sid: str, ask: PermissionAsk, timeout: float) -> str | None:
         try:
@@ -234,7 +258,8 @@ class AcpServer:
     # --- lifecycle ----------------------------------------------------------------
 
     async def sessions(self) -> Sessions:
-        return await self.host.sessions()
+        started = self.host.started()  # the way of every request once the host is up
+        return started if started is not None else await self.host.sessions()
 
     def _needing_store(
         self, handler: Callable[[Any, Endpoint], Any]
@@ -300,17 +325,33 @@ class AcpServer:
         _announce_commands(peer, route.sid)
         return {"sessionId": route.sid, "workspaceDir": route.workspace_dir, "modes": modes}
 
-    async def prompt(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
+    def prompt(self, params: Any, endpoint: Endpoint) -> LaterAnswer | Awaitable[dict[str, Any]]:
+        """The common prompt (an open idle session, no tenant, no attachment, no slash
+        command, no earlier request of the connection still to start) starts now and
+        is answered by a plain call once its turn settles (:class:`ipc.later.LaterAnswer`:
+        no task per prompt); any other takes :meth:`_prompt`. Both give the same answers."""
         request = acp.prompt_request(params)
+        sessions = self.host.started()
+        text = (sessions.startable_now(request) if sessions is not None and endpoint.in_order_now
+                and endpoint.state.get("scope") is None else None)
+        if sessions is None or text is None:
+            return self._prompt(request, params, endpoint)
+        peer = endpoint.state["peer"]
+        self.host.owners.check(request.session_id, peer, adopt=True)
+        turn = sessions.start_now(peer, request.session_id, text)
+        answer = LaterAnswer(lambda: sessions.withdraw(turn))
+        turn.on_settled = partial(_answer_turn, sessions, turn, answer)
+        if turn.finished.is_set():  # it could not start
+            _answer_turn(sessions, turn, answer)
+        return answer
+
+    async def _prompt(self, request: acp.PromptRequest, params: Any,
+                      endpoint: Endpoint) -> dict[str, Any]:
         peer = endpoint.state["peer"]
         await self._visible(params, endpoint)
         with self.host.owners.adopting(request.session_id, peer):
             outcome = await (await self.sessions()).prompt(peer, request)
-        result: dict[str, Any] = {"sessionId": outcome.sid, "stopReason": outcome.stop_reason,
-                                  "content": outcome.content}
-        if outcome.meta:
-            result["_meta"] = {"zeroclaw": outcome.meta}
-        return result
+        return _prompt_result(outcome)
 
     async def cancel(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
         sid = await self._held(params, endpoint)
@@ -423,6 +464,29 @@ class AcpServer:
         status = host_status(sessions, self.host.owners)
         scope: TenantScope | None = endpoint.state.get("scope")
         return status if scope is None else scope.status_view(status, sessions)
+
+
+def _prompt_result(outcome: TurnOutcome) -> dict[str, Any]:
+    """The ``session/prompt`` result of a turn's outcome."""
+    result: dict[str, Any] = {"sessionId": outcome.sid, "stopReason": outcome.stop_reason,
+                              "content": outcome.content}
+    if outcome.meta:
+        result["_meta"] = {"zeroclaw": outcome.meta}
+    return result
+
+
+def _answer_turn(sessions: Sessions, turn: RunningTurn, answer: LaterAnswer) -> None:
+    """Answer a prompt started by :meth:`Sessions.start_now` now that its turn has
+    settled (loop thread): its result, or the error its turn ended with."""
+    turn.on_settled = None
+    if turn.result.cancelled():  # nothing cancels it on this way; be safe all the same
+        answer.fail(InternalError("turn ended without a result"))
+        return
+    try:
+        record, count = turn.result.result()
+        answer.give(_prompt_result(sessions.outcome(turn, record, count)))
+    except Exception as exc:
+        answer.fail(exc)
 
 
 def _with_agent_fallback(
