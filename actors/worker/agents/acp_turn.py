@@ -188,6 +188,10 @@ class AcpTurn:
         if not future.done() and not self.process.alive:
             future.cancel()
             raise AgentFailure(self.process.failure_text("during the turn"))
+        if future.cancelled() and not self.ignored_cancel and not self.ctx.cancelled.is_set():
+            # not this turn's cancel: the agent's loop ended under it (the agent was
+            # stopped before the end of its output was read)
+            raise AgentFailure(self.process.failure_text("during the turn"))
         if future.cancelled() or not future.done():
             return None  # the cancel grace ran out: a cancelled turn
         try:
