@@ -427,9 +427,11 @@ class Host:
         confirmation when ``wait`` (None when the send failed)."""
         close_id = self._closings.number()
         self.client_relay.session_gone(sid)
-        if not self.pool.send(worker_id, CloseSession(sid, close_id)):
+        if not self.pool.send(worker_id, CloseSession(sid, close_id, confirm=wait)):
             return close_id, None
-        return close_id, self._closings.sent(close_id, worker_id, wait=wait)
+        if not wait:
+            return close_id, None  # nobody waits: the worker does not answer it
+        return close_id, self._closings.sent(close_id, worker_id, wait=True)
 
     def session_info_event(self, title: str | None) -> SessionInfo:
         return SessionInfo(title=title, updated_at=iso_utc(time.time()))

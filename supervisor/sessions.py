@@ -231,6 +231,7 @@ class Sessions:
             permission_timeout=self.settings.session_timeout_secs,
             history=[item_to_wire(i) for i in agent_history(items)],
             mcp_servers=list(info.mcp_servers), meta=self._open_meta(info.meta),
+            confirm=False,
         ))
         host.scale_workers()
         return route
