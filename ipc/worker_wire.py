@@ -104,7 +104,9 @@ class OpenSession:
     ``mcp_servers`` is the client's list from ``session/new`` (an ACP agent gets it).
     ``meta`` is the stored session's meta (an ACP agent finds its session id there).
     ``confirm``: answer :class:`SessionOpened` (a failure is answered OpenFailed either
-    way); the host's opens do not wait for it and say False.
+    way); the host's opens do not wait for it and say False. ``evicted``: sessions of
+    this worker evicted to make room for this one, closed first (as an unconfirmed
+    :class:`CloseSession` would), so that one message does both.
     """
 
     T: ClassVar[str] = "open"
@@ -119,6 +121,7 @@ class OpenSession:
     mcp_servers: list[Any] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
     confirm: bool = True
+    evicted: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

@@ -240,10 +240,20 @@ class Host:
         self.pool.scale_to(workers_wanted(self.live.workers_in_use(), unplaced,
                                           self.settings.sessions_per_worker))
 
-    def close_evicted(self, evictions: list[Eviction]) -> None:
+    def close_evicted(self, evictions: list[Eviction], *,
+                      told: str | None = None) -> list[str]:
+        """Have the evicted sessions' actors closed, without waiting; those on worker
+        ``told`` are left to the message the caller sends it next (their ids are
+        returned, see ``OpenSession.evicted``)."""
+        left = []
         for eviction in evictions:
-            self.drop_on_worker(eviction.route)
+            if eviction.route.worker_id == told:
+                self.client_relay.session_gone(eviction.sid)
+                left.append(eviction.sid)
+            else:
+                self.drop_on_worker(eviction.route)
             log.info("evicted idle session %s", eviction.sid)
+        return left
 
     async def evict(self, sid: str) -> bool:
         """Drop a live idle session from memory, as the LRU rule does (it stays in the

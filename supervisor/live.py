@@ -161,10 +161,19 @@ class LiveTable:
         return entry
 
     def admit(self, entry: LiveSession, route: Route) -> list[Eviction]:
-        """Make room under ``max_sessions`` (evicting least recently used idle
-        sessions) and place the OPENING ``entry`` on ``route.worker_id``; the
-        evicted sessions' actors are the caller's to close. -32001 when every live
-        session is busy."""
+        """Make room under ``max_sessions`` (:meth:`make_room`) and place the
+        OPENING ``entry`` on ``route.worker_id``; the evicted sessions' actors are
+        the caller's to close. -32001 when every live session is busy."""
+        evicted = self.make_room()
+        self._set_route(entry, route)
+        entry.last_used = time.monotonic()
+        self._refresh(entry)
+        return evicted
+
+    def make_room(self) -> list[Eviction]:
+        """Evict least recently used idle sessions until one more fits under
+        ``max_sessions`` (their actors are the caller's to close); -32001 when every
+        live session is busy. :meth:`place` then sees the loads without them."""
         evicted = []
         while len(self._placed) >= self.limits.max_sessions:
             victim = least_recently_used_idle(self.entries.values())
@@ -172,9 +181,6 @@ class LiveTable:
                 raise SessionLimitReached(
                     f"Maximum session limit reached ({self.limits.max_sessions})")
             evicted.append(self._evict(victim))
-        self._set_route(entry, route)
-        entry.last_used = time.monotonic()
-        self._refresh(entry)
         return evicted
 
     def place(self, ready_workers: Sequence[str]) -> str | None:

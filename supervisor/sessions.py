@@ -214,16 +214,21 @@ class Sessions:
                               fallback_from: str | None) -> Route:
         """Everything that waits comes before the admission (as before it, the session
         takes no place under max_sessions); admission, placement and OpenSession
-        then go together, with no await between them."""
+        then go together, with no await between them. The session goes to the least
+        loaded worker once room is made: at the cap, the evicted session's (one
+        worker hears of both)."""
         host = self.host
         items = await asyncio.to_thread(host.reader.load_items, info.id) if history else []
         worker_id = await host.worker_with_room()
+        evicted = self.live.make_room()
+        worker_id = self.live.place(host.pool.ready_workers()) or worker_id
         # The agent's workspace is shared by all its sessions: never a tenant's root.
         tenant = info.meta.get(TENANT_META_KEY)
         route = Route(info.id, worker_id, peer, agent.alias, info.workspace_dir,
                       info.cwd, info.mode, info.turn_count, info.token_count, fallback_from,
                       tenant, info.title)
-        host.close_evicted(self.live.admit(entry, route))
+        evicted += self.live.admit(entry, route)  # room is made: nothing more
+        closed_by_open = host.close_evicted(evicted, told=worker_id)
         host.pool.send(worker_id, OpenSession(
             sid=info.id, agent=agent.to_wire(),
             workspace_dir=info.cwd if tenant else str(agent.workspace),
@@ -231,7 +236,7 @@ class Sessions:
             permission_timeout=self.settings.session_timeout_secs,
             history=[item_to_wire(i) for i in agent_history(items)],
             mcp_servers=list(info.mcp_servers), meta=self._open_meta(info.meta),
-            confirm=False,
+            confirm=False, evicted=closed_by_open,
         ))
         host.scale_workers()
         return route

@@ -99,6 +99,23 @@ async def test_busy_and_duplicate() -> None:
     assert table.evict("a") is None  # busy: not evicted
 
 
+async def test_room_made_at_the_cap_is_on_the_evicted_sessions_worker() -> None:
+    """At the cap, the least loaded worker once room is made is the evicted session's:
+    one worker hears of both (admission then evicts nothing more)."""
+    table = table_of(max_sessions=4)
+    for sid, worker_id in (("a", "w1"), ("b", "w2"), ("c", "w1"), ("d", "w2")):
+        opened(table, sid, worker_id)
+        time.sleep(0.001)
+    table.touch("a")  # b (on w2) is now the least recently used
+    assert table.place(["w1", "w2"]) == "w1"  # a tie: the first
+    evicted = table.make_room()
+    assert [e.sid for e in evicted] == ["b"] and table.make_room() == []
+    assert table.place(["w1", "w2"]) == "w2"
+    entry = table.begin_opening("e")
+    assert table.admit(entry, route("e", "w2")) == []
+    assert sorted(table.by_worker["w2"]) == ["d", "e"]
+
+
 async def test_an_opening_session_takes_a_place_only_once_placed() -> None:
     table = table_of(max_sessions=1)
     entry = table.begin_opening("a")  # reading its history, waiting for a worker

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -74,3 +75,17 @@ def test_a_failed_open_is_answered_even_unconfirmed(worker: WorkerProcess,
     assert len(taken) == 1 and isinstance(taken[0], OpenFailed)
     assert "unknown agent provider 'nope'" in taken[0].message
     assert "s1" not in worker.sessions
+
+
+def test_an_open_closes_the_sessions_evicted_for_it_first_unanswered(
+    worker: WorkerProcess, tmp_path: Path,
+) -> None:
+    """``OpenSession.evicted`` does what an unconfirmed CloseSession of each does, then
+    the open: one message from the host for an eviction and the open it made room for."""
+    worker._dispatch(_open("old", tmp_path, confirm=False))
+    actor = worker.sessions["old"].actor
+    worker._dispatch(replace(_open("new", tmp_path, confirm=False), evicted=["old", "gone"]))
+    worker._hand_off()
+    assert actor.actor_stopped.wait(WAIT)
+    assert list(worker.sessions) == ["new"]
+    assert worker.outbox.take_all() == []

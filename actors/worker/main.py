@@ -378,6 +378,8 @@ class WorkerProcess:
                 logger.warning("unexpected %s from the host; dropped", type(message).__name__)
 
     def _open(self, message: OpenSession) -> None:
+        for evicted in message.evicted:
+            self._close(evicted, 0, confirm=False)
         sid = message.sid
         if sid in self.sessions:
             self.outbox.put(OpenFailed(sid=sid, message="session is already open in this worker"))
