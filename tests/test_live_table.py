@@ -5,6 +5,8 @@ order concurrent requests on one session (open, turn, close)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import random
 import time
 from typing import Any
 
@@ -230,3 +232,41 @@ def test_the_decisions_as_plain_functions() -> None:
     assert choose_worker(["w1"], {"w1": 1}.__getitem__, 1) is None
     assert workers_wanted(in_use=1, unplaced=1, sessions_per_worker=1) == 3
     assert workers_wanted(in_use=0, unplaced=0, sessions_per_worker=0) == 2
+
+
+async def test_the_tables_lru_victim_is_the_plain_functions(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The table finds the LRU idle session in its order of use, not by a scan: after
+    any sequence of opens, uses, turns, evictions, closes and worker deaths it is the
+    one :func:`least_recently_used_idle` picks from all entries."""
+    clock = iter(range(1, 1_000_000))
+    monkeypatch.setattr("supervisor.live.time.monotonic", lambda: float(next(clock)))
+    rng = random.Random(7)
+    table = table_of(max_sessions=6)
+    turns: dict[str, RunningTurn] = {}
+    closing: list[LiveSession] = []
+    for _ in range(600):
+        sid, worker_id = f"s{rng.randrange(10)}", rng.choice(["w1", "w2"])
+        entry, step = table.get(sid), rng.randrange(7)
+        with contextlib.suppress(InvalidParams, SessionBusy, SessionLimitReached,
+                                 SessionNotFound):
+            if step == 0:
+                opened(table, sid, worker_id)
+            elif step == 1:
+                table.touch(sid)
+            elif step == 2 and sid not in turns:
+                turns[sid] = new_turn(sid)
+                table.attach_turn(turns[sid])
+            elif step == 3 and sid in turns:
+                table.detach_turn(turns.pop(sid))
+            elif step == 4:
+                table.evict(sid)
+            elif step == 5 and entry is not None and entry.closing is None:
+                closing.append(table.begin_closing(sid))
+            elif step == 6 and closing:
+                table.end_closing(closing.pop(rng.randrange(len(closing))))
+            elif rng.random() < 0.05:
+                table.worker_exited(worker_id)
+        expected = least_recently_used_idle(table.entries.values())
+        assert table._least_recently_used_idle() is expected
