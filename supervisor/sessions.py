@@ -19,7 +19,8 @@ import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -222,8 +223,9 @@ class Sessions:
         worker_id = await host.worker_with_room()
         # The agent's workspace is shared by all its sessions: never a tenant's root.
         tenant = info.meta.get(TENANT_META_KEY)
-        message = OpenSession(  # first: nothing between the evictions and its send fails
-            sid=info.id, agent=agent.to_wire(),
+        # The message's parts first: nothing between the evictions and its send may fail.
+        message = partial(
+            OpenSession, sid=info.id, agent=agent.to_wire(),
             workspace_dir=info.cwd if tenant else str(agent.workspace),
             cwd=info.cwd, mode=info.mode, forbidden_paths=list(self.settings.forbidden_paths),
             permission_timeout=self.settings.session_timeout_secs,
@@ -241,15 +243,16 @@ class Sessions:
         host.scale_workers()
         return route
 
-    def _send_open(self, worker_id: str, message: OpenSession,
+    def _send_open(self, worker_id: str, message: Callable[..., OpenSession],
                    evicted: list[Eviction]) -> None:
-        """Send ``message`` to ``worker_id``, with the evictions of that worker in it
-        (``OpenSession.evicted``); the others are closed on their own. Should it not
-        go (it cannot be encoded), the evictions it carried are closed on their own."""
+        """Send ``message(evicted=...)`` to ``worker_id``, with the evictions of that
+        worker in it (``OpenSession.evicted``); the others are closed on their own.
+        Should it not go (it cannot be encoded), the evictions it carried are closed
+        on their own."""
         host = self.host
         here = host.close_evicted(evicted, told=worker_id)
         try:
-            host.pool.send(worker_id, replace(message, evicted=here))
+            host.pool.send(worker_id, message(evicted=here))
         except BaseException:
             for eviction in evicted:
                 if eviction.sid in here:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import types
-from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import pytest
@@ -87,11 +87,11 @@ def test_an_open_carries_its_workers_evictions_and_closes_them_if_it_cannot_go()
     sessions = Sessions(host)
     evicted = [Eviction(sid, Route(sid, worker_id, None, "main", "/w", "/w", "ask"))
                for sid, worker_id in (("a", "w1"), ("b", "w2"), ("c", "w1"))]
-    opening = OpenSession(sid="new", agent={}, workspace_dir="/w", cwd="/w", mode="ask",
-                          forbidden_paths=[], permission_timeout=1.0, confirm=False)
+    opening = partial(OpenSession, sid="new", agent={}, workspace_dir="/w", cwd="/w",
+                      mode="ask", forbidden_paths=[], permission_timeout=1.0, confirm=False)
     sessions._send_open("w1", opening, evicted)
-    assert sent == [("w1", replace(opening, evicted=["a", "c"]))] and dropped == ["b"]
+    assert sent == [("w1", opening(evicted=["a", "c"]))] and dropped == ["b"]
     dropped.clear()
     with pytest.raises(EncodeError):
-        sessions._send_open("w1", replace(opening, sid="bad"), evicted)
+        sessions._send_open("w1", partial(opening, sid="bad"), evicted)
     assert dropped == ["b", "a", "c"]
