@@ -24,8 +24,6 @@ from ipc.worker_wire import (
     decode,
 )
 
-WAIT = 10.0
-
 
 @pytest.fixture
 def worker(tmp_path: Path) -> Iterator[WorkerProcess]:
@@ -36,6 +34,9 @@ def worker(tmp_path: Path) -> Iterator[WorkerProcess]:
         yield process
     finally:
         process._teardown()
+
+
+WAIT = 10.0
 
 
 def _open(sid: str, cwd: Path, *, confirm: bool, provider: str = "echo") -> OpenSession:
