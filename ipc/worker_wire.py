@@ -103,6 +103,10 @@ class OpenSession:
     so a model-backed agent can continue it. ``permission_timeout`` is in seconds.
     ``mcp_servers`` is the client's list from ``session/new`` (an ACP agent gets it).
     ``meta`` is the stored session's meta (an ACP agent finds its session id there).
+    ``confirm``: answer :class:`SessionOpened` (a failure is answered OpenFailed either
+    way); the host's opens do not wait for it and say False. ``evicted``: sessions of
+    this worker evicted to make room for this one, closed first (as an unconfirmed
+    :class:`CloseSession` would), so that one message does both.
     """
 
     T: ClassVar[str] = "open"
@@ -116,6 +120,8 @@ class OpenSession:
     history: list[dict[str, Any]] = field(default_factory=list)
     mcp_servers: list[Any] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
+    confirm: bool = True
+    evicted: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,11 +202,13 @@ class SetMode:
 @dataclass(frozen=True, slots=True)
 class CloseSession:
     """Cancel any running turn, then drop the actor; answered by a SessionClosed
-    carrying the same ``close_id`` (the host's number for this close)."""
+    carrying the same ``close_id`` (the host's number for this close), unless
+    ``confirm`` is False (an eviction: nobody waits for it)."""
 
     T: ClassVar[str] = "close"
     sid: str
     close_id: int = 0
+    confirm: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -232,10 +232,20 @@ class Host:
         self.pool.scale_to(workers_wanted(self.live.workers_in_use(), unplaced,
                                           self.settings.sessions_per_worker))
 
-    def close_evicted(self, evictions: list[Eviction]) -> None:
+    def close_evicted(self, evictions: list[Eviction], *,
+                      told: str | None = None) -> list[str]:
+        """Have the evicted sessions' actors closed, without waiting; those on worker
+        ``told`` are left to the message the caller sends it next (their ids are
+        returned, see ``OpenSession.evicted``)."""
+        left = []
         for eviction in evictions:
-            self.drop_on_worker(eviction.route)
+            if eviction.route.worker_id == told:
+                self.client_relay.session_gone(eviction.sid)
+                left.append(eviction.sid)
+            else:
+                self.drop_on_worker(eviction.route)
             log.info("evicted idle session %s", eviction.sid)
+        return left
 
     async def evict(self, sid: str) -> bool:
         """Drop a live idle session from memory, as the LRU rule does (it stays in the
@@ -419,9 +429,11 @@ class Host:
         confirmation when ``wait`` (None when the send failed)."""
         close_id = self._closings.number()
         self.client_relay.session_gone(sid)
-        if not self.pool.send(worker_id, CloseSession(sid, close_id)):
+        if not self.pool.send(worker_id, CloseSession(sid, close_id, confirm=wait)):
             return close_id, None
-        return close_id, self._closings.sent(close_id, worker_id, wait=wait)
+        if not wait:
+            return close_id, None  # nobody waits: the worker does not answer it
+        return close_id, self._closings.sent(close_id, worker_id, wait=True)
 
     def session_info_event(self, title: str | None) -> SessionInfo:
         return SessionInfo(title=title, updated_at=iso_utc(time.time()))

@@ -114,7 +114,9 @@ class LiveTable:
         self.limits = limits
         self.entries: dict[str, LiveSession] = {}
         self.by_worker: dict[str, set[str]] = {}
-        self._placed: set[str] = set()  # the ids that hold a place under max_sessions
+        #: The entries that hold a place under max_sessions, least recently used first
+        #: (see :meth:`_used`).
+        self._placed: dict[str, LiveSession] = {}
         self._room: asyncio.Future[None] | None = None  # see room() and pulse()
         self.routes_version = 0  # changes whenever a session's route comes or goes
 
@@ -141,7 +143,7 @@ class LiveTable:
         """Activity on a session: its LRU place and its ``lastActivity``."""
         entry = self.entries.get(sid)
         if entry is not None:
-            entry.last_used = time.monotonic()
+            self._used(entry)
             if entry.route is not None:
                 entry.route.touch()
 
@@ -161,20 +163,26 @@ class LiveTable:
         return entry
 
     def admit(self, entry: LiveSession, route: Route) -> list[Eviction]:
-        """Make room under ``max_sessions`` (evicting least recently used idle
-        sessions) and place the OPENING ``entry`` on ``route.worker_id``; the
-        evicted sessions' actors are the caller's to close. -32001 when every live
-        session is busy."""
+        """Make room under ``max_sessions`` (:meth:`make_room`) and place the
+        OPENING ``entry`` on ``route.worker_id``; the evicted sessions' actors are
+        the caller's to close. -32001 when every live session is busy."""
+        evicted = self.make_room()
+        self._set_route(entry, route)
+        self._used(entry)
+        self._refresh(entry)
+        return evicted
+
+    def make_room(self) -> list[Eviction]:
+        """Evict least recently used idle sessions until one more fits under
+        ``max_sessions`` (their actors are the caller's to close); -32001 when every
+        live session is busy. :meth:`place` then sees the loads without them."""
         evicted = []
         while len(self._placed) >= self.limits.max_sessions:
-            victim = least_recently_used_idle(self.entries.values())
+            victim = self._least_recently_used_idle()
             if victim is None:
                 raise SessionLimitReached(
                     f"Maximum session limit reached ({self.limits.max_sessions})")
             evicted.append(self._evict(victim))
-        self._set_route(entry, route)
-        entry.last_used = time.monotonic()
-        self._refresh(entry)
         return evicted
 
     def place(self, ready_workers: Sequence[str]) -> str | None:
@@ -238,7 +246,7 @@ class LiveTable:
 
     def _start_turn(self, entry: LiveSession, turn: RunningTurn) -> None:
         turn.route = entry.route
-        entry.last_used = time.monotonic()
+        self._used(entry)
         if entry.route is not None:
             entry.route.turn_started()
 
@@ -248,7 +256,7 @@ class LiveTable:
         if entry is None or entry.turn is not turn:
             return
         entry.turn = None
-        entry.last_used = time.monotonic()
+        self._used(entry)
         self._refresh(entry)
 
     # --- dropping ------------------------------------------------------------------------------
@@ -315,6 +323,19 @@ class LiveTable:
 
     # --- bookkeeping -----------------------------------------------------------------------
 
+    def _used(self, entry: LiveSession) -> None:
+        """``entry`` is used now: it goes to the end of the order of use (every change of
+        ``last_used`` comes here, so ``_placed`` stays sorted by it)."""
+        entry.last_used = time.monotonic()
+        placed = self._placed
+        if placed.pop(entry.sid, None) is not None:
+            placed[entry.sid] = entry
+
+    def _least_recently_used_idle(self) -> LiveSession | None:
+        """:func:`least_recently_used_idle` of the entries, without a scan of them all:
+        the first evictable one in the order of use."""
+        return next((e for e in self._placed.values() if e.evictable), None)
+
     def _set_route(self, entry: LiveSession, route: Route | None) -> None:
         self.routes_version += 1
         old = entry.route
@@ -325,11 +346,11 @@ class LiveTable:
                 if not sids:
                     del self.by_worker[old.worker_id]
             self.pulse()
-            self._placed.discard(entry.sid)
+            self._placed.pop(entry.sid, None)
         entry.route = route
         if route is not None:
             self.by_worker.setdefault(route.worker_id, set()).add(entry.sid)
-            self._placed.add(entry.sid)
+            self._placed[entry.sid] = entry  # last: the caller marks it used now
 
     def _refresh(self, entry: LiveSession) -> None:
         """Drop the entry once nothing holds it any more."""

@@ -20,6 +20,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,7 @@ from storage.models import StoredSession
 from storage.prepared_writes import title_of
 from supervisor.config import AUTONOMY_LEVELS, AgentConfig
 from supervisor.host import Host, canonical_dir
-from supervisor.live import LiveSession
+from supervisor.live import Eviction, LiveSession
 from supervisor.routes import Peer, Route, RunningTurn
 from supervisor.slash_commands import agent_history, parse, run_host_command
 from supervisor.tenants import TENANT_META_KEY
@@ -214,26 +215,49 @@ class Sessions:
                               fallback_from: str | None) -> Route:
         """Everything that waits comes before the admission (as before it, the session
         takes no place under max_sessions); admission, placement and OpenSession
-        then go together, with no await between them."""
+        then go together, with no await between them. The session goes to the least
+        loaded worker once room is made: at the cap, the evicted session's (one
+        worker hears of both)."""
         host = self.host
         items = await asyncio.to_thread(host.reader.load_items, info.id) if history else []
         worker_id = await host.worker_with_room()
         # The agent's workspace is shared by all its sessions: never a tenant's root.
         tenant = info.meta.get(TENANT_META_KEY)
-        route = Route(info.id, worker_id, peer, agent.alias, info.workspace_dir,
-                      info.cwd, info.mode, info.turn_count, info.token_count, fallback_from,
-                      tenant, info.title)
-        host.close_evicted(self.live.admit(entry, route))
-        host.pool.send(worker_id, OpenSession(
-            sid=info.id, agent=agent.to_wire(),
+        # The message's parts first: nothing between the evictions and its send may fail.
+        message = partial(
+            OpenSession, sid=info.id, agent=agent.to_wire(),
             workspace_dir=info.cwd if tenant else str(agent.workspace),
             cwd=info.cwd, mode=info.mode, forbidden_paths=list(self.settings.forbidden_paths),
             permission_timeout=self.settings.session_timeout_secs,
             history=[item_to_wire(i) for i in agent_history(items)],
             mcp_servers=list(info.mcp_servers), meta=self._open_meta(info.meta),
-        ))
+            confirm=False,
+        )
+        evicted = self.live.make_room()
+        worker_id = self.live.place(host.pool.ready_workers()) or worker_id
+        route = Route(info.id, worker_id, peer, agent.alias, info.workspace_dir,
+                      info.cwd, info.mode, info.turn_count, info.token_count, fallback_from,
+                      tenant, info.title)
+        evicted += self.live.admit(entry, route)  # room is made: nothing more
+        self._send_open(worker_id, message, evicted)
         host.scale_workers()
         return route
+
+    def _send_open(self, worker_id: str, message: Callable[..., OpenSession],
+                   evicted: list[Eviction]) -> None:
+        """Send ``message(evicted=...)`` to ``worker_id``, with the evictions of that
+        worker in it (``OpenSession.evicted``); the others are closed on their own.
+        Should it not go (it cannot be encoded), the evictions it carried are closed
+        on their own."""
+        host = self.host
+        here = host.close_evicted(evicted, told=worker_id)
+        try:
+            host.pool.send(worker_id, message(evicted=here))
+        except BaseException:
+            for eviction in evicted:
+                if eviction.sid in here:
+                    host.drop_on_worker(eviction.route)
+            raise
 
     def _open_meta(self, meta: Mapping[str, Any]) -> dict[str, Any]:
         """The stored ``meta`` for the worker, with a tenant's ``workspace_root`` (the

@@ -5,6 +5,8 @@ order concurrent requests on one session (open, turn, close)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import random
 import time
 from typing import Any
 
@@ -97,6 +99,23 @@ async def test_busy_and_duplicate() -> None:
     with pytest.raises(InvalidParams, match="session/close"):
         table.begin_opening("a")
     assert table.evict("a") is None  # busy: not evicted
+
+
+async def test_room_made_at_the_cap_is_on_the_evicted_sessions_worker() -> None:
+    """At the cap, the least loaded worker once room is made is the evicted session's:
+    one worker hears of both (admission then evicts nothing more)."""
+    table = table_of(max_sessions=4)
+    for sid, worker_id in (("a", "w1"), ("b", "w2"), ("c", "w1"), ("d", "w2")):
+        opened(table, sid, worker_id)
+        time.sleep(0.001)
+    table.touch("a")  # b (on w2) is now the least recently used
+    assert table.place(["w1", "w2"]) == "w1"  # a tie: the first
+    evicted = table.make_room()
+    assert [e.sid for e in evicted] == ["b"] and table.make_room() == []
+    assert table.place(["w1", "w2"]) == "w2"
+    entry = table.begin_opening("e")
+    assert table.admit(entry, route("e", "w2")) == []
+    assert sorted(table.by_worker["w2"]) == ["d", "e"]
 
 
 async def test_an_opening_session_takes_a_place_only_once_placed() -> None:
@@ -213,3 +232,41 @@ def test_the_decisions_as_plain_functions() -> None:
     assert choose_worker(["w1"], {"w1": 1}.__getitem__, 1) is None
     assert workers_wanted(in_use=1, unplaced=1, sessions_per_worker=1) == 3
     assert workers_wanted(in_use=0, unplaced=0, sessions_per_worker=0) == 2
+
+
+async def test_the_tables_lru_victim_is_the_plain_functions(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The table finds the LRU idle session in its order of use, not by a scan: after
+    any sequence of opens, uses, turns, evictions, closes and worker deaths it is the
+    one :func:`least_recently_used_idle` picks from all entries."""
+    clock = iter(range(1, 1_000_000))
+    monkeypatch.setattr("supervisor.live.time.monotonic", lambda: float(next(clock)))
+    rng = random.Random(7)
+    table = table_of(max_sessions=6)
+    turns: dict[str, RunningTurn] = {}
+    closing: list[LiveSession] = []
+    for _ in range(600):
+        sid, worker_id = f"s{rng.randrange(10)}", rng.choice(["w1", "w2"])
+        entry, step = table.get(sid), rng.randrange(7)
+        with contextlib.suppress(InvalidParams, SessionBusy, SessionLimitReached,
+                                 SessionNotFound):
+            if step == 0:
+                opened(table, sid, worker_id)
+            elif step == 1:
+                table.touch(sid)
+            elif step == 2 and sid not in turns:
+                turns[sid] = new_turn(sid)
+                table.attach_turn(turns[sid])
+            elif step == 3 and sid in turns:
+                table.detach_turn(turns.pop(sid))
+            elif step == 4:
+                table.evict(sid)
+            elif step == 5 and entry is not None and entry.closing is None:
+                closing.append(table.begin_closing(sid))
+            elif step == 6 and closing:
+                table.end_closing(closing.pop(rng.randrange(len(closing))))
+            elif rng.random() < 0.05:
+                table.worker_exited(worker_id)
+        expected = least_recently_used_idle(table.entries.values())
+        assert table._least_recently_used_idle() is expected

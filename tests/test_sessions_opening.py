@@ -10,9 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import types
+from functools import partial
 from typing import Any
 
-from supervisor.live import Limits, LiveTable, SessionState
+import pytest
+
+from ipc.worker_wire import EncodeError, OpenSession
+from supervisor.host import Host
+from supervisor.live import Eviction, Limits, LiveTable, SessionState
 from supervisor.routes import Route
 from supervisor.sessions import Sessions
 
@@ -60,3 +65,33 @@ async def test_a_cancelled_close_leaves_the_open_and_later_closes_working() -> N
     await sessions.close("S")  # a later close works
     assert writes == ["MarkClosed"] and closed == [route]
     assert live.get("S") is None
+
+
+def test_an_open_carries_its_workers_evictions_and_closes_them_if_it_cannot_go() -> None:
+    """The evicted sessions of the worker an open goes to ride in its OpenSession; the
+    others are closed on their own, and so are the riders when it cannot be sent."""
+    sent: list[tuple[str, OpenSession]] = []
+    dropped: list[str] = []
+
+    def send(worker_id: str, message: OpenSession) -> bool:
+        if message.sid == "bad":
+            raise EncodeError("OpenSession cannot be encoded")
+        sent.append((worker_id, message))
+        return True
+
+    host: Any = types.SimpleNamespace(
+        settings=None, live=None, pool=types.SimpleNamespace(send=send),
+        client_relay=types.SimpleNamespace(session_gone=lambda sid: None),
+        drop_on_worker=lambda route: dropped.append(route.sid))
+    host.close_evicted = types.MethodType(Host.close_evicted, host)
+    sessions = Sessions(host)
+    evicted = [Eviction(sid, Route(sid, worker_id, None, "main", "/w", "/w", "ask"))
+               for sid, worker_id in (("a", "w1"), ("b", "w2"), ("c", "w1"))]
+    opening = partial(OpenSession, sid="new", agent={}, workspace_dir="/w", cwd="/w",
+                      mode="ask", forbidden_paths=[], permission_timeout=1.0, confirm=False)
+    sessions._send_open("w1", opening, evicted)
+    assert sent == [("w1", opening(evicted=["a", "c"]))] and dropped == ["b"]
+    dropped.clear()
+    with pytest.raises(EncodeError):
+        sessions._send_open("w1", partial(opening, sid="bad"), evicted)
+    assert dropped == ["b", "a", "c"]

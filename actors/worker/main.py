@@ -368,8 +368,8 @@ class WorkerProcess:
                 forward_agent_call(message, live.agent if live else None, self.outbox.put)
             case SetMode(sid=sid, mode=mode):
                 self._set_mode(sid, mode)
-            case CloseSession(sid=sid, close_id=close_id):
-                self._close(sid, close_id)
+            case CloseSession(sid=sid, close_id=close_id, confirm=confirm):
+                self._close(sid, close_id, confirm)
             case Ping():
                 pass
             case Shutdown():
@@ -378,6 +378,8 @@ class WorkerProcess:
                 logger.warning("unexpected %s from the host; dropped", type(message).__name__)
 
     def _open(self, message: OpenSession) -> None:
+        for evicted in message.evicted:
+            self._close(evicted, 0, confirm=False)
         sid = message.sid
         if sid in self.sessions:
             self.outbox.put(OpenFailed(sid=sid, message="session is already open in this worker"))
@@ -395,7 +397,8 @@ class WorkerProcess:
                                    wake=self.outbox.wake,
                                    send_event_frame=self.outbox.put_event_frame)
         self.sessions[sid] = _LiveSession(actor, state, agent)
-        self.outbox.put(SessionOpened(sid=sid))
+        if message.confirm:
+            self.outbox.put(SessionOpened(sid=sid))
 
     def _start_turn(self, message: StartTurn) -> None:
         live = self.sessions.get(message.sid)
@@ -425,7 +428,7 @@ class WorkerProcess:
             live.state.end_turn(message.cancelled)
             self.outbox.put(TurnFailed(sid=sid, turn_id=message.turn_id,
                                        message="session actor is gone"))
-        else:
+        elif message.confirm:
             self.outbox.put(SessionClosed(sid=sid, close_id=message.close_id))
 
     def _credit(self, sid: str, turn_id: str, nbytes: int) -> None:
@@ -449,13 +452,15 @@ class WorkerProcess:
         except ValueError as exc:
             logger.warning("session %s: %s; mode unchanged", sid, exc)
 
-    def _close(self, sid: str, close_id: int) -> None:
+    def _close(self, sid: str, close_id: int, confirm: bool = True) -> None:
         live = self.sessions.pop(sid, None)
         self._cancel(sid)
         if live is None:
-            self.outbox.put(SessionClosed(sid=sid, close_id=close_id))
+            if confirm:
+                self.outbox.put(SessionClosed(sid=sid, close_id=close_id))
             return
-        self._handoffs.append((live, CloseActor(close_id)))  # answers once the turn has ended
+        # answers (when asked to) once the turn has ended
+        self._handoffs.append((live, CloseActor(close_id, confirm)))
 
     def _teardown(self) -> None:
         """Cancel every turn, stop the actors (bounded), send what is queued, close."""

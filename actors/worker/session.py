@@ -270,9 +270,11 @@ class RunTurn:
 
 @dataclass(frozen=True, slots=True)
 class CloseActor:
-    """Actor message: answer SessionClosed and stop (queued behind any running turn)."""
+    """Actor message: answer SessionClosed (when ``confirm``) and stop (queued behind
+    any running turn)."""
 
     close_id: int = 0
+    confirm: bool = True
 
 
 class SessionActor(SimpleInboxActor):
@@ -361,7 +363,8 @@ class SessionActor(SimpleInboxActor):
         if isinstance(message, RunTurn):
             self._run_turn(message)
         elif isinstance(message, CloseActor):
-            self.send(SessionClosed(sid=self.config.sid, close_id=message.close_id))
+            if message.confirm:
+                self.send(SessionClosed(sid=self.config.sid, close_id=message.close_id))
             self.stop()
         else:
             logger.warning("session %s: unexpected actor message %r", self.config.sid, message)

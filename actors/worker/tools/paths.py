@@ -52,11 +52,13 @@ def canonical(path: str | Path, base: Path | None = None) -> Path:
     """``path`` with ``~`` expanded, made absolute against ``base`` and symlinks resolved.
 
     Parts that do not exist yet (a file about to be written) are kept as given.
+    Plain ``os.path`` strings up to the one Path made of the result: a session's open
+    makes four of these (its roots and the forbidden paths).
     """
-    expanded = Path(os.path.expanduser(str(path)))
-    if not expanded.is_absolute():
-        expanded = (base or Path.cwd()) / expanded
-    return Path(os.path.realpath(expanded))
+    text = os.path.expanduser(str(path))
+    if not os.path.isabs(text):
+        text = os.path.join(os.getcwd() if base is None else str(base), text)
+    return Path(os.path.realpath(text))
 
 
 def _within(path: Path, root: Path) -> bool:
