@@ -73,10 +73,11 @@ def design_floor_stdio() -> StdioServer:
         sys.executable, str(DESIGN_FLOOR_SCRIPT), "--db", str(workdir / "design-floor.db")])
 
 
-def card_floor_stdio() -> StdioServer:
-    """The design floor with the card's session and persistence actors (``--card``)."""
+def card_floor_stdio(max_sessions: int) -> StdioServer:
+    """The design floor with the card's session and persistence actors (``--card``),
+    holding as many live sessions as zeroclaw does."""
     return StdioServer("card", lambda workdir: [
-        sys.executable, str(DESIGN_FLOOR_SCRIPT), "--card",
+        sys.executable, str(DESIGN_FLOOR_SCRIPT), "--card", "--max-sessions", str(max_sessions),
         "--db", str(workdir / "card-floor.db")])
 
 
@@ -208,8 +209,9 @@ def _plan(sizes: BenchSizes) -> list[tuple[MetricSpec, StdioMeasure, bool]]:
 
 async def run_stdio(sizes: BenchSizes) -> dict[str, dict[str, Any]]:
     """Every stdio metric, floor(s) and zeroclaw in alternated rounds: the result entries."""
-    zeroclaw = zeroclaw_acp(max_sessions=2 * max(sizes.concurrency))
-    floor, design, card = floor_stdio(), design_floor_stdio(), card_floor_stdio()
+    max_sessions = 2 * max(sizes.concurrency)
+    zeroclaw = zeroclaw_acp(max_sessions)
+    floor, design, card = floor_stdio(), design_floor_stdio(), card_floor_stdio(max_sessions)
     metrics = {}
     for spec, measure, on_design in _plan(sizes):
         metrics[spec.name] = await measure_pair(

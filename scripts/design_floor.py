@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The design floor for benchmarks: only what the design card makes unavoidable.
 
-Usage: ``design_floor.py [--db PATH] [--card]`` (NDJSON JSON-RPC on stdin/stdout; exits
-on EOF).
+Usage: ``design_floor.py [--db PATH] [--card [--max-sessions N]]`` (NDJSON JSON-RPC on
+stdin/stdout; exits on EOF).
 
 A turn goes client -> this host's asyncio loop -> a zmq ROUTER/DEALER hop over
 ipc to a second process (the worker, this script with ``--worker``) and back ->
@@ -27,7 +27,9 @@ blocking DEALER loop. The worker exits when its host does.
 ``--card`` adds the two parts the design card names for every session and turn, and
 nothing else: in the worker, one pykka session actor per session, started by
 ``session/new`` (a round trip to the worker, beside the row's commit; the answer
-waits for both), runs the session's turns and sends each answer on the DEALER
+waits for both) and, past ``--max-sessions`` live actors, the least recently used
+one stopped as that session/new starts its own (the card's "up to maxSessions"),
+runs the session's turns and sends each answer on the DEALER
 itself (under a lock, as zeroclaw's session threads do);
 on the host, the writer is a pykka persistence actor writing zeroclaw's own rows
 (the session row; per turn its two message rows and the session's counters)
@@ -75,7 +77,7 @@ def echo_chunks(prompt: bytes) -> list[str]:
     return [word + " " for word in words[:-1]] + words[-1:]
 
 
-def run_worker(endpoint: str, host_pid: int, card: bool) -> int:
+def run_worker(endpoint: str, host_pid: int, card: bool, max_sessions: int) -> int:
     """Answer every ``[rid, sid, prompt]`` with ``[rid, words]`` until the host is gone
     (``card``: each session's prompts go through that session's actor)."""
     ctx = zmq.Context()
@@ -84,7 +86,7 @@ def run_worker(endpoint: str, host_pid: int, card: bool) -> int:
     dealer.connect(endpoint)
     dealer.send_multipart([b"ready", b""])
     if card:
-        CardWorker(dealer, host_pid).run()
+        CardWorker(dealer, host_pid, max_sessions).run()
     else:
         poller = zmq.Poller()
         poller.register(dealer, zmq.POLLIN)
@@ -125,12 +127,13 @@ class CardWorker:
     """The worker's IO thread in ``--card`` mode: polls the DEALER's FD (and a wake
     pipe), reads under the lock, tells each prompt to its session's actor."""
 
-    def __init__(self, dealer: zmq.Socket[bytes], host_pid: int) -> None:
+    def __init__(self, dealer: zmq.Socket[bytes], host_pid: int, max_sessions: int) -> None:
         self.dealer = dealer
         self.host_pid = host_pid
         self.lock = threading.Lock()
         self.wake_r, self.wake_w = os.pipe()
-        self.actors: dict[bytes, pykka.ActorRef[SessionActor]] = {}
+        self.max_sessions = max_sessions
+        self.actors: dict[bytes, pykka.ActorRef[SessionActor]] = {}  # oldest use first
 
     def has_input(self) -> bool:
         return bool(cast(int, self.dealer.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
@@ -158,13 +161,20 @@ class CardWorker:
                 except zmq.Again:
                     return
                 if not prompt:
-                    self.actors[sid] = SessionActor.start(self)
+                    self._start_actor(sid)
                     self.dealer.send_multipart([rid, b"[]"], zmq.NOBLOCK)
                     continue
-                actor = self.actors.get(sid)
-                if actor is None:
-                    actor = self.actors[sid] = SessionActor.start(self)
+                actor = self.actors.pop(sid, None) or self._start_actor(sid)
+                self.actors[sid] = actor  # now the most recently used
                 actor.tell((rid, prompt[0]))
+
+    def _start_actor(self, sid: bytes) -> pykka.ActorRef[SessionActor]:
+        """Start ``sid``'s actor; past the cap, stop the least recently used one."""
+        if len(self.actors) >= self.max_sessions:
+            oldest = next(iter(self.actors))
+            self.actors.pop(oldest).stop(block=False)
+        actor = self.actors[sid] = SessionActor.start(self)
+        return actor
 
 
 # --- the writer thread --------------------------------------------------------------------
@@ -303,7 +313,7 @@ class CardWriterRef:
 class Host:
     """The asyncio side: stdio in and out, the ROUTER, the writer."""
 
-    def __init__(self, db_path: Path, run_dir: Path, card: bool) -> None:
+    def __init__(self, db_path: Path, run_dir: Path, card: bool, max_sessions: int) -> None:
         self.loop = asyncio.get_running_loop()
         self.writer: Writer | CardWriterRef = (
             CardWriter.open(db_path, self.loop) if card else Writer(db_path, self.loop))
@@ -315,7 +325,7 @@ class Host:
         self.router.bind(endpoint)
         self.worker = subprocess.Popen(
             [sys.executable, __file__, "--worker", endpoint, str(os.getpid()),
-             *(["--card"] if card else [])])
+             *(["--card", "--max-sessions", str(max_sessions)] if card else [])])
         self.card = card
         self.worker_id: bytes | None = None
         self.ready = asyncio.Event()
@@ -419,9 +429,9 @@ class Host:
         self.out(orjson.dumps(frame, option=_NEWLINE))
 
 
-async def serve_stdio(db_path: Path | None, card: bool) -> None:
+async def serve_stdio(db_path: Path | None, card: bool, max_sessions: int) -> None:
     with tempfile.TemporaryDirectory(prefix="zcdf-") as temp:
-        host = Host(db_path or Path(temp) / "design-floor.db", Path(temp), card)
+        host = Host(db_path or Path(temp) / "design-floor.db", Path(temp), card, max_sessions)
         await asyncio.wait_for(host.ready.wait(), 30)
         loop = host.loop
         reader = asyncio.StreamReader(limit=FRAME_LIMIT)
@@ -455,10 +465,12 @@ def main(argv: list[str] | None = None) -> int:
                         help=argparse.SUPPRESS)
     parser.add_argument("--card", action="store_true",
                         help="add a pykka session actor per session and zeroclaw's store")
+    parser.add_argument("--max-sessions", type=int, default=128, metavar="N",
+                        help="--card: live session actors at most (default 128)")
     args = parser.parse_args(argv)
     if args.worker:
-        return run_worker(args.worker[0], int(args.worker[1]), args.card)
-    asyncio.run(serve_stdio(args.db, args.card))
+        return run_worker(args.worker[0], int(args.worker[1]), args.card, args.max_sessions)
+    asyncio.run(serve_stdio(args.db, args.card, args.max_sessions))
     return 0
 
 
