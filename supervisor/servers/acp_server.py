@@ -116,11 +116,7 @@ class AcpPeer:
         return flow
 
     def send_event(self, sid: str, event: Event) -> None:
-        frame = acp.chunk_update_frame(sid, event)
-        if frame is not None:
-            self.endpoint.send_frame(frame)
-        else:
-            self.endpoint.notify("session/update", acp.encode_event(sid, event))
+        self.endpoint.send_frame(self.event_frame(sid, event))
 
     @property
     def byte_stream(self) -> bool:
@@ -128,9 +124,9 @@ class AcpPeer:
         return bool(self.endpoint.state.get(BYTE_STREAM))
 
     def event_frame(self, sid: str, event: Event) -> bytes:
-        """The ``session/update`` line :meth:`send_event` would send (raising
-        ``TypeError`` where it would; empty once the endpoint is closed, where it
-        would encode no notification); :meth:`send_frames` sends such lines together."""
+        """The ``session/update`` line of ``event`` (raising ``TypeError`` for one that
+        cannot be encoded; empty once the endpoint is closed, where nothing is sent):
+        :meth:`send_event` sends one, :meth:`send_frames` several together."""
         frame = acp.chunk_update_frame(sid, event)
         if frame is not None:
             return frame
