@@ -110,11 +110,25 @@ def new_session_request(params: Any) -> NewSessionRequest:
     mcp = p.get("mcpServers", p.get("mcp_servers")) or []
     if not isinstance(mcp, list):
         raise InvalidParams("mcpServers must be an array")
+    alias = optional_str(p, "agentAlias", "agent_alias", "agent")
     return NewSessionRequest(
         cwd=optional_str(p, "cwd", "workspaceDir", "workspace_dir"),
-        agent_alias=optional_str(p, "agentAlias", "agent_alias", "agent"),
+        agent_alias=alias if alias is not None else meta_agent(p),
         mcp_servers=mcp,  # no session_id: on ACP the host always picks the id
     )
+
+
+def meta_agent(params: Mapping[str, Any]) -> str | None:
+    """``_meta.zeroclaw.agent``: the agent an editor that cannot send ``agentAlias`` (an
+    ACP client sends only schema fields) names through the schema's extension point."""
+    meta = params.get("_meta")
+    ours = meta.get("zeroclaw") if isinstance(meta, Mapping) else None
+    if not isinstance(ours, Mapping):
+        return None
+    alias = ours.get("agent")
+    if alias is not None and not isinstance(alias, str):
+        raise InvalidParams("_meta.zeroclaw.agent must be a string")
+    return alias or None
 
 
 @dataclass(frozen=True, slots=True)

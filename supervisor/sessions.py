@@ -68,6 +68,15 @@ class TurnOutcome:
     meta: dict[str, Any] = field(default_factory=dict)  # the result's _meta.zeroclaw
 
 
+def no_agent_chosen(agents: Mapping[str, AgentConfig]) -> str:
+    """Why ``session/new`` named no agent, with each way an editor can name one."""
+    names = ", ".join(sorted(agents))
+    return ("no agent chosen: several agents are configured (" + names + "); name one "
+            "with [acp] default_agent in config.toml, ZEROCLAW_acp__default_agent=NAME in "
+            "the editor's agent env, _meta.zeroclaw.agent on session/new, agentAlias, or "
+            "?agent=NAME on the gateway's URL")
+
+
 class Sessions:
     """The operations; one instance per host, used by every connection."""
 
@@ -85,7 +94,7 @@ class Sessions:
         if alias is None and len(agents) == 1:
             alias = next(iter(agents))
         if alias is None:
-            raise InvalidParams("agentAlias is required: several agents are configured")
+            raise InvalidParams(no_agent_chosen(agents))
         agent = agents.get(alias)
         if agent is None:
             raise InvalidParams(f"unknown agent alias: {alias}")

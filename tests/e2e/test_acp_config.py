@@ -102,6 +102,42 @@ def test_agent_alias_resolution(
     assert agent_of(with_default, with_default.new_session(workspace)) == "beta"
 
 
+def test_an_editor_names_its_agent_through_meta_or_env_and_is_told_how(
+    raw_hosts: RawHostFactory, config_dir: Path, workspace: Path
+) -> None:
+    """An ACP client sends no ``agentAlias``: ``_meta.zeroclaw.agent`` and the editor's
+    ``env`` choose one, and without either the error names every way to choose."""
+    write_config(config_dir, '[agents.alpha]\nprovider = "echo"\n'
+                             '[agents.beta]\nprovider = "echo"\n')
+    raw = raw_hosts()
+    raw.initialize()
+    try:
+        raw.call("session/new", {"cwd": str(workspace), "mcpServers": []})
+    except RawError as exc:
+        assert exc.code == -32602
+        for fix in ("alpha, beta", "[acp] default_agent", "ZEROCLAW_acp__default_agent",
+                    "_meta.zeroclaw.agent", "?agent="):
+            assert fix in exc.message, (fix, exc.message)
+    else:
+        raise AssertionError("session/new naming no agent should be -32602")
+    meta = {"zeroclaw": {"agent": "beta"}, "other": {"kept": True}}
+    sid = raw.call("session/new", {"cwd": str(workspace), "_meta": meta})["sessionId"]
+    assert agent_of(raw, sid) == "beta"
+    explicit = {"cwd": str(workspace), "agentAlias": "alpha", "_meta": meta}
+    assert agent_of(raw, raw.call("session/new", explicit)["sessionId"]) == "alpha"
+    try:
+        raw.call("session/new", {"cwd": str(workspace), "_meta": {"zeroclaw": {"agent": 7}}})
+    except RawError as exc:
+        assert exc.code == -32602 and "_meta.zeroclaw.agent" in exc.message
+    else:
+        raise AssertionError("a non-string _meta.zeroclaw.agent should be -32602")
+    raw.close()
+
+    from_env = raw_hosts(env_extra={"ZEROCLAW_acp__default_agent": "alpha"})
+    from_env.initialize()
+    assert agent_of(from_env, from_env.new_session(workspace)) == "alpha"
+
+
 def test_unopenable_store_means_in_memory_sessions(
     raw_host: RawHost, config_dir: Path, workspace: Path
 ) -> None:
