@@ -28,9 +28,11 @@ __all__ = [
     "SessionLimitReached",
     "SessionNotFound",
     "SessionNotOwned",
+    "bounded_data",
     "bounded_message",
     "clip",
     "error_for_code",
+    "relayed_error",
 ]
 
 QUOTE_LIMIT: Final = 128
@@ -43,6 +45,36 @@ _LONG_RUN: Final = re.compile(rf"\S{{{QUOTE_LIMIT + 1},}}")
 def clip(text: str, limit: int = QUOTE_LIMIT) -> str:
     """``text`` cut to ``limit`` characters, with an ellipsis when it was longer."""
     return text if len(text) <= limit else text[:limit] + "…"
+
+
+DATA_LIMIT: Final = 8192
+"""Most bytes of a relayed error's ``data`` (an agent's error detail) kept whole."""
+
+
+def bounded_data(data: Any) -> Any:
+    """An error's ``data`` from a peer fit for the wire: kept as it came when it encodes
+    to at most :data:`DATA_LIMIT` bytes, else its strings clipped, else its JSON text cut
+    (with an ellipsis). Lists and objects keep their shape while they fit."""
+    import orjson  # only on the way of a relayed error
+
+    try:
+        if len(orjson.dumps(data)) <= DATA_LIMIT:
+            return data
+        clipped = _clip_strings(data, DATA_LIMIT // 8)
+        text = orjson.dumps(clipped)
+    except TypeError:  # orjson: not JSON (it came as JSON, so only from a bug here)
+        return None
+    return clipped if len(text) <= DATA_LIMIT else clip(text.decode(), DATA_LIMIT // 2)
+
+
+def _clip_strings(value: Any, limit: int) -> Any:
+    if isinstance(value, str):
+        return clip(value, limit)
+    if isinstance(value, list):
+        return [_clip_strings(item, limit) for item in value]
+    if isinstance(value, dict):
+        return {key: _clip_strings(item, limit) for key, item in value.items()}
+    return value
 
 
 def bounded_message(text: str) -> str:
@@ -153,3 +185,14 @@ def error_for_code(code: int, message: str, data: Any = None) -> RpcError:
     if cls is RpcError:
         err.code = code  # type: ignore[misc]
     return err
+
+
+def relayed_error(error: Any, fallback: str) -> RpcError:
+    """The error a peer answered with (a JSON-RPC error object relayed as it came:
+    ``{code, message, data?}``), or -32603 with ``fallback`` when ``error`` is not one."""
+    if not isinstance(error, dict):
+        return InternalError(fallback)
+    code, message = error.get("code"), error.get("message")
+    if isinstance(code, bool) or not isinstance(code, int) or not isinstance(message, str):
+        return InternalError(fallback)
+    return error_for_code(code, message, bounded_data(error.get("data")))

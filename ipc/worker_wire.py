@@ -385,13 +385,16 @@ class TurnEnded:
 class TurnFailed:
     """The turn failed; the session stays usable. ``record`` (a TurnRecord wire dict,
     stop reason ``failed``) holds what the turn streamed before it failed, to be kept;
-    None when nothing was streamed (nothing is kept)."""
+    None when nothing was streamed (nothing is kept). ``error``: the JSON-RPC error a
+    hosted agent answered the turn with (``{code, message, data?}``), for the client
+    instead of -32603 with ``message``."""
 
     T: ClassVar[str] = "turn_failed"
     sid: str
     turn_id: str
     message: str
     record: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,7 +34,7 @@ from actors.persistence import (
 from actors.worker.agents import agent_config_problem
 from actors.worker.sandbox import SandboxInfo, worker_sandbox_environment
 from actors.worker.sandbox import detect as detect_sandbox
-from ipc.errors import InternalError
+from ipc.errors import InternalError, relayed_error
 from ipc.events import Event, SessionInfo, TurnRecord, event_from_wire, iso_utc
 from ipc.transports import held_writes
 from ipc.worker_wire import (
@@ -309,10 +309,12 @@ class Host:
                 turn = self.turns.get(sid, turn_id)
                 if turn is not None:
                     self.turns.ended(turn, TurnRecord.from_wire(wire))
-            case TurnFailed(sid=sid, turn_id=turn_id, message=text, record=wire):
+            case TurnFailed(sid=sid, turn_id=turn_id, message=text, record=wire, error=error):
                 turn = self.turns.get(sid, turn_id)
                 if turn is not None:
-                    self.turns.failed(turn, turn.failure or text, None if wire is None
+                    answer = (InternalError(turn.failure) if turn.failure
+                              else relayed_error(error, text))
+                    self.turns.failed(turn, answer, None if wire is None
                                       else TurnRecord.from_wire(wire))
             case PermissionAsk():
                 self._ask_permission(worker_id, message)

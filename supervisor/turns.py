@@ -128,16 +128,16 @@ class TurnBook:
         turn.recorded = True
         self.commit(turn, record)
 
-    def failed(self, turn: RunningTurn, message: str, record: TurnRecord | None) -> None:
-        """The worker failed the turn (-32603 with ``message``); ``record``, what it
+    def failed(self, turn: RunningTurn, error: RpcError, record: TurnRecord | None) -> None:
+        """The worker failed the turn (answered with ``error``); ``record``, what it
         streamed before, is committed first, like any turn's record."""
         if record is None:
-            self.settle(turn, error=InternalError(message))
+            self.settle(turn, error=error)
             return
         turn.recorded = True
-        self.host.spawn(self._keep_failed(turn, record, message))
+        self.host.spawn(self._keep_failed(turn, record, error))
 
-    async def _keep_failed(self, turn: RunningTurn, record: TurnRecord, message: str) -> None:
+    async def _keep_failed(self, turn: RunningTurn, record: TurnRecord, error: RpcError) -> None:
         kept = None
         try:
             turns: int = await self.host.persist(WriteTurn(record))
@@ -146,7 +146,7 @@ class TurnBook:
         except Exception as exc:
             log.error("failed turn of %s not persisted: %s", turn.sid, exc)
             self._forget_unstored(turn)
-        self.settle(turn, error=InternalError(message), kept=kept)
+        self.settle(turn, error=error, kept=kept)
 
     def worker_exited(self, turn: RunningTurn) -> bool:
         """The turn's worker died: fail the turn (-32603) unless its record arrived

@@ -794,3 +794,20 @@ def test_error_messages_quote_client_input_cut_short() -> None:
     spaced = InvalidParams("cwd is not a usable directory: " + "a b " * 100_000).message
     assert len(spaced) == 1025 and spaced.endswith("…")
     assert InvalidParams("short words stay as they are").message == "short words stay as they are"
+
+
+def test_a_relayed_error_keeps_code_message_and_bounded_data() -> None:
+    from ipc.errors import DATA_LIMIT, relayed_error
+
+    small = relayed_error({"code": -32099, "message": "nope", "data": {"why": "x"}}, "fb")
+    assert small.to_error() == {"code": -32099, "message": "nope", "data": {"why": "x"}}
+    big = relayed_error({"code": -32603, "message": "Internal error",
+                         "data": {"message": "detail", "padding": "p" * 50_000}}, "fb")
+    data = big.to_error()["data"]
+    assert data["message"] == "detail" and len(orjson.dumps(data)) <= DATA_LIMIT
+    wide = relayed_error({"code": 1, "message": "m", "data": ["q" * 900] * 200}, "fb")
+    assert isinstance(wide.data, str) and len(wide.data) <= DATA_LIMIT
+    for broken in (None, {"code": "x", "message": "m"}, {"code": True, "message": "m"},
+                   {"code": 5}):
+        assert relayed_error(broken, "fallback").to_error() == {
+            "code": -32603, "message": "fallback"}

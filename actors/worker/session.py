@@ -26,6 +26,7 @@ from actors.bridge import SimpleInboxActor
 from actors.worker.agents.base import (
     Agent,
     AgentFailure,
+    AgentRefused,
     ClientChannel,
     SessionSetup,
     TurnResult,
@@ -380,7 +381,7 @@ class SessionActor(SimpleInboxActor):
             reason = ctx.failure or failure or "turn failed"
             partial = (recorder.build(self.config.sid, cancelled=False, started_at=started,
                                       failure=reason) if recorder.streamed else None)
-            self._fail(turn.turn_id, reason, partial)
+            self._fail(turn.turn_id, reason, partial, None if ctx.failure else ctx.agent_error)
             return
         result = result or TurnResult()
         extra = {name: value for name, value in (("meta", result.meta),
@@ -401,6 +402,9 @@ class SessionActor(SimpleInboxActor):
         sid = self.config.sid
         try:
             return self.agent.run_turn(turn.prompt, ctx), None
+        except AgentRefused as exc:
+            ctx.agent_error = exc.error
+            return None, str(exc)
         except AgentFailure as exc:
             return None, str(exc) or "agent failed"
         except Exception as exc:
@@ -410,20 +414,22 @@ class SessionActor(SimpleInboxActor):
             self.permissions.withdraw_session(sid)
             self.state.end_turn(turn.cancelled)
 
-    def _fail(self, turn_id: str, reason: str, partial: TurnRecord | None = None) -> None:
-        """The turn failed (the host answers -32603 with ``reason``). ``partial``, what it
-        streamed before, goes along to be kept, unless it cannot be encoded either."""
+    def _fail(self, turn_id: str, reason: str, partial: TurnRecord | None = None,
+              error: dict[str, Any] | None = None) -> None:
+        """The turn failed (the host answers -32603 with ``reason``, or the agent's own
+        ``error``). ``partial``, what it streamed before, goes along to be kept, unless
+        it cannot be encoded either."""
         if partial is not None:
             try:
                 self.send(TurnFailed(sid=self.config.sid, turn_id=turn_id, message=reason,
-                                     record=partial.to_wire()))
+                                     record=partial.to_wire(), error=error))
             except EncodeError:
                 logger.warning("session %s: the failed turn's output cannot be kept",
                                self.config.sid)
             else:
                 self._remember(partial)
                 return
-        self.send(TurnFailed(sid=self.config.sid, turn_id=turn_id, message=reason))
+        self.send(TurnFailed(sid=self.config.sid, turn_id=turn_id, message=reason, error=error))
 
     def _remember(self, record: TurnRecord) -> None:
         self.history.extend(record.items)

@@ -261,6 +261,8 @@ class ActorTurnContext:
         self.failure: str | None = None
         """Set when a message of the turn could not be sent: the turn then fails,
         even if the agent caught the :class:`TurnAborted` it got."""
+        self.agent_error: dict[str, Any] | None = None
+        """The JSON-RPC error a hosted agent failed the turn with, for the client."""
 
     @property
     def cancelled(self) -> threading.Event:

@@ -352,6 +352,26 @@ async def test_agent_wanting_a_login_says_how_to_log_in(
         assert "it offers: Fixture login" in text and "pass_env" in text
 
 
+@pytest.mark.parametrize("code", [-32603, -32099])
+async def test_an_agents_error_reaches_the_client_with_its_code_message_and_data(
+    sdk_hosts: SdkHostFactory, config_dir: Path, workspace: Path, code: int
+) -> None:
+    acp_config(config_dir, fixture_command())
+    async with sdk_hosts() as host:
+        await host.initialize()
+        sid = await host.new_session(workspace)
+        exc = await expect_error(host.prompt(sid, f"fail {code}"), code)
+        assert str(exc) == "Internal error"
+        assert exc.data["message"] == "Missing environment variable: `FAKE_OPENAI_KEY`"
+        assert 0 < len(exc.data["padding"]) < 20_000, "the agent's data is not bounded"
+        assert (await host.prompt(sid, "after")).stop_reason == "end_turn"
+    _, items = stored_session(config_dir, sid)
+    texts = [getattr(item, "text", "") for item in items]
+    assert any("failing" in text for text in texts), f"the failed turn's output is lost: {texts}"
+    assert f"agent hosted refused the prompt: {code}: Internal error" in (
+        host.stderr_path.read_text())
+
+
 @pytest.mark.parametrize(("command", "reason"), [
     ('["no-such-agent-binary-zc"]', "executable 'no-such-agent-binary-zc' not found"),
     ('"a string, not a list"', "command must be a non-empty array"),

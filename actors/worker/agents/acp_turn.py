@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
+import logging
 import queue
 import threading
 import time
@@ -21,11 +22,14 @@ import orjson
 from actors.worker.agents.acp_client import CANCELLED_OUTCOME
 from actors.worker.agents.acp_process import AgentProcess, SessionLink
 from actors.worker.agents.acp_updates import ToolNames, merged_events
-from actors.worker.agents.base import AgentFailure, TurnContext
+from actors.worker.agents.base import AgentFailure, AgentRefused, TurnContext
 from actors.worker.cancel import call_on_cancel
+from ipc.errors import bounded_data
 from ipc.jsonrpc import ConnectionLost, RemoteError
 
 __all__ = ["AcpTurn"]
+
+log = logging.getLogger("zeroclaw.agent")
 
 #: How often a turn looks at a cancel flag that cannot wake it (a plain Event).
 _POLL_SECS = 0.05
@@ -199,11 +203,25 @@ class AcpTurn:
         except RemoteError as exc:
             if self.ctx.cancelled.is_set():
                 return None
-            raise AgentFailure(self.process.refusal("the prompt", exc)) from None
+            raise self._refused(exc) from None
         except (ConnectionLost, concurrent.futures.CancelledError, asyncio.CancelledError):
             raise AgentFailure(self.process.failure_text("during the turn")) from None
         reason = result.get("stopReason") if isinstance(result, Mapping) else None
         return reason if reason in _STOP_REASONS else None
+
+    def _refused(self, error: RemoteError) -> AgentRefused:
+        """The agent's error for the client as it sent it; the log names the agent."""
+        text = self.process.refusal("the prompt", error)
+        log.warning("%s", text)
+        return AgentRefused(text, _agent_error(error))
+
+
+def _agent_error(error: RemoteError) -> dict[str, Any]:
+    """The JSON-RPC error object the agent sent, its ``data`` bounded for the client."""
+    wire: dict[str, Any] = {"code": error.code, "message": error.message}
+    if error.data is not None:
+        wire["data"] = bounded_data(error.data)
+    return wire
 
 
 class UpdateRelay:

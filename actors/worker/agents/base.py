@@ -23,6 +23,7 @@ from ipc.events import Event, TextItem, ToolItem, TurnItem
 __all__ = [
     "Agent",
     "AgentFailure",
+    "AgentRefused",
     "ClientChannel",
     "SessionSetup",
     "ToolCallOutcome",
@@ -41,6 +42,16 @@ TurnStop: TypeAlias = Literal["max_tokens", "refusal"]
 
 class AgentFailure(Exception):
     """The turn cannot go on; the message is shown to the client. The session stays usable."""
+
+
+class AgentRefused(AgentFailure):
+    """The agent answered the turn's request with a JSON-RPC error: the client gets that
+    error as the agent sent it (``error``: ``{code, message, data?}``, data bounded);
+    the message (naming the agent) is for the log and the stored turn."""
+
+    def __init__(self, text: str, error: dict[str, Any]) -> None:
+        super().__init__(text)
+        self.error = error
 
 
 @dataclass(frozen=True, slots=True)
