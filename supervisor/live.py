@@ -20,7 +20,7 @@ import contextlib
 import enum
 import itertools
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ipc.errors import InvalidParams, SessionBusy, SessionLimitReached, SessionNotFound
@@ -191,15 +191,13 @@ class LiveTable:
         victims: list[LiveSession] = []
         cap = self.tenant_caps.get(tenant) if tenant else None
         if cap is not None:
-            own = [e for e in self._placed.values()
-                   if e.route is not None and e.route.tenant == tenant]
-            excess = len(own) - cap + 1
-            victims = [e for e in own if e.evictable][:max(0, excess)]
+            excess = len(self._tenant_placed(tenant)) - cap + 1
+            victims = list(itertools.islice(self._idle_in_order(tenant), max(0, excess)))
             if len(victims) < excess:
                 raise SessionLimitReached(f"Maximum session limit reached ({cap})")
         excess = len(self._placed) - len(victims) - self.limits.max_sessions + 1
         if excess > 0:
-            others = (e for e in self._placed.values() if e.evictable and e not in victims)
+            others = (e for e in self._idle_in_order() if e not in victims)
             more = list(itertools.islice(others, excess))
             if len(more) < excess:
                 raise SessionLimitReached(
@@ -211,9 +209,13 @@ class LiveTable:
         """Whether one more session of ``tenant`` could be admitted under ``cap``
         now: it has fewer than ``cap`` live (``opening`` more not yet admitted), or
         an idle one to evict."""
-        own = [e for e in self._placed.values()
-               if e.route is not None and e.route.tenant == tenant]
+        own = self._tenant_placed(tenant)
         return len(own) + opening < cap or any(e.evictable for e in own)
+
+    def _tenant_placed(self, tenant: str | None) -> list[LiveSession]:
+        """The entries of ``tenant`` that hold a place, least recently used first."""
+        return [e for e in self._placed.values()
+                if e.route is not None and e.route.tenant == tenant]
 
     def place(self, ready_workers: Sequence[str]) -> str | None:
         """The least-loaded ready worker with room, if any."""
@@ -364,7 +366,15 @@ class LiveTable:
     def _least_recently_used_idle(self) -> LiveSession | None:
         """:func:`least_recently_used_idle` of the entries, without a scan of them all:
         the first evictable one in the order of use."""
-        return next((e for e in self._placed.values() if e.evictable), None)
+        return next(self._idle_in_order(), None)
+
+    def _idle_in_order(self, tenant: str | None = None) -> Iterator[LiveSession]:
+        """The evictable entries (of ``tenant`` only, when given), least recently used
+        first, found lazily."""
+        for entry in self._placed.values():
+            if entry.evictable and (tenant is None or (
+                    entry.route is not None and entry.route.tenant == tenant)):
+                yield entry
 
     def _set_route(self, entry: LiveSession, route: Route | None) -> None:
         self.routes_version += 1
