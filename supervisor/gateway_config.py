@@ -15,6 +15,8 @@ tls_key = "/path/key.pem"
 allow_plaintext = false       # ... unless this says plain HTTP is wanted there
 auth_failures = 10            # failed logins per address within auth_window_secs,
 auth_window_secs = 60         # after which it gets 429 until the window passes
+auth_ipv6_prefix = 64         # an IPv6 client counts as its /64 network (1..128);
+                              # IPv4 (and IPv4-mapped IPv6) as its own address
 
 [tenants.alice]
 token_sha256 = "…"            # hex SHA-256 of the token (zeroclaw tenant add prints it once)
@@ -40,6 +42,7 @@ __all__ = [
     "exposure_problem",
     "gateway_from_document",
     "parse_listen",
+    "tenant_caps",
     "tenants_from_document",
 ]
 
@@ -59,6 +62,7 @@ class GatewayConfig:
     allow_plaintext: bool = False
     auth_failures: int = 10
     auth_window_secs: float = 60.0
+    auth_ipv6_prefix: int = 64
 
     @property
     def tls(self) -> bool:
@@ -74,6 +78,12 @@ class TenantConfig:
     admin: bool = False
     max_sessions: int | None = None
     workspace_root: Path | None = None
+
+
+def tenant_caps(tenants: Mapping[str, TenantConfig]) -> dict[str, int]:
+    """The ``max_sessions`` of each tenant that has one, by name (the host's admission
+    keeps every tenant under its own cap: :attr:`supervisor.live.LiveTable.tenant_caps`)."""
+    return {name: t.max_sessions for name, t in tenants.items() if t.max_sessions is not None}
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -126,9 +136,13 @@ def gateway_from_document(section: Mapping[str, Any]) -> GatewayConfig:
         raise ConfigError(f"gateway.auth_failures must be an integer >= 1, got {failures!r}")
     if isinstance(window, bool) or not isinstance(window, int | float) or window <= 0:
         raise ConfigError(f"gateway.auth_window_secs must be a positive number, got {window!r}")
+    prefix = section.get("auth_ipv6_prefix", 64)
+    if isinstance(prefix, bool) or not isinstance(prefix, int) or not 1 <= prefix <= 128:
+        raise ConfigError(f"gateway.auth_ipv6_prefix must be an integer from 1 to 128, "
+                          f"got {prefix!r}")
     return GatewayConfig(listen=listen or None, host=host, port=port, tls_cert=cert, tls_key=key,
                          allow_plaintext=plaintext, auth_failures=failures,
-                         auth_window_secs=float(window))
+                         auth_window_secs=float(window), auth_ipv6_prefix=prefix)
 
 
 def tenants_from_document(sections: Any) -> dict[str, TenantConfig]:

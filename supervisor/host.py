@@ -62,6 +62,7 @@ from supervisor.agent_calls import AgentCalls
 from supervisor.client_relay import ClientRelay
 from supervisor.closings import Closings
 from supervisor.config import Settings
+from supervisor.gateway_config import tenant_caps
 from supervisor.live import Eviction, Limits, LiveTable, workers_wanted
 from supervisor.orphans import become_subreaper
 from supervisor.pacing import TurnStream
@@ -92,6 +93,7 @@ class Host:
         self.started_at = time.time()
         self.live = LiveTable(Limits(settings.max_sessions, settings.session_timeout_secs,
                                      settings.sessions_per_worker))
+        self.live.tenant_caps = tenant_caps(settings.tenants)  # the gateway's, on a reload
         self.store: Store
         self.pool: WorkerPool
         self.sandbox: SandboxInfo  # how shell commands are confined (set by start)

@@ -18,8 +18,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import itertools
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ipc.errors import InvalidParams, SessionBusy, SessionLimitReached, SessionNotFound
@@ -119,6 +120,9 @@ class LiveTable:
         self._placed: dict[str, LiveSession] = {}
         self._room: asyncio.Future[None] | None = None  # see room() and pulse()
         self.routes_version = 0  # changes whenever a session's route comes or goes
+        #: The gateway tenants' own ``max_sessions``, by tenant name (set by the
+        #: gateway, again on each tenant reload): admission keeps each under its cap.
+        self.tenant_caps: Mapping[str, int] = {}
 
     # --- reading -----------------------------------------------------------------------
 
@@ -163,27 +167,55 @@ class LiveTable:
         return entry
 
     def admit(self, entry: LiveSession, route: Route) -> list[Eviction]:
-        """Make room under ``max_sessions`` (:meth:`make_room`) and place the
-        OPENING ``entry`` on ``route.worker_id``; the evicted sessions' actors are
-        the caller's to close. -32001 when every live session is busy."""
-        evicted = self.make_room()
+        """Make room under ``max_sessions`` and the cap of the route's tenant
+        (:meth:`make_room`) and place the OPENING ``entry`` on ``route.worker_id``;
+        the evicted sessions' actors are the caller's to close. -32001 when every
+        live session (of the tenant, at its cap) is busy."""
+        evicted = self.make_room(route.tenant)
         self._set_route(entry, route)
         self._used(entry)
         self._refresh(entry)
         return evicted
 
-    def make_room(self) -> list[Eviction]:
+    def make_room(self, tenant: str | None = None) -> list[Eviction]:
         """Evict least recently used idle sessions until one more fits under
-        ``max_sessions`` (their actors are the caller's to close); -32001 when every
-        live session is busy. :meth:`place` then sees the loads without them."""
-        evicted = []
-        while len(self._placed) >= self.limits.max_sessions:
-            victim = self._least_recently_used_idle()
-            if victim is None:
+        ``max_sessions`` and, for a ``tenant`` with a cap (:attr:`tenant_caps`),
+        under that cap (the tenant's own sessions first, its least recently used
+        idle one); their actors are the caller's to close. -32001, with nothing
+        evicted, when that cannot be done because the sessions are busy.
+        :meth:`place` then sees the loads without them."""
+        return [self._evict(victim) for victim in self._victims(tenant)]
+
+    def _victims(self, tenant: str | None) -> list[LiveSession]:
+        """The sessions :meth:`make_room` evicts, least recently used first."""
+        victims: list[LiveSession] = []
+        cap = self.tenant_caps.get(tenant) if tenant else None
+        if cap is not None:
+            excess = len(self._tenant_placed(tenant)) - cap + 1
+            victims = list(itertools.islice(self._idle_in_order(tenant), max(0, excess)))
+            if len(victims) < excess:
+                raise SessionLimitReached(f"Maximum session limit reached ({cap})")
+        excess = len(self._placed) - len(victims) - self.limits.max_sessions + 1
+        if excess > 0:
+            others = (e for e in self._idle_in_order() if e not in victims)
+            more = list(itertools.islice(others, excess))
+            if len(more) < excess:
                 raise SessionLimitReached(
                     f"Maximum session limit reached ({self.limits.max_sessions})")
-            evicted.append(self._evict(victim))
-        return evicted
+            victims += more
+        return victims
+
+    def tenant_has_room(self, tenant: str, cap: int, opening: int = 0) -> bool:
+        """Whether one more session of ``tenant`` could be admitted under ``cap``
+        now: it has fewer than ``cap`` live (``opening`` more not yet admitted), or
+        an idle one to evict."""
+        own = self._tenant_placed(tenant)
+        return len(own) + opening < cap or any(e.evictable for e in own)
+
+    def _tenant_placed(self, tenant: str | None) -> list[LiveSession]:
+        """The entries of ``tenant`` that hold a place, least recently used first."""
+        return [e for e in self._placed.values()
+                if e.route is not None and e.route.tenant == tenant]
 
     def place(self, ready_workers: Sequence[str]) -> str | None:
         """The least-loaded ready worker with room, if any."""
@@ -334,7 +366,15 @@ class LiveTable:
     def _least_recently_used_idle(self) -> LiveSession | None:
         """:func:`least_recently_used_idle` of the entries, without a scan of them all:
         the first evictable one in the order of use."""
-        return next((e for e in self._placed.values() if e.evictable), None)
+        return next(self._idle_in_order(), None)
+
+    def _idle_in_order(self, tenant: str | None = None) -> Iterator[LiveSession]:
+        """The evictable entries (of ``tenant`` only, when given), least recently used
+        first, found lazily."""
+        for entry in self._placed.values():
+            if entry.evictable and (tenant is None or (
+                    entry.route is not None and entry.route.tenant == tenant)):
+                yield entry
 
     def _set_route(self, entry: LiveSession, route: Route | None) -> None:
         self.routes_version += 1

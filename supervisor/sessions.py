@@ -242,7 +242,7 @@ class Sessions:
             mcp_servers=list(info.mcp_servers), meta=self._open_meta(info.meta),
             confirm=False,
         )
-        evicted = self.live.make_room()
+        evicted = self.live.make_room(tenant)
         worker_id = self.live.place(host.pool.ready_workers()) or worker_id
         route = Route(info.id, worker_id, peer, agent.alias, info.workspace_dir,
                       info.cwd, info.mode, info.turn_count, info.token_count, fallback_from,

@@ -57,7 +57,8 @@ class Tenancy:
     opened); any other session's is read from the store (one indexed read on the
     loop, as ``session/prompt`` of an evicted session does anyway). Nothing is
     cached, so nothing can go stale when a session is deleted or an id reused.
-    ``creating`` counts each tenant's ``session/new`` under way, for the caps.
+    ``creating`` counts each tenant's ``session/new`` under way (not yet admitted),
+    for the quick check of its cap.
     """
 
     def __init__(self) -> None:
@@ -73,11 +74,6 @@ class Tenancy:
         if info is None:
             return None
         return str(info.meta.get(TENANT_META_KEY) or "")
-
-    def live_count(self, sessions: Sessions, tenant: str) -> int:
-        """Live sessions of ``tenant``, counting those being created."""
-        live = sum(1 for route in sessions.host.live.routes() if route.tenant == tenant)
-        return live + self.creating[tenant]
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,12 +95,16 @@ class TenantScope:
             raise SessionNotFound(f"Session not found: {sid}")
 
     def check_capacity(self, sessions: Sessions, sid: str | None = None) -> None:
-        """-32001 when opening one more session would pass the tenant's ``max_sessions``
-        (``sid``: a session being restored, which does not count when already live)."""
+        """-32001 at once when the tenant is at its ``max_sessions`` and every live
+        session of it is busy (``sid``: a session being restored, which needs no room
+        when already live). At the cap with an idle session, admission evicts the
+        tenant's least recently used idle one (:meth:`supervisor.live.LiveTable.make_room`),
+        as the host does at its own cap."""
         cap = self.tenant.max_sessions
-        if cap is None or (sid is not None and sessions.host.live.route(sid) is not None):
+        live = sessions.host.live
+        if cap is None or (sid is not None and live.route(sid) is not None):
             return
-        if self.tenancy.live_count(sessions, self.tenant.name) >= cap:
+        if not live.tenant_has_room(self.name, cap, self.tenancy.creating[self.name]):
             raise SessionLimitReached(f"Maximum session limit reached ({cap})")
 
     async def new_session(self, sessions: Sessions, peer: Peer,

@@ -17,7 +17,12 @@ from supervisor.gateway_config import (
     parse_listen,
     tenants_from_document,
 )
-from supervisor.servers.gateway import AuthLimiter, _connect_accepted, _listening_socket
+from supervisor.servers.gateway import (
+    AuthLimiter,
+    _connect_accepted,
+    _listening_socket,
+    limiter_key,
+)
 from supervisor.tenants import tenant_of_token
 
 
@@ -49,7 +54,9 @@ def test_plain_http_only_on_loopback(section: dict[str, object], refused: bool) 
 @pytest.mark.parametrize(("section", "words"), [
     ({"tls_cert": "/c.pem"}, "go together"), ({"allow_plaintext": "yes"}, "true or false"),
     ({"auth_failures": 0}, "auth_failures"), ({"auth_window_secs": -1}, "auth_window_secs"),
-    ({"listen": 8080}, "HOST:PORT"),
+    ({"listen": 8080}, "HOST:PORT"), ({"auth_ipv6_prefix": 0}, "auth_ipv6_prefix"),
+    ({"auth_ipv6_prefix": 129}, "1 to 128"), ({"auth_ipv6_prefix": True}, "auth_ipv6_prefix"),
+    ({"auth_ipv6_prefix": "64"}, "auth_ipv6_prefix"),
 ])
 def test_bad_gateway_sections(section: dict[str, object], words: str) -> None:
     with pytest.raises(ConfigError, match=words):
@@ -84,6 +91,40 @@ def test_the_limiter_blocks_within_its_window_and_forgets_after_it() -> None:
     assert limiter.blocked("b") == 0  # per address
     now[0] += 9.5  # the first failure left the window
     assert limiter.blocked("a") == 0
+
+
+@pytest.mark.parametrize(("address", "prefix", "key"), [
+    ("192.0.2.7", 64, "192.0.2.7"),
+    ("::ffff:192.0.2.7", 64, "192.0.2.7"),  # a dual-stack socket's IPv4 client
+    ("2001:db8:1:2:aaaa::1", 64, "2001:db8:1:2::/64"),
+    ("2001:db8:1:2:ffff:ffff:ffff:ffff", 64, "2001:db8:1:2::/64"),
+    ("2001:db8:1:3::1", 64, "2001:db8:1:3::/64"),
+    ("2001:db8:1:2:aaaa::1", 48, "2001:db8:1::/48"),
+    ("2001:db8::1", 128, "2001:db8::1/128"),
+    ("fe80::1:2%lo", 64, "fe80::/64"),
+    ("::1", 64, "::/64"),
+    ("unknown", 64, "unknown"),
+])
+def test_failed_logins_count_by_ipv4_address_and_ipv6_prefix(
+        address: str, prefix: int, key: str) -> None:
+    assert limiter_key(address, prefix) == key
+
+
+def test_the_limiter_blocks_a_whole_ipv6_prefix_but_not_its_neighbours() -> None:
+    limiter = AuthLimiter(limit=3, window=60, ipv6_prefix=64)
+    for host in ("1", "2", "ff:0:3"):  # three addresses of one /64: one client
+        limiter.failed(f"2001:db8:0:1::{host}")
+    assert limiter.blocked("2001:db8:0:1:abcd::99") > 0
+    assert limiter.blocked("2001:db8:0:2::1") == 0  # the next /64 is someone else
+    limiter.failed("::ffff:198.51.100.1")
+    limiter.failed("198.51.100.1")
+    assert limiter.blocked("198.51.100.1") == 0
+    limiter.failed("198.51.100.1")  # the mapped form counted as the same address
+    assert limiter.blocked("::ffff:198.51.100.1") > 0
+    assert limiter.blocked("198.51.100.2") == 0  # IPv4: per address
+    narrow = AuthLimiter(limit=1, window=60, ipv6_prefix=128)
+    narrow.failed("2001:db8::1")
+    assert narrow.blocked("2001:db8::1") > 0 and narrow.blocked("2001:db8::2") == 0
 
 
 def test_the_limiter_sweeps_old_addresses_when_many_fail(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -270,3 +270,56 @@ async def test_the_tables_lru_victim_is_the_plain_functions(
                 table.worker_exited(worker_id)
         expected = least_recently_used_idle(table.entries.values())
         assert table._least_recently_used_idle() is expected
+
+
+def tenant_route(sid: str, tenant: str) -> Route:
+    return Route(sid, "w1", PEER, "main", "/w", "/w", "ask", tenant=tenant)
+
+
+def opened_for(table: LiveTable, sid: str, tenant: str) -> LiveSession:
+    entry = table.begin_opening(sid)
+    table.admit(entry, tenant_route(sid, tenant))
+    table.opened(entry)
+    time.sleep(0.001)
+    return entry
+
+
+async def test_a_tenant_at_its_cap_evicts_its_own_least_recently_used_idle_session() -> None:
+    table = table_of(max_sessions=10)
+    table.tenant_caps = {"alice": 2}
+    opened_for(table, "bob-1", "bob")  # used longest ago, but not alice's
+    opened_for(table, "a1", "alice")
+    opened_for(table, "a2", "alice")
+    table.touch("a1")  # a2 is now alice's least recently used
+    assert table.tenant_has_room("alice", 2)  # idle sessions to evict
+    entry = table.begin_opening("a3")
+    evicted = table.admit(entry, tenant_route("a3", "alice"))
+    assert [e.sid for e in evicted] == ["a2"]
+    assert table.route("bob-1") is not None and table.route("a1") is not None
+    table.opened(entry)
+    for sid in ("a1", "a3"):  # both of alice's busy: nothing of hers to evict
+        table.attach_turn(new_turn(sid))
+    assert not table.tenant_has_room("alice", 2)
+    blocked = table.begin_opening("a4")
+    with pytest.raises(SessionLimitReached, match=r"\(2\)"):
+        table.admit(blocked, tenant_route("a4", "alice"))
+    assert table.route("bob-1") is not None  # nothing evicted by the refusal
+    table.abandon(blocked)
+    opened_for(table, "bob-2", "bob")  # bob has no cap of his own
+
+
+async def test_the_tenant_cap_and_the_host_cap_together() -> None:
+    table = table_of(max_sessions=3)
+    table.tenant_caps = {"alice": 2}
+    opened_for(table, "a1", "alice")
+    opened_for(table, "b1", "bob")
+    opened_for(table, "a2", "alice")
+    evicted = table.make_room("alice")  # alice at her cap, the host at its: one evicted
+    assert [e.sid for e in evicted] == ["a1"] and table.make_room("alice") == []
+    table.attach_turn(new_turn("a2"))
+    table.attach_turn(new_turn("b1"))
+    opened_for(table, "c1", "carol")  # the host's last place
+    table.attach_turn(new_turn("c1"))
+    with pytest.raises(SessionLimitReached, match=r"\(3\)"):  # the host's cap now
+        table.make_room("alice")
+    assert len(table.routes()) == 3

@@ -67,29 +67,44 @@ if not TYPE_CHECKING:
 log = logging.getLogger("zeroclaw.acp")
 
 
-_SQLITE_HEADER = b"SQLite format 3\x00"
+#: SQLite's "the database file is locked" codes: another connection writes now,
+#: which the host's writer waits out (its busy timeout); the store itself is fine.
+_SQLITE_BUSY_CODES = frozenset({5, 6})  # SQLITE_BUSY, SQLITE_LOCKED
 
 
 def probe_store(path: os.PathLike[str]) -> bool:
-    """Cheap check (no SQLite import) that the store can be created, written and read.
+    """Whether the host's open of the store (:func:`storage.store.open_store`) will
+    find it usable, answered before ``initialize`` without the host's imports.
 
-    An existing file must be empty or start with the SQLite header, and a scratch
-    file beside it must take a few bytes (a full disk, or a file size limit, fails
-    here; opening alone would not tell). The host opens the store for real right
-    after ``initialize`` and, should that still fail, refuses the methods that
-    need it rather than pretending (see :meth:`AcpServer._needing_store`).
+    It does what SQLite does when the host opens it: the file is opened (created
+    when missing, mode 0600), its schema read (a file that is not a database, or
+    whose header or schema is corrupt, fails here, as it fails the host) and its
+    write lock taken and let go (``BEGIN IMMEDIATE``, ``ROLLBACK``; a read-only
+    file fails here); and a scratch file beside it must take a page (a full disk
+    or a file size limit fails here; an empty transaction writes nothing). A
+    write lock held by another process counts as usable (the host's writer waits
+    for it). Should the host's open still fail (the disk filled meanwhile), the
+    methods that need the store are refused rather than pretended
+    (:meth:`AcpServer._needing_store`), and a later ``initialize`` says so.
     """
+    import sqlite3  # the host imports it right after initialize anyway
+
     try:
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            header = os.read(fd, len(_SQLITE_HEADER))
-        finally:
-            os.close(fd)
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
         _write_scratch(f"{os.fspath(path)}.probe")
+        connection = sqlite3.connect(path, timeout=0, isolation_level=None)
+        try:
+            connection.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            connection.execute("BEGIN IMMEDIATE")
+            connection.execute("ROLLBACK")
+        finally:
+            connection.close()
+    except sqlite3.Error as exc:
+        return getattr(exc, "sqlite_errorcode", 0) & 0xFF in _SQLITE_BUSY_CODES
     except OSError:
         return False
-    return header in (b"", _SQLITE_HEADER)
+    return True
 
 
 def _write_scratch(scratch: str) -> None:

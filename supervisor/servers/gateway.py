@@ -21,7 +21,11 @@ A token goes in ``Authorization: Bearer <token>``, as a ``Sec-WebSocket-Protocol
 entry ``zeroclaw.token.<token>`` (browsers cannot set headers; the server never echoes
 it and selects ``acp`` when offered), or as ``?token=``. An address that sent
 ``auth_failures`` wrong tokens within ``auth_window_secs`` gets 429 until the window
-passes. The token never reaches a log, an answer or ``status``.
+passes; an IPv6 address counts as its ``/auth_ipv6_prefix`` network (64 by default:
+one machine commonly holds a whole /64), an IPv4-mapped one as its IPv4 address.
+Every HTTP answer carries ``X-Content-Type-Options: nosniff`` (a browser must not
+take ``/status`` JSON or an error's text for a script or a page). The token never
+reaches a log, an answer or ``status``.
 
 Tenants can change while the daemon runs (:meth:`Gateway.reload_tenants`, asked for
 by ``zeroclaw tenant add|remove`` through ``daemon.sock``): new tokens work at once,
@@ -53,6 +57,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import ipaddress
 import itertools
 import logging
 import socket
@@ -67,7 +72,7 @@ from urllib.parse import parse_qs, urlsplit
 import orjson
 
 from ipc.listener import AdoptingListener
-from supervisor.gateway_config import GatewayConfig
+from supervisor.gateway_config import GatewayConfig, tenant_caps
 from supervisor.servers.status_page import PAGE_PATHS, page_response
 from supervisor.servers.ws_transport import CLOSE_TIMEOUT, OPEN_TIMEOUT, Outbox, WsConnection
 from supervisor.tenants import Tenancy, TenantScope, tenant_of_token
@@ -82,7 +87,7 @@ if TYPE_CHECKING:
     from supervisor.gateway_config import TenantConfig
     from supervisor.servers.acp_server import AcpServer
 
-__all__ = ["TOKEN_SUBPROTOCOL_PREFIX", "AuthLimiter", "Gateway", "GatewayStats"]
+__all__ = ["TOKEN_SUBPROTOCOL_PREFIX", "AuthLimiter", "Gateway", "GatewayStats", "limiter_key"]
 
 log = logging.getLogger("zeroclaw.gateway")
 
@@ -101,35 +106,58 @@ class GatewayStats:
     auth_failures: collections.Counter[str] = field(default_factory=collections.Counter)
 
 
-class AuthLimiter:
-    """Failed logins per address in a sliding window; blocked at ``limit`` failures.
+def limiter_key(address: str, ipv6_prefix: int = 64) -> str:
+    """What failed logins from ``address`` count under: an IPv4 address itself (an
+    IPv4-mapped IPv6 one as its IPv4 address), an IPv6 address's ``/ipv6_prefix``
+    network (one host commonly holds a whole /64, so counting single addresses
+    would never slow it down); anything that is not an IP address as it is."""
+    try:
+        ip = ipaddress.ip_address(address.partition("%")[0])  # without a zone ("fe80::1%lo")
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, ipv6_prefix), strict=False))
+    return str(ip)
 
-    Memory stays bounded by the addresses that failed within one window: past
-    ``_SWEEP_AT`` addresses, every expired one is dropped."""
+
+class AuthLimiter:
+    """Failed logins per client in a sliding window; blocked at ``limit`` failures.
+
+    A client is what :func:`limiter_key` makes of its address (an IPv6 one: its
+    ``/ipv6_prefix`` network). Memory stays bounded by the clients that failed
+    within one window: past ``_SWEEP_AT`` of them, every expired one is dropped."""
 
     _SWEEP_AT = 10_000
 
-    def __init__(self, limit: int, window: float, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, limit: int, window: float, clock: Callable[[], float] = time.monotonic,
+                 *, ipv6_prefix: int = 64) -> None:
         self._limit = limit
         self._window = window
         self._clock = clock
+        self._ipv6_prefix = ipv6_prefix
         self._failures: dict[str, collections.deque[float]] = {}
 
-    def _recent(self, address: str) -> collections.deque[float] | None:
-        failures = self._failures.get(address)
+    def key(self, address: str) -> str:
+        """The client ``address`` counts as (see :func:`limiter_key`)."""
+        return limiter_key(address, self._ipv6_prefix)
+
+    def _recent(self, key: str) -> collections.deque[float] | None:
+        failures = self._failures.get(key)
         if failures is None:
             return None
         horizon = self._clock() - self._window
         while failures and failures[0] <= horizon:
             failures.popleft()
         if not failures:
-            del self._failures[address]
+            del self._failures[key]
             return None
         return failures
 
     def blocked(self, address: str) -> float:
-        """Seconds until ``address`` may try again (0: it may now)."""
-        failures = self._recent(address)
+        """Seconds until ``address`` (its client) may try again (0: it may now)."""
+        failures = self._recent(self.key(address))
         if failures is None or len(failures) < self._limit:
             return 0.0
         return max(0.0, failures[0] + self._window - self._clock())
@@ -138,8 +166,9 @@ class AuthLimiter:
         if len(self._failures) >= self._SWEEP_AT:
             for known in list(self._failures):
                 self._recent(known)
-        self._recent(address)
-        self._failures.setdefault(address, collections.deque()).append(self._clock())
+        key = self.key(address)
+        self._recent(key)
+        self._failures.setdefault(key, collections.deque()).append(self._clock())
 
 
 def _credentials(request: Request) -> tuple[str | None, str | None]:
@@ -179,7 +208,8 @@ class Gateway:
         self.tenancy = Tenancy()
         self.tenants: Mapping[str, TenantConfig] = settings.tenants
         self.stats = GatewayStats()
-        self.limiter = AuthLimiter(self.config.auth_failures, self.config.auth_window_secs)
+        self.limiter = AuthLimiter(self.config.auth_failures, self.config.auth_window_secs,
+                                   ipv6_prefix=self.config.auth_ipv6_prefix)
         self.url = ""
         self._on_connection = on_connection
         self._high_water = write_high_water
@@ -250,6 +280,7 @@ class Gateway:
         """Use ``tenants`` from now on; close the ``/acp`` connections whose tenant is
         gone or has another token (how many were closed). Loop thread."""
         self.tenants = tenants
+        self._share_caps()
         revoked = 0
         for endpoint, connection in list(self._endpoints.items()):
             scope: TenantScope = endpoint.state["scope"]
@@ -265,6 +296,22 @@ class Gateway:
         if not tenants:
             log.warning("gateway: no tenants are configured any more, so no token is valid")
         return revoked
+
+    def _share_caps(self) -> None:
+        """Hand the tenants' ``max_sessions`` to the host's admission, which evicts within
+        a tenant at its cap (the host started with those of its settings)."""
+        caps = tenant_caps(self.tenants)
+
+        def share(_: object = None) -> None:
+            started = self.acp.host.started()
+            if started is not None:
+                started.host.live.tenant_caps = caps
+
+        starting = self.acp.host.starting
+        if starting is not None and not starting.done():
+            starting.add_done_callback(share)  # in order: the last reload's caps win
+        else:
+            share()
 
     def _revoked(self, scope: TenantScope) -> bool:
         """The scope's tenant was removed, or its token replaced, since it was checked."""
@@ -339,7 +386,7 @@ class Gateway:
             blocked = self.limiter.blocked(address)
             if blocked:  # once per block, not once per guess
                 log.warning("gateway: %d wrong tokens from %s: refused for %.0f s",
-                            self.config.auth_failures, address, blocked)
+                            self.config.auth_failures, self.limiter.key(address), blocked)
             else:
                 log.info("gateway: invalid token from %s", address)
             return _unauthorized(connection, "invalid token"), None

@@ -55,7 +55,8 @@ from ipc.transports import PACE_MARK
 if TYPE_CHECKING:
     from ipc.jsonrpc import Endpoint
 
-__all__ = ["CLOSE_TIMEOUT", "OPEN_TIMEOUT", "ConnectionHandler", "Outbox", "WsConnection"]
+__all__ = ["ANSWER_HEADERS", "CLOSE_TIMEOUT", "OPEN_TIMEOUT", "ConnectionHandler", "Outbox",
+           "WsConnection"]
 
 log = logging.getLogger("zeroclaw.gateway")
 
@@ -65,6 +66,9 @@ CLOSE_TIMEOUT: Final = 10.0
 """Seconds the peer has to close the TCP connection after the Close frames."""
 PING_INTERVAL: Final = 20.0
 """Seconds between keepalive pings; a pong must come back within as long."""
+ANSWER_HEADERS: Final = {"X-Content-Type-Options": "nosniff"}
+"""Headers of every HTTP answer: no browser may take a JSON body or an error's text
+for a script, a style sheet or a page."""
 
 
 class ConnectionHandler(Protocol):
@@ -117,7 +121,9 @@ class _SkippingReader(StreamReader):
 class LimitedServerProtocol(ServerProtocol):
     """The library's server protocol with ``acp.sock``'s frame limit: data frames
     become whole messages in :attr:`messages` (``bytes``, or :data:`OVERSIZED` for a
-    message over ``frame_limit``, already dropped); control frames go on as events."""
+    message over ``frame_limit``, already dropped); control frames go on as events.
+    Every HTTP answer, the library's own refusals included, carries
+    :data:`ANSWER_HEADERS`."""
 
     def __init__(self, frame_limit: int, **options: Any) -> None:
         super().__init__(max_size=None, **options)
@@ -128,6 +134,13 @@ class LimitedServerProtocol(ServerProtocol):
         self.messages: list[bytes | Oversized] = []
         self._parts: list[bytes] = []
         self._dropping = False
+
+    def send_response(self, response: Response) -> None:
+        """Send the answer to the opening request (this class's or the library's)."""
+        for name, value in ANSWER_HEADERS.items():
+            if name not in response.headers:
+                response.headers[name] = value
+        super().send_response(response)
 
     def recv_frame(self, frame: Frame) -> None:
         """Run by the library's parser for each frame (its errors fail the connection)."""

@@ -243,15 +243,15 @@ def test_a_tenants_session_cap_and_workspace_root(daemons: Any, scratch_dir: Pat
         assert error_of(alice, "session/new", {"cwd": escape})[0] == -32602
         made = alice.request("session/new", {})
         assert made["workspaceDir"] == str(root.resolve())
+        slow = alice.send("session/prompt", {"sessionId": made["sessionId"],
+                                             "prompt": "!sleep 30"})
         assert error_of(alice, "session/new", {"cwd": str(root / "project")})[0] == -32001
         bob.request("session/new", {"cwd": "/tmp"})  # bob has neither rule
-        alice.request("session/close", {"sessionId": made["sessionId"]})
-        inside = alice.request("session/new", {"cwd": str(root / "project")})
+        alice.send("session/cancel", {"sessionId": made["sessionId"]}, notify=True)
+        assert slow is not None and "result" in alice.wait_response(slow)
+        inside = alice.request("session/new", {"cwd": str(root / "project")})  # evicts `made`
         assert inside["workspaceDir"] == str((root / "project").resolve())
-        resumed = {"sessionId": made["sessionId"]}
-        assert error_of(alice, "session/resume", resumed)[0] == -32001  # at her cap again
-        alice.request("session/close", {"sessionId": inside["sessionId"]})
-        alice.request("session/resume", resumed)
+        alice.request("session/resume", {"sessionId": made["sessionId"]})  # evicts `inside`
 
 
 # --- ops over HTTP --------------------------------------------------------------------

@@ -387,6 +387,36 @@ def test_full_disk_at_start_means_in_memory_sessions_until_a_restart(
     assert stored_user_turns(config_dir, kept) == ["stored at last"]
 
 
+@pytest.mark.parametrize("damage", ["garbage after the header", "a truncated store"])
+def test_a_corrupt_store_is_not_advertised_even_for_the_first_initialize(
+    raw_hosts: RawHostFactory, config_dir: Path, workspace: Path, damage: str
+) -> None:
+    """A file that starts like SQLite but is not a usable database (a copy cut short,
+    a crash mid-write): the host runs with in-memory sessions, and the very first
+    ``initialize``, answered before the host opens its store, already says so."""
+    db_path = store_path(config_dir)
+    if damage == "a truncated store":
+        first = raw_hosts()
+        first.initialize()
+        assert_turn_ok(first, first.new_session(workspace), "soon cut short")
+        first.close()
+        db_path.write_bytes(db_path.read_bytes()[:100])  # the header, no schema page
+        for side in db_path.parent.glob(f"{db_path.name}-*"):
+            side.unlink()
+    else:
+        db_path.parent.mkdir(parents=True, exist_ok=True)
+        db_path.write_bytes(b"SQLite format 3\x00" + bytes(range(256)) * 16)
+    host = raw_hosts()
+    caps = host.initialize()["agentCapabilities"]
+    assert caps["loadSession"] is False
+    assert caps["sessionCapabilities"] == {}
+    sid = host.new_session(workspace)
+    assert_turn_ok(host, sid, "kept in memory")
+    assert_store_methods_refused(host, sid, workspace)
+    assert host.initialize()["agentCapabilities"]["loadSession"] is False
+    host.close()
+
+
 #: What every write answers once the store's file was deleted under the running host.
 STORE_GONE = {"code": -32603, "message": (
     "store write failed: the store file was deleted or replaced while zeroclaw was "
