@@ -29,11 +29,12 @@ import psutil
 import pytest
 
 from actors.worker.sandbox import detect
+from supervisor.host import ORPHAN_SWEEP_SECS
 
 from .conftest import SdkHostFactory
 from .helpers import tool
 from .procs import REPO_ROOT, write_config
-from .sdkhost import SdkHost
+from .sdkhost import SdkHost, expect_error
 from .test_acp_hosting import acp_config, fixture_command, prompt_text
 from .test_crash_recovery import worker_of_the_only_session
 
@@ -81,6 +82,16 @@ async def assert_gone_by(marks: list[Path], deadline: float, what: str) -> None:
     while left := [p.pid for mark in marks for p in marked(mark)]:
         assert loop.time() < deadline, f"still running {GONE_SECS:g}s after {what}: {left}"
         await asyncio.sleep(0.01)
+
+
+async def assert_lives_on(procs: list[psutil.Process], seconds: float) -> None:
+    """Each of ``procs`` keeps running for ``seconds`` (watched, not slept through)."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + seconds
+    while loop.time() < until:
+        assert procs and all(p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+                             for p in procs), "killed while its session lives"
+        await asyncio.sleep(0.05)
 
 
 def configure(config_dir: Path, source: str) -> None:
@@ -163,8 +174,9 @@ async def test_a_hosted_run_logs_no_dead_worker_and_the_agents_stderr_at_its_lev
     sdk_hosts: SdkHostFactory, config_dir: Path, workspace: Path,
     setting: str | None, log_level: str, logged_at: str | None,
 ) -> None:
-    """The agent starts a detached process (as Node-based agents do) and exits with the
-    host: no worker died, so nothing says one did; its stderr line is logged at INFO,
+    """The agent starts a detached process (as Node-based agents do), which lives as long
+    as its session (the host's orphan sweeps do not take it for a dead worker's), and
+    ends with the host: no worker died, so nothing says one did; its stderr line is logged at INFO,
     or at the level its ``stderr_log_level`` says."""
     extra = f'stderr_log_level = "{setting}"' if setting else ""
     acp_config(config_dir, fixture_command(), extra=extra, level="full")
@@ -174,6 +186,8 @@ async def test_a_hosted_run_logs_no_dead_worker_and_the_agents_stderr_at_its_lev
         sid = await host.new_session(workspace)
         await prompt_text(host, sid, f"run {sys.executable} {SLEEPER} {detached}")
         await wait_started([detached])
+        if setting is None:  # the host's sweeps while it runs leave it alone: no worker died
+            await assert_lives_on(marked(detached), 1.5 * ORPHAN_SWEEP_SECS)
         text, _ = await prompt_text(host, sid, "still here")
         assert text == "still here"
     stderr = host.stderr_path.read_text()
@@ -191,5 +205,5 @@ async def test_a_bad_stderr_log_level_is_refused_at_session_new(
     acp_config(config_dir, fixture_command(), extra='stderr_log_level = "loud"')
     async with sdk_hosts() as host:
         await host.initialize()
-        with pytest.raises(Exception, match="stderr_log_level must be one of"):
-            await host.new_session(workspace)
+        error = await expect_error(host.new_session(workspace), -32602)
+        assert "stderr_log_level must be one of debug, info, warning" in str(error)
