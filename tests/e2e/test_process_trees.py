@@ -2,7 +2,8 @@
 
 Processes: a hosted agent's detached child (double fork and ``setsid``), its child
 started like a stdio MCP server that detached itself (``setsid``, still the agent's
-child), and a shell command's detached child under each sandbox backend that works
+child), the detached child of a command in zeroclaw's terminal for the agent
+(``terminal/create``), and a shell command's detached child under each sandbox backend that works
 here (``bwrap``, ``landlock``, ``none``). Each is gone within
 :data:`GONE_SECS` of its worker's exit (or of ``session/close`` returning), for each
 way a session ends: the session is closed; the worker is killed (SIGKILL); the host
@@ -118,8 +119,11 @@ async def start_processes(host: SdkHost, source: str, workspace: Path
         detached, server = workspace / "agent-detached.pid", workspace / "agent-server.pid"
         await prompt_text(host, sid, f"run {python} {SLEEPER} {detached}")
         await prompt_text(host, sid, f"mcp exec {python} {SLEEPER} {server} --stay")
-        await wait_started([detached, server])
-        return sid, [detached, server], None
+        terminal = workspace / "agent-terminal.pid"  # zeroclaw's own terminal (terminal/*)
+        text, _ = await prompt_text(host, sid, f"keep {python} {SLEEPER} {terminal}; sleep 600")
+        assert text.startswith("zc-term-"), text
+        await wait_started([detached, server, terminal])
+        return sid, [detached, server, terminal], None
     mark = workspace / f"{source}.pid"
     command = f"{python} {SLEEPER} {mark}; sleep 600"
     turn = asyncio.create_task(host.prompt(sid, tool("shell", {"command": command,
