@@ -90,7 +90,7 @@ async def test_python_example_agent_streams_and_replays_from_a_new_host(
     sdk_hosts: SdkHostFactory, config_dir: Path, workspace: Path
 ) -> None:
     acp_config(config_dir, [sys.executable, str(_py_example())])
-    async with sdk_hosts() as host:
+    async with sdk_hosts(None, "--log-level", "info") as host:  # its stderr logs at INFO
         await host.initialize()
         sid = await host.new_session(workspace)
         text, outcome = await prompt_text(host, sid, "hello hosted agent")
@@ -103,7 +103,8 @@ async def test_python_example_agent_streams_and_replays_from_a_new_host(
         text, _ = await prompt_text(host, sid, "turn two")
         assert text == "Client sent:turn two"
     stderr = host.stderr_path.read_text()
-    assert "agent hosted: " in stderr and "Received initialize request" in stderr
+    assert "INFO zeroclaw.agent: agent hosted: " in stderr
+    assert "Received initialize request" in stderr
     stored, _ = stored_session(config_dir, sid)
     assert stored is not None and stored.meta == {"acpAgentSessionId": "0"}
     async with sdk_hosts() as second:
