@@ -40,7 +40,8 @@ def start(script: str, grace: float = 0.0) -> subprocess.Popen[bytes]:
 
 def test_a_tree_exits_with_its_command_and_ends_what_it_left(tmp_path: Path) -> None:
     mark = tmp_path / "left.pid"
-    proc = start(f"{sys.executable} {SLEEPER} {mark}; echo done; exit 3")
+    proc = start(f"{sys.executable} {SLEEPER} {mark}; "
+                 f"until [ -e {mark} ]; do sleep 0.01; done; echo done; exit 3")
     assert proc.stdout is not None
     assert proc.stdout.read() == b"done\n"  # the pipe ends with the command: no one holds it
     assert proc.wait(10) == 3

@@ -118,6 +118,18 @@ def command_pid(proc: subprocess.Popen[bytes]) -> int | None:
     return min(found, key=started) if found else None
 
 
+def _adopted_children() -> list[int]:
+    """The children of this process's main thread: the kernel re-parents an orphan to
+    a subreaper's first live thread, the main one (one file to read, not one per thread:
+    a worker has a thread per session)."""
+    pid = os.getpid()
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as listing:
+            return sorted(int(p) for p in listing.read().split())
+    except OSError:
+        return []
+
+
 def kill_tree(pid: int) -> list[int]:
     """SIGKILL ``pid`` and all its descendants; the pids signalled. Each is stopped
     first (SIGSTOP), walking the tree again until it holds no new one, so none can
@@ -161,7 +173,7 @@ def end_adopted(wait: float = 0.0) -> list[int]:
         for pid in [p for p, proc in _trees.items() if proc.returncode is not None]:
             del _trees[pid]  # reaped elsewhere (Popen.wait): that pid is no longer ours
         adopted = []
-        for pid in sorted(set(children())):
+        for pid in _adopted_children():
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 if pid not in _trees and os.getsid(pid) != own_session:
                     adopted.append(pid)
