@@ -1,74 +1,36 @@
 """Leftovers of dead workers: the host adopts and ends them.
 
-A tool's process (``shell`` runs commands in their own process group so it can
-kill them as a whole) would outlive a worker that is killed mid-turn, re-parented
-to PID 1. The host marks itself a *child subreaper*, so such processes become its
-children instead; :func:`end_orphans` then kills their process groups and reaps
-them (when a worker exits, and every few seconds for stragglers). Runs on the
-SupervisorActor's thread (:class:`supervisor.supervisor.EndOrphans`), off the
-loop, and never blocks (``WNOHANG`` reaping).
+A worker ends every process it started or adopted before it exits
+(:mod:`actors.worker.process_tree`), but one that is killed cannot: its agents' and
+commands' process trees (each in a session of its own) are re-parented to PID 1.
+The host marks itself a *child subreaper*, so they become its children instead;
+:func:`end_orphans` then kills each as a whole tree and reaps it (when a worker
+exits, and every few seconds for stragglers). Runs on the SupervisorActor's thread
+(:class:`supervisor.supervisor.EndOrphans`), off the loop, and never blocks.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import logging
-import os
-import signal
+
+from actors.worker.process_tree import become_subreaper, end_adopted
 
 __all__ = ["become_subreaper", "end_orphans"]
 
 log = logging.getLogger("zeroclaw.orphans")
 
-_PR_SET_CHILD_SUBREAPER = 36
-
-
-def become_subreaper() -> bool:
-    """Adopt orphaned descendants (Linux); False where the kernel refuses."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return bool(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
-    except (OSError, AttributeError):
-        return False
-
-
-def _children() -> set[int]:
-    """Direct children of this process, whichever of its threads they belong to."""
-    children: set[int] = set()
-    with contextlib.suppress(OSError):
-        for task in os.listdir("/proc/self/task"):
-            with contextlib.suppress(OSError), open(
-                f"/proc/self/task/{task}/children", encoding="ascii"
-            ) as fh:
-                children.update(int(p) for p in fh.read().split())
-    return children
-
 
 def end_orphans() -> list[int]:
-    """Kill (by process group) and reap adopted children that run in a session of their own.
+    """Kill (as trees) and reap adopted children that run in a session of their own;
+    the pids of those that were still running.
 
-    Workers share the host's session; a tool command starts a new one (so its whole
-    group can be killed). A child of the host in another session is therefore a
-    command whose worker is gone. Starting or exiting workers are never touched.
+    Workers share the host's session; every tree a worker starts has one of its own.
+    A child of the host in another session is therefore what a dead worker left.
+    Starting or exiting workers are never touched, and zombies (a tree that ended by
+    itself as its worker exited) are reaped without a word: the warning names only
+    processes that were still running.
     """
-    own_session = os.getsid(0)
-    ended = []
-    for pid in sorted(_children()):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            if os.getsid(pid) == own_session:
-                continue
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(os.getpgid(pid), signal.SIGKILL)
-            ended.append(pid)
-    _reap(ended)
+    ended = end_adopted()
     if ended:
         log.warning("ended %d process(es) left behind by a dead worker", len(ended))
     return ended
-
-
-def _reap(pids: list[int]) -> None:
-    """Collect the exit statuses; one still dying is left for the next sweep."""
-    for pid in pids:
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)

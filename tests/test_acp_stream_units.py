@@ -17,6 +17,7 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 import orjson
+import psutil
 import pytest
 
 from actors.worker.agents import TurnContext
@@ -438,8 +439,10 @@ def test_an_agent_that_died_is_not_alive_before_its_stdout_was_read_to_its_end(
     try:
         assert process.pid is not None and process.alive
         process.hold_reading("a lagging turn", True)
+        launcher = psutil.Process(process.pid).parent()  # the root of its process tree
+        assert launcher is not None
         os.kill(process.pid, signal.SIGKILL)
-        os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOWAIT)  # dead, not reaped
+        os.waitid(os.P_PID, launcher.pid, os.WEXITED | os.WNOWAIT)  # its tree ended, unreaped
         assert not process.alive
     finally:
         process.stop()

@@ -18,7 +18,9 @@ control messages, however slow a client is.
 
 The worker says WorkerReady at start and Heartbeat every period, and exits on
 Shutdown, or when its host is gone: the parent pid changed (the host was killed
-and the worker re-parented) or no Ping came for five periods. Logs go to stderr.
+and the worker re-parented) or no Ping came for five periods. It is a child
+subreaper and ends every process it started or adopted before it exits
+(:mod:`actors.worker.process_tree`). Logs go to stderr.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from typing import cast
 import pykka
 import zmq
 
+from actors.worker import process_tree
 from actors.worker.agent_calls import forward_agent_call
 from actors.worker.agents import Agent, agent_processes, create_agent, stop_agent_processes
 from actors.worker.session import (
@@ -296,6 +299,10 @@ class WorkerProcess:
             self._next_beat = now + self.heartbeat
             self.outbox.put(Heartbeat(pid=os.getpid(), sessions=len(self.sessions),
                                       agents=agent_processes()))
+            ended = process_tree.end_adopted()
+            if ended:
+                logger.warning("ended %d process(es) that outlived their agent's or "
+                               "command's process tree", len(ended))
 
     def _check_host(self) -> None:
         if os.getppid() != self.host_pid:
@@ -476,6 +483,7 @@ class WorkerProcess:
             except pykka.Timeout:
                 logger.warning("a session actor did not stop in time")
         stop_agent_processes()
+        process_tree.end_all()  # what the stopped turns and agents left: nothing outlives us
         with self._dealer_lock:
             self._backlog.extend(self.outbox.take_all())
             self._flush()
@@ -506,6 +514,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if os.getppid() != args.host_pid:
         logger.warning("host %d is already gone; exiting", args.host_pid)
         return 3
+    process_tree.become_subreaper()  # what leaves a session's process tree comes here
     worker = WorkerProcess(endpoint=args.endpoint, identity=args.identity,
                            host_pid=args.host_pid, heartbeat=args.heartbeat)
     return worker.run()

@@ -92,7 +92,9 @@ max = 1
         assert [a.session_id for a in second_client.permission_asks] == [sids[1]]
         worker, entry = await asyncio.to_thread(agent_entries, daemon, 2)
         process = psutil.Process(entry["pid"])
-        assert process.ppid() == worker["pid"] and agent in process.cmdline()
+        launcher = process.parent()  # the root of the agent's process tree
+        assert launcher is not None and launcher.ppid() == worker["pid"]
+        assert agent in process.cmdline()
         assert entry["agentAlias"] == "hosted" and entry["restarts"] == 0
         assert entry["rssBytes"] > 0 and worker["sessions"] == 2
         rendered = subprocess.run(

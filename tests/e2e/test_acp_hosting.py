@@ -32,6 +32,9 @@ from .test_stream_limits import answers_and_chunks, prompt_frame
 
 FIXTURE_AGENT = REPO_ROOT / "tests" / "fixtures" / "acp_fixture_agent.py"
 CANCEL_MARKER = "[turn cancelled via client]"
+#: The fixture agent's stderr says which requests it got: logged at WARNING, the hosts'
+#: default level (INFO by default), so the tests can read it.
+LOUD_STDERR = 'stderr_log_level = "warning"'
 
 
 def _py_example() -> Path:
@@ -87,7 +90,7 @@ async def test_python_example_agent_streams_and_replays_from_a_new_host(
     sdk_hosts: SdkHostFactory, config_dir: Path, workspace: Path
 ) -> None:
     acp_config(config_dir, [sys.executable, str(_py_example())])
-    async with sdk_hosts() as host:
+    async with sdk_hosts(None, "--log-level", "info") as host:  # its stderr logs at INFO
         await host.initialize()
         sid = await host.new_session(workspace)
         text, outcome = await prompt_text(host, sid, "hello hosted agent")
@@ -100,7 +103,8 @@ async def test_python_example_agent_streams_and_replays_from_a_new_host(
         text, _ = await prompt_text(host, sid, "turn two")
         assert text == "Client sent:turn two"
     stderr = host.stderr_path.read_text()
-    assert "agent hosted: " in stderr and "Received initialize request" in stderr
+    assert "INFO zeroclaw.agent: agent hosted: " in stderr
+    assert "Received initialize request" in stderr
     stored, _ = stored_session(config_dir, sid)
     assert stored is not None and stored.meta == {"acpAgentSessionId": "0"}
     async with sdk_hosts() as second:
@@ -214,7 +218,7 @@ async def test_one_agent_process_per_worker_or_per_session(
     sdk_hosts: SdkHostFactory, config_dir: Path, workspace: Path, per_session: bool
 ) -> None:
     extra = "per_session = true" if per_session else ""
-    acp_config(config_dir, fixture_command(), extra=f"{extra}\n[workers]\nmax = 1")
+    acp_config(config_dir, fixture_command(), extra=f"{extra}\n{LOUD_STDERR}\n[workers]\nmax = 1")
     async with sdk_hosts() as host:
         await host.initialize()
         first, second = await host.new_session(workspace), await host.new_session(workspace)
@@ -247,7 +251,8 @@ async def test_agent_dies_with_its_worker(
         running = asyncio.create_task(host.prompt(sid, "wait"))
         await host.client.wait_text(sid, "pid=")
         agent = psutil.Process(int(host.client.text(sid).split("pid=")[1].split()[0]))
-        worker = agent.parent()
+        launcher = agent.parent()  # the root of the agent's process tree
+        worker = launcher.parent() if launcher is not None else None
         assert worker is not None and worker.ppid() == host.pid
         worker.kill()
         await expect_error(asyncio.wait_for(running, 20), -32603)
@@ -424,7 +429,8 @@ async def test_agent_session_is_reopened_by_the_agents_own_load_or_resume(
 ) -> None:
     state = tmp_path / "agent-state.json"
     acp_config(config_dir, fixture_command(),
-               extra=f'env = {{FIXTURE_MODE = "{method}", FIXTURE_STATE = "{state}"}}')
+               extra=f'env = {{FIXTURE_MODE = "{method}", FIXTURE_STATE = "{state}"}}\n'
+               + LOUD_STDERR)
     async with sdk_hosts() as host:
         await host.initialize()
         sid = await host.new_session(workspace)

@@ -9,7 +9,9 @@ tenant),
 :mod:`actors.worker.agents.acp_confine`),
 ``agent_start_timeout_secs`` (default 30: for ``initialize`` and ``session/new``),
 ``cancel_grace_secs`` (default 5: how long a cancelled turn may take to end in the
-agent before the turn ends ``cancelled`` and the agent process is restarted).
+agent before the turn ends ``cancelled`` and the agent process is restarted),
+``stderr_log_level`` (``debug``, ``info`` (default) or ``warning``: the level at which
+the agent's stderr lines are logged).
 
 Each zeroclaw session gets its own session in the agent (``session/new`` with the
 session's cwd and the client's ``mcpServers``). A session that had an agent session
@@ -63,6 +65,8 @@ log = logging.getLogger("zeroclaw.agent")
 
 DEFAULT_START_TIMEOUT = 30.0
 DEFAULT_CANCEL_GRACE = 5.0  # after session/cancel, how long the agent has to end the turn
+#: The values of ``stderr_log_level`` and the level each logs the agent's stderr lines at.
+STDERR_LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING}
 #: What zeroclaw offers an agent: files and terminals, the client's when the client that
 #: holds the session offers them, else zeroclaw's own (see :mod:`actors.worker.agents.acp_relay`).
 CLIENT_CAPABILITIES: dict[str, Any] = {
@@ -105,6 +109,8 @@ def command_problem(config: Mapping[str, Any]) -> str | None:
         value = config.get(key, default)
         if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
             return f"{key} must be a positive number"
+    if config.get("stderr_log_level", "info") not in STDERR_LOG_LEVELS:
+        return f"stderr_log_level must be one of {', '.join(STDERR_LOG_LEVELS)}"
     sandboxing = setting_problem(config)
     if sandboxing is not None:
         return sandboxing
@@ -137,6 +143,7 @@ def _launch_spec(config: Mapping[str, Any], jail: AgentJail | None = None) -> La
         alias=alias, argv=tuple(argv), env=clean_env(env), cwd=cwd,
         start_timeout=float(config.get("agent_start_timeout_secs", DEFAULT_START_TIMEOUT)),
         jail=jail,
+        stderr_level=STDERR_LOG_LEVELS[str(config.get("stderr_log_level", "info"))],
     )
 
 

@@ -11,15 +11,18 @@ Threads:
   notifications of a read, the bulk of a streaming agent's output, go past the
   endpoint's per-message dispatch in runs, to the ``updates`` handler;
 - a stderr thread copies the agent's stderr to the worker's log, prefixed with
-  the agent's alias, and keeps its last lines for error messages;
+  the agent's alias (at the level ``stderr_log_level`` says, INFO by default), and
+  keeps its last lines for error messages;
 - session actor threads call :meth:`AgentProcess.call`, which writes the request
   to the agent itself and gives a ``concurrent.futures.Future``, settled as soon
   as the loop reads the answer (:mod:`actors.worker.agents.acp_calls`), and
   :meth:`notify`, which writes the notification itself (so both keep the order
   they were sent in).
 
-The process runs in a session of its own (so a dead worker's host can end its
-whole process group) with ``PR_SET_PDEATHSIG`` set, in a clean environment.
+The process runs as a process tree of its own (:mod:`actors.worker.process_tree`),
+in a clean environment: everything it starts (its MCP servers, their children, even
+one that called ``setsid``) ends when it exits, when it is stopped, and when the
+thread that started it (so its worker) ends.
 """
 
 from __future__ import annotations
@@ -34,7 +37,6 @@ import queue
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 from collections.abc import Callable, Mapping
@@ -44,6 +46,7 @@ from typing import Any, Protocol
 
 import orjson
 
+from actors.worker import process_tree
 from actors.worker.agents.acp_calls import AgentCalls, AgentInput
 from actors.worker.agents.acp_chunks import chunk_params
 from actors.worker.agents.acp_confine import AgentJail
@@ -83,16 +86,7 @@ MAX_AGENT_REQUESTS = 256
 REQUESTS_RECHECK_SECS = 0.01
 #: ACP's error code for "authentication required" (the agent's, not zeroclaw's -32000).
 AUTH_REQUIRED = -32000
-_PR_SET_PDEATHSIG = 1
 _AGENT_REQUESTS = object()  # what holds the stdout for them (no session id is it)
-# Runs in the child before the agent: die with the forking thread, never outlive a
-# parent that is already gone, then become the agent (same pid).
-_LAUNCHER = (
-    "import ctypes, os, sys\n"
-    f"ctypes.CDLL(None).prctl({_PR_SET_PDEATHSIG}, {int(signal.SIGKILL)}, 0, 0, 0)\n"
-    "os.getppid() == int(sys.argv[1]) or os._exit(1)\n"
-    "os.execv(sys.argv[2], sys.argv[2:])\n"
-)
 
 
 def clean_env(extra: Mapping[str, str], base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -106,7 +100,8 @@ def clean_env(extra: Mapping[str, str], base: Mapping[str, str] | None = None) -
 @dataclass(frozen=True, slots=True)
 class LaunchSpec:
     """How to start one agent: ``argv[0]`` is already resolved to an absolute path;
-    ``jail`` its confinement (None: unconfined, as in unit tests)."""
+    ``jail`` its confinement (None: unconfined, as in unit tests); ``stderr_level`` the
+    log level of its stderr lines."""
 
     alias: str
     argv: tuple[str, ...]
@@ -114,6 +109,7 @@ class LaunchSpec:
     cwd: str
     start_timeout: float
     jail: AgentJail | None = None
+    stderr_level: int = logging.INFO
 
     @property
     def confinement(self) -> str:
@@ -201,6 +197,7 @@ class AgentProcess:
         self._requests_held = False  # its stdout is held for its requests in hand
         self._private_tmp: str | None = None
         self._pidfd: int | None = None  # the agent process's, watched by the loop
+        self._command_pid: int | None = None  # the agent's own, under its launcher
 
     # --- lifecycle (caller's thread) --------------------------------------------
 
@@ -222,7 +219,10 @@ class AgentProcess:
 
     @property
     def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
+        """The agent's own pid (under its tree's launcher), for status."""
+        if self._proc is None:
+            return None
+        return self._command_pid or self._proc.pid
 
     def call(self, method: str, params: Any) -> concurrent.futures.Future[Any]:
         """Send a request (the caller's thread writes it); the future holds its result
@@ -264,24 +264,18 @@ class AgentProcess:
                                                 holder)
 
     def begin_stop(self) -> None:
-        """Ask the process to end (SIGTERM to its group); :meth:`stop` finishes."""
+        """Ask the process and its tree to end (SIGTERM); :meth:`stop` finishes."""
         proc = self._proc
-        if proc is not None and proc.poll() is None:
-            _signal_group(proc, signal.SIGTERM)
+        if proc is not None and not process_tree.has_exited(proc):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGTERM)
 
     def stop(self) -> None:
-        """End the process (TERM, then KILL to its group) and the loop. Idempotent."""
+        """End the process and all it started (TERM, then KILL after
+        :data:`STOP_GRACE_SECS`) and the loop. Idempotent."""
         proc = self._proc
-        if proc is not None and proc.poll() is None:
-            self.begin_stop()
-            try:
-                proc.wait(STOP_GRACE_SECS)
-            except subprocess.TimeoutExpired:
-                _signal_group(proc, signal.SIGKILL)
-                proc.wait()
-        stdout_task = self._stdout_task
-        if proc is not None and stdout_task is not None and not stdout_task.done():
-            _signal_group(proc, signal.SIGKILL)  # its children that hold its stdout open
+        if proc is not None:
+            process_tree.end(proc, STOP_GRACE_SECS)
         self.exited.set()
         if self._private_tmp is not None:
             shutil.rmtree(self._private_tmp, ignore_errors=True)
@@ -380,6 +374,7 @@ class AgentProcess:
             "clientInfo": {"name": "zeroclaw", "title": "ZeroClaw", "version": _version()},
         })
         self.initialize_result = result if isinstance(result, dict) else {}
+        self._command_pid = process_tree.command_pid(proc)
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         spec = self.spec
@@ -393,10 +388,9 @@ class AgentProcess:
             env.update(confined.env)
             if spec.jail.home is not None:
                 env["HOME"] = str(spec.jail.home)
-        argv = [sys.executable, "-I", "-S", "-c", _LAUNCHER, str(os.getpid()), *command]
-        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, cwd=spec.cwd, env=env,
-                                start_new_session=True, close_fds=True)
+        proc = process_tree.start(command, grace=STOP_GRACE_SECS, stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  cwd=spec.cwd, env=env, close_fds=True)
         log.info("agent %s started (pid %d, sandbox %s)", self.alias, proc.pid,
                  spec.confinement)
         return proc
@@ -407,8 +401,8 @@ class AgentProcess:
         log.warning("agent %s stopped reading its input (%d bytes waiting); killing it",
                     self.alias, waiting)
         proc = self._proc
-        if proc is not None and proc.poll() is None:
-            _signal_group(proc, signal.SIGKILL)
+        if proc is not None and not process_tree.has_exited(proc):
+            process_tree.kill_tree(proc.pid)
 
     def _bound(self, table: Mapping[str, Callable[..., Any]]) -> dict[str, Callable[..., Any]]:
         """``table``'s handlers bound to this process; an extension method (``_name``)
@@ -531,7 +525,7 @@ class AgentProcess:
         assert self._proc is not None
         self.exit_status = await asyncio.to_thread(_wait_or_kill, self._proc)
         endpoint.close()
-        log.warning("agent %s (pid %d) ended with status %s", self.alias, self._proc.pid,
+        log.warning("agent %s (pid %s) ended with status %s", self.alias, self.pid,
                     self.exit_status)
         links = self._tell_exited()
         for link in links:  # what it ran in zeroclaw's terminals ends with it
@@ -579,7 +573,7 @@ class AgentProcess:
             for raw in stream:
                 line = raw.decode("utf-8", "replace").rstrip("\r\n")
                 self._stderr_tail.append(line[:500])
-                log.warning("agent %s: %s", self.alias, line)
+                log.log(self.spec.stderr_level, "agent %s: %s", self.alias, line)
 
 
 def _object_of(line: bytes) -> dict[str, Any] | None:
@@ -600,13 +594,8 @@ def _wait_or_kill(proc: subprocess.Popen[bytes]) -> int:
         return proc.wait(STOP_GRACE_SECS)
     except subprocess.TimeoutExpired:
         log.warning("agent pid %d closed its stdout but did not exit; killing it", proc.pid)
-        _signal_group(proc, signal.SIGKILL)
+        process_tree.kill_tree(proc.pid)
         return proc.wait()
-
-
-def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, sig)
 
 
 def _version() -> str:

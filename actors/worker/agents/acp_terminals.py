@@ -3,14 +3,15 @@ client that holds the session offers none (:mod:`actors.worker.agents.acp_relay`
 
 A terminal is the agent's command run as the ``shell`` tool runs one
 (:mod:`actors.worker.tools.shell`): a clean environment (plus the variables the request
-names), confined by the session's sandbox (:mod:`actors.worker.tools.sandbox`), in its own
-process group, refused in a ``read_only`` session and when it names a forbidden
-path. What zeroclaw keeps is bounded: at most :data:`MAX_TERMINALS` unreleased
-terminals per session, and the latest :data:`MAX_OUTPUT_BYTES` of each one's
-output (less when the request's ``outputByteLimit`` says so; older output is
-dropped from the start, as ACP asks). Everything a session's terminals started is
-killed when the terminal exits, is killed or released, and when the session's
-agent session ends or its agent process stops (:meth:`Terminals.close_all`).
+names), confined by the session's sandbox (:mod:`actors.worker.tools.sandbox`), as a
+process tree of its own (:mod:`actors.worker.process_tree`), refused in a ``read_only``
+session and when it names a forbidden path. What zeroclaw keeps is bounded: at most
+:data:`MAX_TERMINALS` unreleased terminals per session, and the latest
+:data:`MAX_OUTPUT_BYTES` of each one's output (less when the request's
+``outputByteLimit`` says so; older output is dropped from the start, as ACP asks).
+Everything a session's terminals started is killed when the terminal exits, is killed
+or released, and when the session's agent session ends or its agent process stops
+(:meth:`Terminals.close_all`).
 
 Threads: requests come on the agent process's loop thread (async methods);
 one reader thread per terminal copies its output and reaps it;
@@ -32,10 +33,11 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from actors.worker import process_tree
 from actors.worker.tools.base import ToolError
 from actors.worker.tools.paths import PathDenied, PathPolicy
 from actors.worker.tools.sandbox import confined
-from actors.worker.tools.shell import ShellTool, command_environment, end_command, has_exited
+from actors.worker.tools.shell import ShellTool, command_environment
 from ipc.errors import InternalError, InvalidParams
 
 __all__ = ["MAX_OUTPUT_BYTES", "MAX_TERMINALS", "Terminals"]
@@ -80,7 +82,7 @@ class _Terminal:
         """End the command and all it started (blocks up to half a second; any thread)."""
         with self._reaping:
             if self.exit_status is None:
-                end_command(self.proc)
+                process_tree.end(self.proc)
 
     def _read(self) -> None:
         """Reader thread: copy output until the command exits and its pipe is drained,
@@ -90,7 +92,7 @@ class _Terminal:
         with selectors.DefaultSelector() as selector:
             selector.register(fd, selectors.EVENT_READ)
             while True:
-                exited = has_exited(self.proc)
+                exited = process_tree.has_exited(self.proc)
                 if selector.select(0 if exited else _POLL_SECS):
                     chunk = os.read(fd, _READ_SIZE)
                     if not chunk:
@@ -99,7 +101,7 @@ class _Terminal:
                 elif exited:
                     break  # background children may hold the pipe open
         with self._reaping:
-            end_command(self.proc)
+            process_tree.end(self.proc)
             self.proc.stdout.close()
             code = self.proc.wait()
             self.exit_status = {"exitCode": code if code >= 0 else None,
@@ -224,10 +226,9 @@ class Terminals:
         cleanup = contextlib.ExitStack()
         try:
             confinement = cleanup.enter_context(confined(sandbox, paths, command_line, hidden))
-            proc = subprocess.Popen(
+            proc = process_tree.start(
                 confinement.argv, cwd=paths.cwd, env={**env, **confinement.env},
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                start_new_session=True,
             )
         except OSError as exc:
             cleanup.close()

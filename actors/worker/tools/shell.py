@@ -1,8 +1,9 @@
 """The ``shell`` tool: ``/bin/sh -c COMMAND`` in the session cwd.
 
-Runs on the session actor's thread. The command gets its own process group so
-that a timeout, a cancelled turn, or the end of the call kills it and anything
-it started in the background; output (stdout and stderr merged) is capped.
+Runs on the session actor's thread. The command runs as a process tree of its own
+(:mod:`actors.worker.process_tree`) so that a timeout, a cancelled turn, or the end
+of the call kills it and anything it started in the background, even what called
+``setsid``; output (stdout and stderr merged) is capped.
 
 The command does not inherit the host's environment, which may hold API keys
 and tokens that would then stream to the client and into the store: it gets
@@ -17,11 +18,9 @@ refuses to run unless ``[autonomy] allow_unsandboxed_shell`` is set.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import selectors
-import signal
 import subprocess
 import time
 from collections.abc import Mapping
@@ -29,14 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from actors.worker import process_tree
 from actors.worker.sandbox import SandboxInfo, worker_sandbox_settings
 from actors.worker.tools.base import Tool, ToolEnv, ToolError, ToolResult, require_str
 from actors.worker.tools.paths import PathDenied
 from actors.worker.tools.sandbox import confined
 
-__all__ = [
-    "INHERITED_VARIABLES", "ShellTool", "command_environment", "end_command", "has_exited",
-]
+__all__ = ["INHERITED_VARIABLES", "ShellTool", "command_environment"]
 
 #: The host's variables a command sees; nothing else of the host's environment is passed.
 INHERITED_VARIABLES = frozenset(
@@ -49,7 +47,6 @@ _LOCALE_CATEGORIES = frozenset({
 _VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 _POLL_SECS = 0.05
-_LAUNCHER_GRACE_SECS = 0.5  # how long a stopped command's launcher may take to clean up
 _READ_SIZE = 65536
 
 
@@ -94,22 +91,20 @@ class ShellTool(Tool):
         if env.cancelled.is_set():
             raise ToolError("cancelled before the command started")
         with confined(sandbox, env.paths, command, self._hidden) as confinement:
-            proc = subprocess.Popen(
+            proc = process_tree.start(
                 confinement.argv,
                 cwd=env.paths.cwd,
                 env={**command_environment(env.agent_env), **confinement.env},
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
-                start_new_session=True,
             )
             try:
                 collected = self._collect(proc, env, time.monotonic() + timeout)
             finally:
-                end_command(proc)
+                exit_code = process_tree.end(proc)  # all it started ends with it
                 assert proc.stdout is not None
                 proc.stdout.close()
-                exit_code = proc.wait()
         return self._result(collected, exit_code, timeout, sandbox.backend)
 
     def unavailable(self) -> str | None:
@@ -166,7 +161,7 @@ class ShellTool(Tool):
                 if remaining <= 0:
                     collected.stopped_by = "timeout"
                     break
-                exited = has_exited(proc)
+                exited = process_tree.has_exited(proc)
                 if selector.select(0 if exited else min(_POLL_SECS, remaining)):
                     eof = not self._read_into(fd, collected)
                 elif exited:
@@ -213,31 +208,3 @@ def command_environment(
         if isinstance(value, str) and _VARIABLE_NAME.fullmatch(name) and "\x00" not in value:
             environment[name] = value
     return environment
-
-
-def has_exited(proc: subprocess.Popen[bytes]) -> bool:
-    """True once the shell has exited, without reaping it (its pid still names the group)."""
-    try:
-        info = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:
-        return True
-    return info is not None
-
-
-def end_command(proc: subprocess.Popen[bytes]) -> None:
-    """End the command and everything it started. A Landlock launcher that is still
-    running is asked first (SIGTERM): it kills the descendants that left the process
-    group, which were re-parented to it. Then SIGKILL to the whole group."""
-    if not has_exited(proc):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + _LAUNCHER_GRACE_SECS
-        while not has_exited(proc) and time.monotonic() < deadline:
-            time.sleep(0.005)
-    _kill_group(proc)
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL the command's process group (the shell may already be a zombie)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
