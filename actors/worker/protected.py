@@ -66,6 +66,18 @@ class ProtectedPaths:
             return f"inside the host's own directory {inside[0]}"
         return None
 
+    def linked_files(self) -> tuple[Path, ...]:
+        """The protected files that have another name now (a hard link elsewhere): a
+        sandbox masks paths, not inodes, so commands are refused while one exists."""
+        linked = []
+        for path in self.files:
+            try:
+                if os.lstat(path).st_nlink > 1:
+                    linked.append(path)
+            except OSError:
+                continue
+        return tuple(linked)
+
     def to_env(self) -> str:
         """The value of :data:`PROTECTED_VARIABLE`."""
         return os.pathsep.join([*(f"{d}/" for d in self.dirs), *map(str, self.files)])

@@ -35,7 +35,7 @@ from typing import Any
 
 from actors.worker.agents.base import AgentFailure, SessionSetup
 from actors.worker.sandbox import AGENT_STATE_VARIABLE, SandboxInfo, worker_sandbox_settings
-from actors.worker.tools.paths import PathPolicy, canonical
+from actors.worker.tools.paths import PathDenied, PathPolicy, canonical
 from actors.worker.tools.sandbox import Confined, confined_argv
 
 __all__ = [
@@ -79,7 +79,10 @@ class AgentJail:
         """``argv`` confined (unchanged when unconfined); ``private_tmp`` the caller's."""
         if self.backend == "none":
             return Confined(list(argv))
-        return confined_argv(self.info, self.policy, argv, private_tmp)
+        try:
+            return confined_argv(self.info, self.policy, argv, private_tmp)
+        except PathDenied as exc:
+            raise AgentFailure(f"agent process refused: {exc}") from None
 
 
 def setting_problem(config: Mapping[str, Any]) -> str | None:

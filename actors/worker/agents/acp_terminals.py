@@ -229,6 +229,9 @@ class Terminals:
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+        except PathDenied as exc:
+            cleanup.close()
+            raise InvalidParams(f"terminal/create refused: {exc}") from None
         except OSError as exc:
             cleanup.close()
             raise InternalError(f"terminal/create failed: {exc.strerror or exc}") from None

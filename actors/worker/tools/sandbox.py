@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from actors.worker.sandbox import BWRAP_ISOLATION, SandboxInfo
-from actors.worker.tools.paths import PathPolicy
+from actors.worker.tools.paths import PathDenied, PathPolicy
 
 __all__ = ["Confined", "confined", "confined_argv", "landlock_rules"]
 
@@ -91,7 +91,12 @@ def confined_argv(info: SandboxInfo, policy: PathPolicy, argv: list[str],
     ``policy.roots`` and ``private_tmp`` (the caller's to create and remove; under
     bubblewrap a fresh ``/tmp`` instead), the forbidden and protected paths masked
     (a sanctioned root inside a protected directory stays reachable), no new Unix-socket
-    connections under Landlock (it cannot mask a socket's path)."""
+    connections under Landlock (it cannot mask a socket's path). :class:`PathDenied`
+    while one of the host's files has a hard link elsewhere (a mask would miss it)."""
+    linked = policy.protected.linked_files()
+    if linked:
+        raise PathDenied(f"the host's own file {linked[0]} has another hard link, which no "
+                         "sandbox can mask; commands are refused until it is removed")
     if info.backend == "bwrap":
         return Confined(_bwrap_argv(policy, argv), {"TMPDIR": "/tmp"})
     if info.backend != "landlock":

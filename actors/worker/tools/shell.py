@@ -24,14 +24,14 @@ import selectors
 import signal
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from actors.worker.sandbox import SandboxInfo, worker_sandbox_settings
 from actors.worker.tools.base import Tool, ToolEnv, ToolError, ToolResult, require_str
 from actors.worker.tools.paths import PathDenied, PathPolicy
-from actors.worker.tools.sandbox import confined
+from actors.worker.tools.sandbox import Confined, confined
 
 __all__ = [
     "INHERITED_VARIABLES", "ShellTool", "command_environment", "end_command", "has_exited",
@@ -91,7 +91,7 @@ class ShellTool(Tool):
         sandbox = self.confinement(env.paths)
         if env.cancelled.is_set():
             raise ToolError("cancelled before the command started")
-        with confined(sandbox, env.paths, command) as confinement:
+        with _confined_or_refused(sandbox, env.paths, command) as confinement:
             proc = subprocess.Popen(
                 confinement.argv,
                 cwd=env.paths.cwd,
@@ -241,3 +241,15 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     """SIGKILL the command's process group (the shell may already be a zombie)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def _confined_or_refused(sandbox: SandboxInfo, paths: PathPolicy,
+                         command: str) -> Iterator[Confined]:
+    """:func:`confined`, its refusal (PathDenied) as the call's ToolError."""
+    with contextlib.ExitStack() as stack:
+        try:
+            confinement = stack.enter_context(confined(sandbox, paths, command))
+        except PathDenied as exc:
+            raise ToolError(f"shell refused: {exc}") from None
+        yield confinement
