@@ -66,6 +66,7 @@ from supervisor.gateway_config import tenant_caps
 from supervisor.live import Eviction, Limits, LiveTable, workers_wanted
 from supervisor.orphans import become_subreaper
 from supervisor.pacing import TurnStream
+from supervisor.protected import host_protected_paths
 from supervisor.routes import Peer, Route
 from supervisor.supervisor import EndOrphans, StartWorker, SupervisorActor
 from supervisor.turn_stats import TurnStats
@@ -97,6 +98,7 @@ class Host:
         self.store: Store
         self.pool: WorkerPool
         self.sandbox: SandboxInfo  # how shell commands are confined (set by start)
+        self.protected = host_protected_paths(settings)  # refused to every session
         self._tasks: set[asyncio.Task[Any]] = set()
         self._sweeper: asyncio.Task[None] | None = None
         self._orphan_sweeper: asyncio.Task[None] | None = None
@@ -131,9 +133,7 @@ class Host:
             max_workers=settings.workers_max,
             inherit=agent_variables(settings.agents.values()),
             env=worker_sandbox_environment(self.sandbox, settings.allow_unsandboxed_shell,
-                                           (settings.data_dir, settings.socket_path),
-                                           (settings.config_dir,),
-                                           settings.data_dir / "agent-homes"),
+                                           self.protected, settings.data_dir / "agent-homes"),
         )
         become_subreaper()
         await self.pool.start()

@@ -48,6 +48,7 @@ from storage.prepared_writes import title_of
 from supervisor.config import AUTONOMY_LEVELS, AgentConfig
 from supervisor.host import Host, canonical_dir
 from supervisor.live import Eviction, LiveSession
+from supervisor.protected import cwd_refusal
 from supervisor.routes import Peer, Route, RunningTurn
 from supervisor.slash_commands import agent_history, parse, run_host_command
 from supervisor.tenants import TENANT_META_KEY
@@ -132,7 +133,16 @@ class Sessions:
         return enabled[0] if len(enabled) == 1 else None
 
     def resolve_cwd(self, cwd: str | None, agent: AgentConfig) -> str:
-        """The session's canonical working directory (the agent's workspace by default)."""
+        """The session's canonical working directory (the agent's workspace by default);
+        -32602 for one of the host's own directories (:func:`cwd_refusal`)."""
+        resolved = self._canonical_cwd(cwd, agent)
+        refusal = cwd_refusal(resolved, self.host.protected)
+        if refusal is not None:
+            raise InvalidParams(refusal)
+        return resolved
+
+    @staticmethod
+    def _canonical_cwd(cwd: str | None, agent: AgentConfig) -> str:
         workspace = agent.workspace
         if cwd is None or cwd.strip() in ("", "."):
             workspace.mkdir(parents=True, exist_ok=True)

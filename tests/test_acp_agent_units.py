@@ -12,6 +12,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
+import pytest
+
 from actors.worker.agents import TurnContext, agent_config_problem
 from actors.worker.agents.acp import command_problem
 from actors.worker.agents.acp_confine import jail_for
@@ -24,7 +26,7 @@ from actors.worker.agents.acp_updates import (
     merged_chunks,
 )
 from actors.worker.agents.base import SessionSetup
-from actors.worker.sandbox import AGENT_STATE_VARIABLE, SANDBOX_VARIABLE
+from actors.worker.sandbox import AGENT_STATE_VARIABLE, SANDBOX_VARIABLE, detect
 from actors.worker.tools import PathPolicy
 from ipc.events import (
     CurrentMode,
@@ -118,14 +120,15 @@ def test_malformed_updates_give_no_events() -> None:
         assert events_from_update(bad, tools) == []
 
 
+@pytest.mark.skipif(not detect("auto").confines, reason="no sandbox backend here")
 def test_a_tenants_agent_state_dir_stays_one_level_below_the_state_root(tmp_path: Path) -> None:
     """Tenant names may be "." or ".." (and aliases odd): never a way out of the state dir."""
     state = tmp_path / "agent-homes"
-    env = {AGENT_STATE_VARIABLE: str(state), SANDBOX_VARIABLE: "none"}
+    env = {AGENT_STATE_VARIABLE: str(state), SANDBOX_VARIABLE: "auto"}
     for tenant, alias in ((".", "a"), ("..", "sessions"), ("t", "../x")):
         setup = SessionSetup(sid="s", paths=PathPolicy.build(str(tmp_path), str(tmp_path), ()),
                              mode=lambda: "full", meta={"tenant": tenant})
-        config = {"alias": alias, "allow_unconfined_tenants": True}
+        config = {"alias": alias}
         home = jail_for(config, setup, env).home
         assert home is not None and home.parent.parent == state, home
 

@@ -98,8 +98,8 @@ def test_without_a_backend_the_shell_refuses_unless_allowed(tmp_path: Path) -> N
 
 def test_workers_get_the_backend_the_host_resolved() -> None:
     env = worker_sandbox_environment(detect("none"), allow_unsandboxed=True)
-    info, allowed, hidden = worker_sandbox_settings(env)
-    assert (info.backend, allowed, hidden) == ("none", True, ())
+    info, allowed = worker_sandbox_settings(env)
+    assert (info.backend, allowed) == ("none", True)
     assert detect("bogus").backend == "none" and "unknown" in detect("bogus").reason
 
 

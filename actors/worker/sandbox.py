@@ -16,10 +16,12 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from actors.worker.protected import NOTHING_PROTECTED, PROTECTED_VARIABLE, ProtectedPaths
 
 __all__ = [
     "BWRAP_ISOLATION",
@@ -33,14 +35,12 @@ __all__ = [
 
 #: The values of ``[autonomy] sandbox``.
 SANDBOX_CHOICES = ("auto", "bwrap", "landlock", "none")
-#: How the host tells its workers the backend it chose, whether unconfined runs are allowed,
-#: and its own files a command must not see (the store, the sockets; ``os.pathsep``-joined).
+#: How the host tells its workers the backend it chose and whether unconfined runs are
+#: allowed (its own paths go in :data:`~actors.worker.protected.PROTECTED_VARIABLE`,
+#: for every tool at once), and where the state dirs (HOME) of the tenants' agent
+#: processes live.
 SANDBOX_VARIABLE = "ZEROCLAW_SHELL_SANDBOX"
 UNSANDBOXED_VARIABLE = "ZEROCLAW_ALLOW_UNSANDBOXED_SHELL"
-HIDDEN_VARIABLE = "ZEROCLAW_SHELL_HIDDEN"
-#: What a hosted agent process must not see besides those (the config dir), and where the
-#: state dirs (HOME) of the tenants' agent processes live.
-AGENT_HIDDEN_VARIABLE = "ZEROCLAW_AGENT_HIDDEN"
 AGENT_STATE_VARIABLE = "ZEROCLAW_AGENT_STATE"
 _PROBE_TIMEOUT = 10.0
 _SHELL = "/bin/sh"
@@ -154,25 +154,20 @@ def _probe_landlock() -> tuple[int, str]:
 
 
 def worker_sandbox_environment(info: SandboxInfo, allow_unsandboxed: bool,
-                               hidden: Iterable[Path] = (), agent_hidden: Iterable[Path] = (),
+                               protected: ProtectedPaths = NOTHING_PROTECTED,
                                agent_state: Path | None = None) -> dict[str, str]:
     """The variables the host gives its workers: the backend it resolved, the switch, the
-    host's own paths (data dir, sockets) that commands must not see, those hosted agent
-    processes must not see either (the config dir), and the agents' state dirs."""
+    host's own paths (refused to every session and every tool, one list), and the
+    agents' state dirs."""
     return {SANDBOX_VARIABLE: info.backend if info.confines else "none",
             UNSANDBOXED_VARIABLE: "1" if allow_unsandboxed else "0",
-            HIDDEN_VARIABLE: os.pathsep.join(str(path) for path in hidden),
-            AGENT_HIDDEN_VARIABLE: os.pathsep.join(str(path) for path in agent_hidden),
+            PROTECTED_VARIABLE: protected.to_env(),
             AGENT_STATE_VARIABLE: str(agent_state or "")}
 
 
-def worker_sandbox_settings(
-    env: Mapping[str, str] | None = None,
-) -> tuple[SandboxInfo, bool, tuple[Path, ...]]:
-    """The sandbox this process's commands use (``auto`` when the host said nothing),
-    whether running them unconfined is allowed, and the host paths they must not see."""
+def worker_sandbox_settings(env: Mapping[str, str] | None = None) -> tuple[SandboxInfo, bool]:
+    """The sandbox this process's commands use (``auto`` when the host said nothing) and
+    whether running them unconfined is allowed (never for a tenant's session)."""
     env = os.environ if env is None else env
     requested = env.get(SANDBOX_VARIABLE) or "auto"
-    hidden = tuple(Path(os.path.realpath(p)) for p in
-                   (env.get(HIDDEN_VARIABLE) or "").split(os.pathsep) if os.path.isabs(p))
-    return detect(requested), env.get(UNSANDBOXED_VARIABLE) == "1", hidden
+    return detect(requested), env.get(UNSANDBOXED_VARIABLE) == "1"

@@ -248,7 +248,9 @@ class SessionConfig:
             history = tuple(item_from_wire(item) for item in message.history)
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"bad history item: {exc.__class__.__name__}") from None
-        paths = PathPolicy.build(message.cwd, message.workspace_dir, message.forbidden_paths)
+        tenant = bool(message.meta.get("tenant"))
+        paths = PathPolicy.build(message.cwd, message.workspace_dir, message.forbidden_paths,
+                                 tenant=tenant)
         return cls(
             sid=message.sid,
             agent=message.agent,

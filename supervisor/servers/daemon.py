@@ -27,7 +27,6 @@ import os
 import signal
 import ssl
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ipc.errors import InvalidParams
@@ -38,6 +37,7 @@ from supervisor import __version__
 from supervisor.config import Settings
 from supervisor.heap import keep_freed_buffers
 from supervisor.host_handle import HostHandle
+from supervisor.protected import acp_socket_path
 from supervisor.servers.acp_server import AcpServer
 from supervisor.servers.daemon_socket import (
     DaemonAlreadyRunning,
@@ -284,12 +284,6 @@ class Daemon:
             await self.gateway.close()
         if sessions is not None:
             await sessions.host.stop()
-
-
-def acp_socket_path(settings: Settings) -> Path:
-    """``<data_dir>/acp.sock`` (SPEC §6), whatever ``ZEROCLAW_SOCKET`` says: two daemons
-    with different config dirs never meet on it."""
-    return settings.data_dir / "acp.sock"
 
 
 async def _run(settings: Settings, ephemeral: bool) -> int:

@@ -94,6 +94,11 @@ def peer_credentials(sock: socket.socket | None) -> tuple[int, int, int] | None:
     return pid, uid, gid
 
 
+def socket_lock_path(path: Path) -> Path:
+    """The lock file a host holds beside its socket ``path`` while it serves it."""
+    return path.with_name(path.name + ".lock")
+
+
 def claim_socket(path: Path, private_dir: Path | None = None) -> SocketClaim:
     """Lock, clear a stale socket, bind and listen on ``path``.
 
@@ -112,7 +117,7 @@ def claim_socket(path: Path, private_dir: Path | None = None) -> SocketClaim:
             "to a shorter path"
         )
     _prepare_dir(path.parent, private=private_dir is not None and path.parent == private_dir)
-    lock_path = path.with_name(path.name + ".lock")
+    lock_path = socket_lock_path(path)
     lock_fd = _lock(lock_path, path)
     try:
         _clear_stale(path)

@@ -8,6 +8,7 @@ Runs on the test's main thread.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import socket
@@ -151,6 +152,14 @@ def wait_session_idle(client: RpcClient, sid: str, turns: int,
         time.sleep(0.05)
 
 
+def work_dir(config_dir: Path) -> Path:
+    """``<config_dir>/work``, made and canonical: a session cwd beside the host's files
+    (the config dir itself is one of them, refused as a cwd)."""
+    path = config_dir / "work"
+    path.mkdir(parents=True, exist_ok=True)
+    return Path(os.path.realpath(path))
+
+
 class DaemonProc:
     """One ``zeroclaw daemon`` process with its own config dir."""
 
@@ -177,6 +186,11 @@ class DaemonProc:
     @property
     def pid(self) -> int:
         return self.proc.pid
+
+    @property
+    def work_dir(self) -> Path:
+        """A session cwd of this daemon's (:func:`work_dir`)."""
+        return work_dir(self.config_dir)
 
     def stderr(self) -> str:
         return tail(self.stderr_path)

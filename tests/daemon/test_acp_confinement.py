@@ -120,9 +120,10 @@ def test_without_a_sandbox_tenants_are_refused_and_the_owner_is_served(
         with pytest.raises(RpcFailure) as refused:
             alice.request("session/new", {})
         assert refused.value.code == -32602
-        assert "allow_unconfined_tenants" in refused.value.message
+        assert "never runs unconfined" in refused.value.message
+    (scratch_dir / "project").mkdir()
     with daemon.client() as owner:
-        sid = owner.request("session/new", {"cwd": str(scratch_dir)})["sessionId"]
+        sid = owner.request("session/new", {"cwd": str(scratch_dir / "project")})["sessionId"]
         result = owner.request("session/prompt", {
             "sessionId": sid, "prompt": [{"type": "text", "text": "hello"}]})
         assert result["stopReason"] == "end_turn", result
@@ -130,12 +131,16 @@ def test_without_a_sandbox_tenants_are_refused_and_the_owner_is_served(
     assert "runs unconfined: no sandbox here" in daemon.stderr()
 
 
-def test_unconfined_tenants_when_the_config_says_so(daemons: Any, scratch_dir: Path) -> None:
+def test_no_setting_runs_a_tenants_agent_unconfined(daemons: Any, scratch_dir: Path) -> None:
+    """``allow_unconfined_tenants = true`` once did; a tenant's agent could then read
+    the host's own files with its own rights."""
     _hosted(scratch_dir, "none", "allow_unconfined_tenants = true")
     gateway = GatewayDaemon(daemons(scratch_dir, "--gateway", "127.0.0.1:0"))
     with gateway.client("alice") as alice:
-        sid = alice.request("session/new", {})["sessionId"]
-        assert _said_over(alice, sid, "hello") == "hello"
+        with pytest.raises(RpcFailure) as refused:
+            alice.request("session/new", {})
+        assert refused.value.code == -32602
+        assert "never runs unconfined" in refused.value.message
 
 
 @pytest.mark.skipif(not detect("auto").confines, reason="no sandbox backend here")
@@ -156,7 +161,7 @@ def test_a_stored_tenant_session_is_refused_its_agent_once_no_sandbox_is_left(
         with pytest.raises(RpcFailure) as refused:
             _said_over(alice, sid, "hello again")
         assert refused.value.code == -32603
-        assert "allow_unconfined_tenants" in refused.value.message
+        assert "never runs unconfined" in refused.value.message
 
 
 @pytest.mark.skipif(not detect("auto").confines, reason="no sandbox backend here")

@@ -19,7 +19,7 @@ import pytest
 
 from tests.e2e.procs import host_env, reap_leaks
 
-from .helpers import RpcClient, RpcFailure, short_dir, zeroclaw_argv
+from .helpers import RpcClient, RpcFailure, short_dir, work_dir, zeroclaw_argv
 
 
 def texts(client: RpcClient, kind: str) -> list[str]:
@@ -32,9 +32,9 @@ def test_two_connections_share_a_session_on_acp_sock(daemons: Any) -> None:
     acp_path = daemon.socket_path.parent / "acp.sock"
     assert stat.S_IMODE(os.stat(acp_path).st_mode) == 0o600
     with RpcClient(acp_path) as first, RpcClient(acp_path) as second:
-        sid = first.request("session/new", {"cwd": str(daemon.config_dir)})["sessionId"]
+        sid = first.request("session/new", {"cwd": str(daemon.work_dir)})["sessionId"]
         first.request("session/prompt", {"sessionId": sid, "prompt": "written by one"})
-        loaded = second.request("session/load", {"sessionId": sid, "cwd": str(daemon.config_dir)})
+        loaded = second.request("session/load", {"sessionId": sid, "cwd": str(daemon.work_dir)})
         assert loaded["modes"]["currentModeId"] == "supervised"
         assert texts(second, "user_message_chunk") == ["written by one"]
         result = second.request("session/prompt", {"sessionId": sid, "prompt": "and two"})
@@ -64,7 +64,7 @@ def test_ownership_is_one_table_for_both_sockets(daemons: Any) -> None:
     """A daemon.sock client cannot touch an acp.sock editor's session, and the reverse;
     ``session/load`` on acp.sock joins a session's holders; a gone holder frees it."""
     daemon = daemons()
-    acp_path, cwd = daemon.socket_path.parent / "acp.sock", str(daemon.config_dir)
+    acp_path, cwd = daemon.socket_path.parent / "acp.sock", str(daemon.work_dir)
     editor = RpcClient(acp_path)
     with daemon.client() as ops:
         mine = editor.request("session/new", {"cwd": cwd})["sessionId"]
@@ -94,7 +94,7 @@ def test_a_second_editor_loads_a_session_while_its_turn_runs(daemons: Any) -> No
     """The turn goes on for the editor that prompted it; the loader gets the completed
     turns replayed, then can prompt once the turn is over."""
     daemon = daemons()
-    acp_path, cwd = daemon.socket_path.parent / "acp.sock", str(daemon.config_dir)
+    acp_path, cwd = daemon.socket_path.parent / "acp.sock", str(daemon.work_dir)
     with RpcClient(acp_path) as first, RpcClient(acp_path) as second:
         sid = first.request("session/new", {"cwd": cwd})["sessionId"]
         first.request("session/prompt", {"sessionId": sid, "prompt": "completed turn"})
@@ -142,7 +142,7 @@ def test_two_editors_resuming_one_evicted_session_at_once_both_get_it(daemons: A
     config_dir = short_dir()
     (config_dir / "config.toml").write_text("[acp]\nmax_sessions = 1\n")
     daemon = daemons(config_dir)
-    acp_path, cwd = daemon.socket_path.parent / "acp.sock", str(config_dir)
+    acp_path, cwd = daemon.socket_path.parent / "acp.sock", str(work_dir(config_dir))
     with RpcClient(acp_path) as one, RpcClient(acp_path) as two, daemon.client() as ops:
         sid = ops.request("session/new", {"keep_siblings": True})["sessionId"]
         for n in range(20):  # enough history that the restore takes a moment
@@ -164,7 +164,7 @@ def test_a_client_gone_while_its_session_is_created_holds_nothing(
     the editor's stdin ends): the answer still comes, and the session is free."""
     daemon = daemons()
     with RpcClient(daemon.socket_path.parent / socket_name) as leaving:
-        request_id = leaving.send("session/new", {"cwd": str(daemon.config_dir)})
+        request_id = leaving.send("session/new", {"cwd": str(daemon.work_dir)})
         leaving.sock.shutdown(socket.SHUT_WR)
         assert request_id is not None
         sid = leaving.wait_response(request_id)["result"]["sessionId"]
@@ -238,7 +238,7 @@ def test_attach_starts_an_ephemeral_daemon_that_editors_share() -> None:
     editor_pipe = os.pipe()  # a descriptor the editor lets --attach inherit
     one = Editor(config_dir, env, pass_fds=editor_pipe)
     assert one.request("initialize", {"protocolVersion": 1})["agentInfo"]["name"] == "zeroclaw-acp"
-    sid = one.request("session/new", {"cwd": str(config_dir)})["sessionId"]
+    sid = one.request("session/new", {"cwd": str(work_dir(config_dir))})["sessionId"]
     assert one.request("session/prompt", {"sessionId": sid, "prompt": "first editor"})[
         "stopReason"] == "end_turn"
     daemon_pid = int((config_dir / "d.sock.lock").read_text())
@@ -250,7 +250,7 @@ def test_attach_starts_an_ephemeral_daemon_that_editors_share() -> None:
     workers = psutil.Process(daemon_pid).children(recursive=True)
     two = Editor(config_dir, env)
     two.request("initialize", {"protocolVersion": 1})
-    two.request("session/load", {"sessionId": sid, "cwd": str(config_dir)})
+    two.request("session/load", {"sessionId": sid, "cwd": str(work_dir(config_dir))})
     assert [u["content"]["text"] for u in two.updates
             if u["sessionUpdate"] == "user_message_chunk"] == ["first editor"]
     assert two.request("session/prompt", {"sessionId": sid, "prompt": "second"})[
@@ -276,7 +276,7 @@ def test_attach_answers_pending_requests_and_fails_when_the_daemon_dies() -> Non
     env = host_env({"ZEROCLAW_SOCKET": str(config_dir / "d.sock")})
     editor = Editor(config_dir, env)
     editor.request("initialize", {"protocolVersion": 1})
-    sid = editor.request("session/new", {"cwd": str(config_dir)})["sessionId"]
+    sid = editor.request("session/new", {"cwd": str(work_dir(config_dir))})["sessionId"]
     daemon = psutil.Process(int((config_dir / "d.sock.lock").read_text()))
     family = [daemon, *daemon.children(recursive=True)]
     prompt_id = editor.send("session/prompt", {"sessionId": sid, "prompt": "!sleep 30"})
@@ -339,7 +339,7 @@ def test_attach_keeps_frames_whole_when_the_daemon_dies_mid_frame() -> None:
             stream.write(json.dumps({"jsonrpc": "2.0", "id": first, "result": {}}).encode()
                          + b"\n")
             stream.flush()
-            second = editor.send("session/new", {"cwd": str(config_dir)})
+            second = editor.send("session/new", {"cwd": str(work_dir(config_dir))})
             stream.readline()
             stream.write(b'{"jsonrpc":"2.0","id":2,"result":{"sessionId":"cut o')
             stream.flush()

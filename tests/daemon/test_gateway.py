@@ -67,7 +67,7 @@ def error_of(client: RpcClient, method: str, params: dict[str, Any]) -> tuple[An
 def test_acp_session_flows_over_the_websocket(gateway: GatewayDaemon) -> None:
     """new, a streamed prompt, cancel, a permission request, list, and load from a
     second connection, all in the acp.sock dialect, one message per text frame."""
-    cwd = str(gateway.daemon.config_dir)
+    cwd = str(gateway.daemon.work_dir)
     with gateway.client() as editor:
         sid = editor.request("session/new", {"cwd": cwd, "mcpServers": []})["sessionId"]
         result = editor.request("session/prompt", {"sessionId": sid, "prompt": "one two three"})
@@ -124,7 +124,7 @@ async def test_the_official_acp_sdk_client_over_the_websocket(gateway: GatewayDa
         conn = ClientSideConnection(client, WebSocketTransport(ws))
         init = await conn.initialize(protocol_version=1)
         assert init.protocol_version == 1 and init.agent_capabilities.load_session
-        session = await conn.new_session(cwd=str(gateway.daemon.config_dir), mcp_servers=[])
+        session = await conn.new_session(cwd=str(gateway.daemon.work_dir), mcp_servers=[])
         response = await conn.prompt(session_id=session.session_id,
                                      prompt=[text_block("hello over websocket")])
         assert response.stop_reason == "end_turn"
@@ -202,7 +202,7 @@ CROSS_TENANT = [
 
 
 def test_tenants_cannot_see_or_touch_each_others_sessions(gateway: GatewayDaemon) -> None:
-    cwd = str(gateway.daemon.config_dir)
+    cwd = str(gateway.daemon.work_dir)
     alice = gateway.client("alice")
     sid = alice.request("session/new", {"cwd": cwd})["sessionId"]
     alice.request("session/prompt", {"sessionId": sid, "prompt": "alice's secret title"})

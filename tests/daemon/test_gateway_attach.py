@@ -52,7 +52,7 @@ def remote_editor(gateway: GatewayDaemon, editor_dir: Path, *options: str,
 
 def test_an_editor_attached_over_the_websocket_shares_the_daemons_sessions(
         gateway: GatewayDaemon, editor_dir: Path) -> None:
-    cwd = str(gateway.daemon.config_dir)
+    cwd = str(gateway.daemon.work_dir)
     one = remote_editor(gateway, editor_dir)
     assert one.request("initialize", {"protocolVersion": 1})["agentInfo"]["name"] == "zeroclaw-acp"
     sid = one.request("session/new", {"cwd": cwd})["sessionId"]

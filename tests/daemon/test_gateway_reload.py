@@ -35,7 +35,7 @@ def refused_status(url: str, token: str) -> int:
 
 def test_a_removed_tenants_connections_are_closed_and_its_token_refused(
         gateway: GatewayDaemon) -> None:
-    cwd = str(gateway.daemon.config_dir)
+    cwd = str(gateway.daemon.work_dir)
     with gateway.client("bob") as bob, gateway.client("alice") as alice:
         sid = bob.request("session/new", {"cwd": cwd})["sessionId"]
         bob.request("session/prompt", {"sessionId": sid, "prompt": "a completed turn"})

@@ -139,7 +139,7 @@ def test_close_drops_the_queued_prompts(daemon: DaemonProc) -> None:
 
 def test_acp_socket_keeps_its_immediate_session_busy(daemon: DaemonProc) -> None:
     with RpcClient(daemon.socket_path.parent / "acp.sock") as editor:
-        sid = editor.request("session/new", {"cwd": str(daemon.config_dir)})["sessionId"]
+        sid = editor.request("session/new", {"cwd": str(daemon.work_dir)})["sessionId"]
         first = editor.send("session/prompt", {"sessionId": sid, "prompt": SLOW})
         assert first is not None
         deadline = time.monotonic() + 10
@@ -192,7 +192,7 @@ def test_the_acp_dialect_still_picks_the_id_itself(daemon: DaemonProc) -> None:
     chosen = str(uuid.uuid4())
     assert acp.new_session_request({"sessionId": chosen}).session_id is None
     with RpcClient(daemon.socket_path.parent / "acp.sock") as editor:
-        created = editor.request("session/new", {"cwd": str(daemon.config_dir),
+        created = editor.request("session/new", {"cwd": str(daemon.work_dir),
                                                  "sessionId": chosen})
     assert created["sessionId"] != chosen
     uuid.UUID(created["sessionId"])

@@ -13,7 +13,7 @@ import psutil
 
 from tests.e2e.procs import write_config
 
-from .helpers import RpcClient, wait_session_idle
+from .helpers import RpcClient, wait_session_idle, work_dir
 
 STALL_SECS = 2
 BIG_PROMPT = "w " * 1_500_000  # 3 MB, streamed back word by word
@@ -86,7 +86,8 @@ def test_a_client_that_never_reads_is_cut_off_and_nobody_else_suffers(
         wait_session_idle(sibling, sid, 1)
         assert sibling.request("session/prompt", {"sessionId": sib, "prompt": "after"},
                                timeout=15)["content"] == "after"
-    replay = stalled_turn_replay(daemon.socket_path.parent / "acp.sock", sid, str(scratch_dir))
+    replay = stalled_turn_replay(daemon.socket_path.parent / "acp.sock", sid,
+                                 str(work_dir(scratch_dir)))
     assert replay[0]["sessionUpdate"] == "user_message_chunk"
     assert replay[0]["content"]["text"] == BIG_PROMPT.strip() or \
         replay[0]["content"]["text"] == BIG_PROMPT

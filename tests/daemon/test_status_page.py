@@ -23,7 +23,7 @@ def gateway(daemons: Any, scratch_dir: Path) -> GatewayDaemon:
 
 def test_the_page_is_static_needs_no_token_and_forbids_inline_script(
         gateway: GatewayDaemon) -> None:
-    cwd = str(gateway.daemon.config_dir)
+    cwd = str(gateway.daemon.work_dir)
     with gateway.client("alice") as alice:
         sid = alice.request("session/new", {"cwd": cwd})["sessionId"]
         alice.request("session/prompt", {"sessionId": sid, "prompt": "a private title"})
@@ -54,7 +54,7 @@ def test_answers_that_hold_a_tenants_data_are_never_stored_by_a_cache(
 def test_status_has_what_the_page_shows(gateway: GatewayDaemon) -> None:
     """Each session's cwd and title; the turns committed (a tenant: its own only); the
     host's RSS for an admin only."""
-    cwd = str(gateway.daemon.config_dir)
+    cwd = str(gateway.daemon.work_dir)
     with gateway.client("alice") as alice, gateway.client("bob") as bob:
         sid = alice.request("session/new", {"cwd": cwd})["sessionId"]
         for text in ("first line\nsecond line", "another turn"):
@@ -103,7 +103,7 @@ def test_the_page_in_headless_chromium(chromium: str, gateway: GatewayDaemon,
                                        tmp_path: Path) -> None:
     """A tenant's page shows its own sessions (the hostile title as text), its chart
     grows with more turns; an admin's shows every session, the workers and RSS."""
-    cwd = str(gateway.daemon.config_dir)
+    cwd = str(gateway.daemon.work_dir)
     with gateway.client("alice") as alice, gateway.client("bob") as bob:
         hostile = alice.request("session/new", {"cwd": cwd})["sessionId"]
         alice.request("session/prompt", {"sessionId": hostile, "prompt": HOSTILE_TITLE})

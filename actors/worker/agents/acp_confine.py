@@ -11,14 +11,15 @@ A process serves several sessions, so its writable roots are what all of them sh
   agent's workspace and the session's cwd when it is elsewhere (then its own process),
   and a private tmp. ``sandbox = "off"`` (the default for the owner) runs it unconfined.
 
-Masked in both: zeroclaw's config dir (the config file, tenants' token hashes, agents'
-env), its data dir (store, sockets, logs), the daemon socket and the forbidden paths;
-a root inside one of them stays reachable. The network stays open. Everything the
-agent starts inherits the confinement.
+Masked in both: the session policy's protected paths (zeroclaw's config dir with the
+config file, tenants' token hashes and agents' env; its data dir with store, sockets and
+logs; the sockets, TLS key) and its forbidden paths; a root the policy sanctions inside
+a protected directory stays reachable. The network stays open. Everything the agent
+starts (its MCP servers too) inherits the confinement.
 
-Without a backend a tenant's process is refused unless ``[agents.NAME]
-allow_unconfined_tenants = true``; the owner's runs unconfined with a warning. Runs on
-a session actor's thread.
+Without a backend a tenant's process is refused, whatever ``[agents.NAME]
+allow_unconfined_tenants`` says (a tenant never gets unconfined file access); the
+owner's runs unconfined with a warning. Runs on a session actor's thread.
 """
 
 from __future__ import annotations
@@ -33,13 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from actors.worker.agents.base import AgentFailure, SessionSetup
-from actors.worker.sandbox import (
-    AGENT_HIDDEN_VARIABLE,
-    AGENT_STATE_VARIABLE,
-    SandboxInfo,
-    worker_sandbox_settings,
-)
-from actors.worker.tools.paths import PathPolicy, canonical
+from actors.worker.sandbox import AGENT_STATE_VARIABLE, SandboxInfo, worker_sandbox_settings
+from actors.worker.tools.paths import PathDenied, PathPolicy, canonical
 from actors.worker.tools.sandbox import Confined, confined_argv
 
 __all__ = [
@@ -64,13 +60,12 @@ TENANT_ROOT_META_KEY = "tenantWorkspaceRoot"
 @dataclass(frozen=True, slots=True)
 class AgentJail:
     """How one agent process runs: ``backend`` (``none``: unconfined), ``policy`` (its
-    cwd, writable roots and forbidden paths), the paths ``hidden`` from it, and the HOME
-    it gets (None: the user's)."""
+    cwd, writable roots, forbidden and protected paths), and the HOME it gets (None:
+    the user's)."""
 
     backend: str
     info: SandboxInfo
     policy: PathPolicy
-    hidden: tuple[Path, ...] = ()
     home: Path | None = None
 
     @property
@@ -84,7 +79,10 @@ class AgentJail:
         """``argv`` confined (unchanged when unconfined); ``private_tmp`` the caller's."""
         if self.backend == "none":
             return Confined(list(argv))
-        return confined_argv(self.info, self.policy, argv, self.hidden, private_tmp)
+        try:
+            return confined_argv(self.info, self.policy, argv, private_tmp)
+        except PathDenied as exc:
+            raise AgentFailure(f"agent process refused: {exc}") from None
 
 
 def setting_problem(config: Mapping[str, Any]) -> str | None:
@@ -101,13 +99,11 @@ def jail_for(config: Mapping[str, Any], setup: SessionSetup,
     """The confinement of the process that serves ``setup``'s session; AgentFailure for a
     tenant's session when no backend confines it here (and that is not allowed)."""
     env = os.environ if env is None else env
-    info, _, hidden = worker_sandbox_settings(env)
-    hidden += tuple(Path(os.path.realpath(p)) for p in
-                    (env.get(AGENT_HIDDEN_VARIABLE) or "").split(os.pathsep) if os.path.isabs(p))
+    info, _ = worker_sandbox_settings(env)
     alias = str(config.get("alias", "acp"))
     tenant = setup.meta.get("tenant")
     if isinstance(tenant, str) and tenant:
-        return _tenant_jail(config, setup, info, hidden, tenant, env)
+        return _tenant_jail(config, setup, info, tenant, env)
     workspace = canonical(str(config.get("workspace") or os.getcwd()))
     home = env.get("HOME")
     roots = [canonical(home)] if home and os.path.isabs(home) else []
@@ -115,18 +111,17 @@ def jail_for(config: Mapping[str, Any], setup: SessionSetup,
     cwd = setup.paths.cwd
     if not any(cwd.is_relative_to(root) for root in roots):
         roots.append(cwd)
-    policy = PathPolicy(cwd=workspace, roots=tuple(dict.fromkeys(roots)),
-                        forbidden=setup.paths.forbidden)
+    policy = setup.paths.with_roots(workspace, roots)
     if config.get("sandbox", "off") == "off":
         return AgentJail("none", info, policy)
     if not info.confines:
         log.warning("agent %s runs unconfined: no sandbox here (%s)", alias, info.reason)
         return AgentJail("none", info, policy)
-    return AgentJail(info.backend, info, policy, hidden)
+    return AgentJail(info.backend, info, policy)
 
 
 def _tenant_jail(config: Mapping[str, Any], setup: SessionSetup, info: SandboxInfo,
-                 hidden: tuple[Path, ...], tenant: str, env: Mapping[str, str]) -> AgentJail:
+                 tenant: str, env: Mapping[str, str]) -> AgentJail:
     alias = str(config.get("alias", "acp"))
     root_text = setup.meta.get(TENANT_ROOT_META_KEY)
     root = canonical(root_text) if isinstance(root_text, str) and root_text else setup.paths.cwd
@@ -135,14 +130,9 @@ def _tenant_jail(config: Mapping[str, Any], setup: SessionSetup, info: SandboxIn
         raise AgentFailure(f"agent {alias}: no state dir for tenants' agent processes")
     home = Path(state_dir, _dir_name(tenant), _dir_name(alias))
     home.mkdir(mode=0o700, parents=True, exist_ok=True)
-    policy = PathPolicy(cwd=root, roots=(root, canonical(str(home))),
-                        forbidden=setup.paths.forbidden)
+    policy = setup.paths.with_roots(root, (root, canonical(str(home))))
     if info.confines:
-        return AgentJail(info.backend, info, policy, hidden, home)
-    if config.get("allow_unconfined_tenants") is True:
-        log.warning("agent %s runs unconfined for tenant %s: no sandbox here (%s)", alias,
-                    tenant, info.reason)
-        return AgentJail("none", info, policy, hidden, home)
+        return AgentJail(info.backend, info, policy, home)
     raise AgentFailure(unconfined_refusal(alias, info.reason))
 
 
@@ -157,10 +147,10 @@ def unconfined_refusal(alias: str, reason: str) -> str:
     """Why a tenant's session cannot use agent ``alias`` here (no backend: ``reason``)."""
     return (f"agent {alias} cannot serve a gateway tenant here: no sandbox confines its "
             f"process ({reason or 'none available'}); install bubblewrap or use a kernel "
-            f"with Landlock, or set [agents.{alias}] allow_unconfined_tenants = true")
+            "with Landlock (a tenant's agent never runs unconfined)")
 
 
 def tenant_may_use(config: Mapping[str, Any], info: SandboxInfo) -> bool:
-    """Whether a tenant's session may use this agent config with backend ``info``."""
-    return (config.get("provider") != "acp" or info.confines
-            or config.get("allow_unconfined_tenants") is True)
+    """Whether a tenant's session may use this agent config with backend ``info``
+    (``allow_unconfined_tenants`` no longer counts: a tenant is always confined)."""
+    return config.get("provider") != "acp" or info.confines

@@ -220,16 +220,19 @@ class Terminals:
                exited: asyncio.Future[dict[str, Any]]) -> _Terminal:
         """Start the confined command (a worker thread of the loop)."""
         try:
-            sandbox, hidden = ShellTool().confinement()
+            sandbox = ShellTool().confinement(paths)
         except ToolError as exc:
             raise InternalError(f"terminal/create refused: {exc}") from None
         cleanup = contextlib.ExitStack()
         try:
-            confinement = cleanup.enter_context(confined(sandbox, paths, command_line, hidden))
+            confinement = cleanup.enter_context(confined(sandbox, paths, command_line))
             proc = process_tree.start(
                 confinement.argv, cwd=paths.cwd, env={**env, **confinement.env},
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             )
+        except PathDenied as exc:
+            cleanup.close()
+            raise InvalidParams(f"terminal/create refused: {exc}") from None
         except OSError as exc:
             cleanup.close()
             raise InternalError(f"terminal/create failed: {exc.strerror or exc}") from None

@@ -16,6 +16,14 @@ paths, so a forbidden directory is refused under any name it is reached by.
 Symlinks inside the roots that point inside them keep working: the check
 resolves them, and the walk follows their resolved path.
 
+The host's own paths (:class:`ProtectedPaths`: its config and data dirs, store files,
+sockets, TLS key) are refused to every session whatever its forbidden paths say: a
+path inside a protected directory only through a root that lies strictly inside that
+directory and holds no protected path itself (a tenant's root under the data dir,
+the owner's agent workspace under the config dir); a protected file never. A root
+equal to or above a protected path (``/``, HOME, the config dir) unmasks nothing.
+The same policy confines the shell sandbox and a hosted agent's jail and relays.
+
 Functions over the filesystem: safe from any thread (a session actor's thread
 runs them, once per tool call); each open descriptor is owned by one call.
 """
@@ -31,10 +39,14 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
+from actors.worker.protected import NOTHING_PROTECTED, PROTECTED_VARIABLE, ProtectedPaths
+
 __all__ = [
+    "PROTECTED_VARIABLE",
     "OpenedParent",
     "PathDenied",
     "PathPolicy",
+    "ProtectedPaths",
     "canonical",
     "changed_to_symlink",
     "is_symlink_at",
@@ -98,20 +110,43 @@ class PathPolicy:
     """Where a session's tools may read and write.
 
     ``cwd`` is where relative paths start; ``roots`` are the canonical directories
-    a file tool may touch; ``forbidden`` wins over ``roots``.
+    a file tool may touch; ``forbidden`` wins over ``roots``; ``protected`` (the
+    host's own paths) wins over both, but for a root it sanctions. ``tenant``: a
+    gateway tenant's session, whose commands never run unconfined.
     """
 
     cwd: Path
     roots: tuple[Path, ...]
     forbidden: tuple[Path, ...]
+    protected: ProtectedPaths = NOTHING_PROTECTED
+    tenant: bool = False
 
     @classmethod
-    def build(cls, cwd: str, workspace_dir: str, forbidden_paths: Iterable[str]) -> PathPolicy:
-        """Canonicalise everything once, when the session opens."""
+    def build(cls, cwd: str, workspace_dir: str, forbidden_paths: Iterable[str], *,
+              protected: ProtectedPaths | None = None, tenant: bool = False) -> PathPolicy:
+        """Canonicalise everything once, when the session opens; ``protected``
+        defaults to what the host told this process."""
         cwd_path = canonical(cwd)
         roots = tuple(dict.fromkeys((cwd_path, canonical(workspace_dir))))
         forbidden = tuple(_forbidden_entry(p) for p in forbidden_paths if str(p).strip())
-        return cls(cwd=cwd_path, roots=roots, forbidden=forbidden)
+        return cls(cwd=cwd_path, roots=roots, forbidden=forbidden,
+                   protected=ProtectedPaths.from_env() if protected is None else protected,
+                   tenant=tenant)
+
+    def with_roots(self, cwd: Path, roots: Iterable[Path]) -> PathPolicy:
+        """The same forbidden and protected paths with other roots (an agent's jail)."""
+        return PathPolicy(cwd=cwd, roots=tuple(dict.fromkeys(roots)), forbidden=self.forbidden,
+                          protected=self.protected, tenant=self.tenant)
+
+    @property
+    def sanctioned(self) -> tuple[Path, ...]:
+        """The roots that reach inside a protected directory (:meth:`ProtectedPaths.sanctions`)."""
+        return tuple(root for root in self.roots if self.protected.sanctions(root))
+
+    @property
+    def masked(self) -> tuple[Path, ...]:
+        """Every path a sandbox masks: the forbidden and the protected ones."""
+        return (*self.forbidden, *self.protected.every)
 
     def resolve(self, path: str) -> Path:
         """The canonical form of ``path`` if a file tool may use it, else :class:`PathDenied`."""
@@ -158,7 +193,7 @@ class PathPolicy:
     def _forbidden_identities(self) -> frozenset[tuple[int, int]]:
         """(device, inode) of each forbidden path that exists now."""
         found = set()
-        for forbidden in self.forbidden:
+        for forbidden in self.masked:
             try:
                 st = os.stat(forbidden)
             except OSError:
@@ -190,6 +225,9 @@ class PathPolicy:
         for forbidden in self.forbidden:
             if _within(resolved, forbidden):
                 raise PathDenied(f"path {given!r} is forbidden (inside {forbidden})")
+        why = self.protected.refusal(resolved, self.roots)
+        if why is not None:
+            raise PathDenied(f"path {given!r} is forbidden ({why})")
 
 
 def _open_child_dir(fd: int, name: str, *, create: bool, given: str) -> int:

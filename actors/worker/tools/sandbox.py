@@ -18,8 +18,9 @@ each forbidden path masked, a private ``/tmp``, a PID namespace, all capabilitie
 dropped, a new session, ``/proc/sys`` and ``/sys`` read-only) is preferred by ``auto``;
 ``landlock`` (Linux 5.13+; an allow-list applied by :mod:`actors.worker.tools.landlock_exec`
 before it execs the shell; nothing is writable under ``/dev`` but a few devices, nor
-under ``/proc`` or ``/sys``). The host's data dir and sockets (``hidden``) are masked
-like forbidden paths.
+under ``/proc`` or ``/sys``). The host's own paths (``policy.protected``: config and
+data dirs, store, sockets, TLS key) are masked like forbidden paths, but for a root
+the policy sanctions inside a protected directory (:mod:`actors.worker.protected`).
 Landlock cannot subtract a path from an allowed tree, so a directory that contains a
 forbidden path is allowed entry by entry (minus the forbidden one): such a directory
 cannot be listed, and nothing can be created directly in it. Neither backend confines
@@ -43,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from actors.worker.sandbox import BWRAP_ISOLATION, SandboxInfo
-from actors.worker.tools.paths import PathPolicy
+from actors.worker.tools.paths import PathDenied, PathPolicy
 
 __all__ = ["Confined", "confined", "confined_argv", "landlock_rules"]
 
@@ -71,34 +72,36 @@ class Confined:
 
 
 @contextmanager
-def confined(info: SandboxInfo, policy: PathPolicy, command: str,
-             hidden: tuple[Path, ...] = ()) -> Iterator[Confined]:
-    """``/bin/sh -c command`` under ``info``'s backend for a session with ``policy``, the
-    ``hidden`` paths masked like forbidden ones; a private temporary directory lives as
-    long as the context."""
+def confined(info: SandboxInfo, policy: PathPolicy, command: str) -> Iterator[Confined]:
+    """``/bin/sh -c command`` under ``info``'s backend for a session with ``policy``; a
+    private temporary directory lives as long as the context."""
     if info.backend != "landlock":  # bubblewrap makes its own /tmp
-        yield confined_argv(info, policy, [_SHELL, "-c", command], hidden, Path("/tmp"))
+        yield confined_argv(info, policy, [_SHELL, "-c", command], Path("/tmp"))
         return
     private_tmp = tempfile.mkdtemp(prefix="zeroclaw-shell-")
     try:
-        yield confined_argv(info, policy, [_SHELL, "-c", command], hidden, Path(private_tmp))
+        yield confined_argv(info, policy, [_SHELL, "-c", command], Path(private_tmp))
     finally:
         shutil.rmtree(private_tmp, ignore_errors=True)
 
 
 def confined_argv(info: SandboxInfo, policy: PathPolicy, argv: list[str],
-                  hidden: tuple[Path, ...], private_tmp: Path) -> Confined:
+                  private_tmp: Path) -> Confined:
     """``argv`` (and all it starts) under ``info``'s backend: writes only beneath
     ``policy.roots`` and ``private_tmp`` (the caller's to create and remove; under
-    bubblewrap a fresh ``/tmp`` instead), the forbidden and ``hidden`` paths masked
-    (a root inside a hidden directory stays reachable), no new Unix-socket
-    connections under Landlock (it cannot mask a socket's path)."""
+    bubblewrap a fresh ``/tmp`` instead), the forbidden and protected paths masked
+    (a sanctioned root inside a protected directory stays reachable), no new Unix-socket
+    connections under Landlock (it cannot mask a socket's path). :class:`PathDenied`
+    while one of the host's files has a hard link elsewhere (a mask would miss it)."""
+    linked = policy.protected.linked_files()
+    if linked:
+        raise PathDenied(f"the host's own file {linked[0]} has another hard link, which no "
+                         "sandbox can mask; commands are refused until it is removed")
     if info.backend == "bwrap":
-        return Confined(_bwrap_argv(policy, (*policy.forbidden, *hidden), argv),
-                        {"TMPDIR": "/tmp"})
+        return Confined(_bwrap_argv(policy, argv), {"TMPDIR": "/tmp"})
     if info.backend != "landlock":
         return Confined(list(argv))
-    rules = landlock_rules(policy, private_tmp, info.landlock_abi, hidden)
+    rules = landlock_rules(policy, private_tmp, info.landlock_abi)
     spec = {"abi": info.landlock_abi, "rules": rules, "argv": list(argv),
             "deny_unix_sockets": True}
     spec_path = private_tmp / f".landlock-spec-{os.getpid()}-{id(spec)}.json"
@@ -107,7 +110,7 @@ def confined_argv(info: SandboxInfo, policy: PathPolicy, argv: list[str],
     return Confined(launcher, {"TMPDIR": str(private_tmp)})
 
 
-def _bwrap_argv(policy: PathPolicy, masked: tuple[Path, ...], command: list[str]) -> list[str]:
+def _bwrap_argv(policy: PathPolicy, command: list[str]) -> list[str]:
     """``/`` read-only, a fresh ``/tmp``, the roots writable, then fresh ``/dev`` and
     ``/proc`` with ``/proc/sys`` and ``/sys`` read-only (even a root of ``/`` does not
     reach raw disks or kernel settings), then the masks (last, so forbidden wins; a
@@ -124,14 +127,15 @@ def _bwrap_argv(policy: PathPolicy, masked: tuple[Path, ...], command: list[str]
             argv += ["--ro-bind", kernel, kernel]
     if os.path.exists("/proc/sysrq-trigger"):
         argv += ["--ro-bind", "/dev/null", "/proc/sysrq-trigger"]
+    masked = policy.masked
     masked_dirs = [path for path in masked if path.is_dir()]
     for forbidden in masked:
         if any(forbidden != d and forbidden.is_relative_to(d) for d in masked_dirs):
             continue  # already hidden by a masked directory above it (now read-only)
         if forbidden.is_dir():
             argv += ["--tmpfs", str(forbidden)]
-            for root in roots:
-                if root != forbidden and root.is_relative_to(forbidden) and not any(
+            for root in policy.sanctioned:
+                if root.is_dir() and root.is_relative_to(forbidden) and not any(
                         root.is_relative_to(f) for f in policy.forbidden):
                     argv += ["--bind", str(root), str(root)]
             argv += ["--remount-ro", str(forbidden)]
@@ -140,18 +144,18 @@ def _bwrap_argv(policy: PathPolicy, masked: tuple[Path, ...], command: list[str]
     return [*argv, *BWRAP_ISOLATION, "--chdir", str(policy.cwd), "--", *command]
 
 
-def landlock_rules(policy: PathPolicy, private_tmp: Path, abi: int,
-                   hidden: tuple[Path, ...] = ()) -> list[list[Any]]:
+def landlock_rules(policy: PathPolicy, private_tmp: Path, abi: int) -> list[list[Any]]:
     """``[path, rights]`` rules: read (and execute) everywhere, full rights beneath the
     roots and ``private_tmp``, read-write on a few devices; never beneath a forbidden
-    path, nor beneath a hidden one but for a root inside it."""
+    path, nor beneath a protected one but for a root the policy sanctions inside it."""
     everything = _ABI1_ALL | (_REFER if abi >= 2 else 0) | (_TRUNCATE if abi >= 3 else 0) \
         | (_IOCTL_DEV if abi >= 5 else 0)
     rules: list[list[Any]] = []
-    forbidden = (*policy.forbidden, *hidden)
+    forbidden, sanctioned = policy.masked, policy.sanctioned
     _carve(Path("/"), _READ_RIGHTS, (*forbidden, Path("/dev")), rules)  # no raw disks
     for root in (*policy.roots, private_tmp):  # even a root of / writes no kernel interface
-        around = tuple(path for path in hidden if not root.is_relative_to(path))
+        around = tuple(path for path in policy.protected.every
+                       if root not in sanctioned or not root.is_relative_to(path))
         _carve(root, everything, (*policy.forbidden, *around, *_KERNEL_INTERFACES), rules)
     for device in _DEVICES:
         if os.path.exists(device):

@@ -18,21 +18,21 @@ refuses to run unless ``[autonomy] allow_unsandboxed_shell`` is set.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import selectors
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar
 
 from actors.worker import process_tree
 from actors.worker.sandbox import SandboxInfo, worker_sandbox_settings
 from actors.worker.tools.base import Tool, ToolEnv, ToolError, ToolResult, require_str
-from actors.worker.tools.paths import PathDenied
-from actors.worker.tools.sandbox import confined
+from actors.worker.tools.paths import PathDenied, PathPolicy
+from actors.worker.tools.sandbox import Confined, confined
 
 __all__ = ["INHERITED_VARIABLES", "ShellTool", "command_environment"]
 
@@ -74,7 +74,6 @@ class ShellTool(Tool):
         self.max_output = max_output
         self._sandbox = sandbox
         self._allow_unsandboxed = allow_unsandboxed
-        self._hidden: tuple[Path, ...] = ()
 
     def title(self, args: dict[str, Any]) -> str:
         command = args.get("command")
@@ -87,10 +86,10 @@ class ShellTool(Tool):
             env.paths.check_command(command)
         except PathDenied as exc:
             raise ToolError(str(exc)) from None
-        sandbox = self._usable_sandbox()
+        sandbox = self.confinement(env.paths)
         if env.cancelled.is_set():
             raise ToolError("cancelled before the command started")
-        with confined(sandbox, env.paths, command, self._hidden) as confinement:
+        with _confined_or_refused(sandbox, env.paths, command) as confinement:
             proc = process_tree.start(
                 confinement.argv,
                 cwd=env.paths.cwd,
@@ -107,10 +106,16 @@ class ShellTool(Tool):
                 proc.stdout.close()
         return self._result(collected, exit_code, timeout, sandbox.backend)
 
-    def unavailable(self) -> str | None:
-        """The refusal when no sandbox works and running unconfined is not allowed."""
+    def unavailable(self, tenant: bool = False) -> str | None:
+        """The refusal when no sandbox works and running unconfined is not allowed
+        (never for a gateway tenant's session, whatever the switch says)."""
         sandbox = self._sandbox_settings()
-        if sandbox.confines or self._allow_unsandboxed:
+        if sandbox.confines:
+            return None
+        if tenant:
+            return ("shell refused: no OS sandbox is available to confine commands "
+                    f"({sandbox.reason}), and a gateway tenant's commands never run unconfined")
+        if self._allow_unsandboxed:
             return None
         return ("shell refused: no OS sandbox is available to confine commands "
                 f"({sandbox.reason}). Install bubblewrap (bwrap) or use a kernel with "
@@ -120,24 +125,20 @@ class ShellTool(Tool):
     def _sandbox_settings(self) -> SandboxInfo:
         """The sandbox to run in; what the host told this process fills what was not given."""
         if self._sandbox is None or self._allow_unsandboxed is None:
-            sandbox, allowed, self._hidden = worker_sandbox_settings()
+            sandbox, allowed = worker_sandbox_settings()
             self._sandbox = self._sandbox or sandbox
             if self._allow_unsandboxed is None:
                 self._allow_unsandboxed = allowed
         return self._sandbox
 
-    def _usable_sandbox(self) -> SandboxInfo:
-        """The sandbox to run in, or a refusal when there is none and none is allowed."""
-        refusal = self.unavailable()
+    def confinement(self, paths: PathPolicy) -> SandboxInfo:
+        """The sandbox a command of the session with ``paths`` runs in (also for another
+        runner of commands: a hosted agent's terminals); ToolError when there is no
+        sandbox and running unconfined is not allowed."""
+        refusal = self.unavailable(paths.tenant)
         if refusal is not None:
             raise ToolError(refusal)
         return self._sandbox_settings()
-
-    def confinement(self) -> tuple[SandboxInfo, tuple[Path, ...]]:
-        """The sandbox a command runs in and the host paths it must not see, for
-        another runner of commands (a hosted agent's terminals); ToolError when
-        there is no sandbox and running unconfined is not allowed."""
-        return self._usable_sandbox(), self._hidden
 
     def _timeout(self, args: dict[str, Any]) -> float:
         value = args.get("timeout", self.default_timeout)
@@ -208,3 +209,15 @@ def command_environment(
         if isinstance(value, str) and _VARIABLE_NAME.fullmatch(name) and "\x00" not in value:
             environment[name] = value
     return environment
+
+
+@contextlib.contextmanager
+def _confined_or_refused(sandbox: SandboxInfo, paths: PathPolicy,
+                         command: str) -> Iterator[Confined]:
+    """:func:`confined`, its refusal (PathDenied) as the call's ToolError."""
+    with contextlib.ExitStack() as stack:
+        try:
+            confinement = stack.enter_context(confined(sandbox, paths, command))
+        except PathDenied as exc:
+            raise ToolError(f"shell refused: {exc}") from None
+        yield confinement

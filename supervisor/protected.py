@@ -1,0 +1,61 @@
+"""The host's own paths, computed once: what no session, tool, sandbox or agent may reach.
+
+Directories: the config dir, the data dir, its ``run`` dir (worker sockets), and the
+parents of the per-tenant dirs (``agent-homes``, ``tenants``: a session may sit in one
+tenant's dir, never in the dir of all of them). Files: ``config.toml``, the store with
+its ``-wal``, ``-shm`` and ``-journal``, ``daemon.sock`` and ``acp.sock`` with their lock
+files, the gateway's TLS key and cert. The host hands them to its workers in one
+variable (:data:`actors.worker.protected.PROTECTED_VARIABLE`), and refuses a
+``session/new`` whose cwd lies in a protected directory but is not a root the rule
+sanctions (:func:`cwd_refusal`). Runs on the host's loop thread (at start and on every
+``session/new``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from actors.worker.protected import ProtectedPaths
+from supervisor.config import Settings
+from supervisor.servers.daemon_socket import socket_lock_path
+
+__all__ = ["acp_socket_path", "cwd_refusal", "host_protected_paths"]
+
+#: Beside the store: SQLite's write-ahead log, its shared memory, a rollback journal.
+_STORE_SIDECARS = ("-wal", "-shm", "-journal")
+
+
+def acp_socket_path(settings: Settings) -> Path:
+    """``<data_dir>/acp.sock`` (SPEC §6), whatever ``ZEROCLAW_SOCKET`` says: two daemons
+    with different config dirs never meet on it."""
+    return settings.data_dir / "acp.sock"
+
+
+def host_protected_paths(settings: Settings) -> ProtectedPaths:
+    """The host's own directories and files, canonical (symlinks resolved)."""
+    data = settings.data_dir
+    dirs = [settings.config_dir, data, data / "run", data / "agent-homes", data / "tenants"]
+    store = settings.store_path
+    files = [settings.config_dir / "config.toml", store,
+             *(store.with_name(store.name + s) for s in _STORE_SIDECARS)]
+    for sock in (settings.socket_path, acp_socket_path(settings)):
+        files += [sock, socket_lock_path(sock)]
+    gateway = settings.gateway
+    if gateway is not None:
+        files += [p for p in (gateway.tls_key, gateway.tls_cert) if p is not None]
+    return ProtectedPaths(dirs=_canonical(dirs), files=_canonical(files))
+
+
+def _canonical(paths: list[Path]) -> tuple[Path, ...]:
+    return tuple(dict.fromkeys(Path(os.path.realpath(p)) for p in paths))
+
+
+def cwd_refusal(cwd: str, protected: ProtectedPaths) -> str | None:
+    """Why a session may not have the canonical ``cwd`` (it is, or lies inside, one of
+    the host's own paths, and is no root the rule sanctions), or None."""
+    path = Path(cwd)
+    if not protected.holds(path) or protected.sanctions(path):
+        return None
+    return (f"cwd {cwd[:200]} is, or lies inside, one of the host's own directories "
+            "(config, data, sockets), which no session may use")
