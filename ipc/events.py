@@ -19,6 +19,7 @@ from typing import Any, ClassVar, Literal, TypeAlias
 
 __all__ = [
     "CANCEL_MARKER",
+    "FAILURE_MARKER_START",
     "AvailableCommands",
     "CommandInfo",
     "CurrentMode",
@@ -54,6 +55,8 @@ StopReason = Literal["end_turn", "cancelled", "max_tokens", "refusal"]
 
 #: What ends the text of a turn the client cancelled (SPEC §3 ``session/cancel``).
 CANCEL_MARKER = "[turn cancelled via client]"
+FAILURE_MARKER_START = "[turn failed: "
+"""How the line starts that ends a failed turn's kept text: ``[turn failed: <error>]``."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,9 +7,12 @@ Writes are paced (:class:`WriteFlow`, in ``endpoint.state["flow"]``): once more
 than :data:`PACE_MARK` bytes wait unsent, senders that can wait (a turn's
 session updates) hold back until the peer drains, so a slow client slows only
 its own streams. The connection closes early when the peer is gone (our writes
-fail), when it takes no byte for ``stall_timeout`` seconds while it is behind
-(it stopped reading), or, as a last resort, when the write buffer passes the
-high-water mark anyway, so a stuck client cannot grow our memory.
+fail), or when it takes no byte for ``stall_timeout`` seconds while it is behind
+(it stopped reading): that is the only rule that gives up on a peer, so one that
+reads, however slowly, is never dropped. While the write buffer is past the
+high-water mark anyway (answers, which are not paced), the peer's requests are
+not read until it is below again, so a slow or stuck client cannot grow our
+memory by asking for more.
 
 :func:`open_stdio` moves the protocol onto private duplicates of fds 0 and 1,
 then points fd 1 at stderr and fd 0 at ``/dev/null``: a stray ``print`` or a
@@ -59,7 +62,7 @@ __all__ = [
 log = logging.getLogger("zeroclaw.ipc.transports")
 
 DEFAULT_WRITE_HIGH_WATER: Final = 64 * 1024 * 1024
-"""Unsent bytes after which a peer counts as not reading and is disconnected."""
+"""Unsent bytes past which a peer's requests are not read until it has taken some."""
 
 PACE_MARK: Final = 256 * 1024
 """Unsent bytes past which a connection is behind: paced senders wait for it to drain."""
@@ -269,8 +272,6 @@ class _Connection:
         else:
             self._write(frame)
         self.flow.wrote(len(frame))
-        if self._transport.get_write_buffer_size() + self._held_bytes > self._high_water:
-            self._break("peer is not reading (write buffer over the high-water mark)")
 
     def write_held(self) -> None:
         """Write the frames :func:`held_writes` held, as one write."""
@@ -322,9 +323,24 @@ class _Connection:
             if closed.done() and not closed.cancelled():
                 closed.exception()  # the peer's reset is expected: mark it retrieved
 
+    def _over_high_water(self) -> bool:
+        return self._transport.get_write_buffer_size() + self._held_bytes > self._high_water
+
+    async def _until_below_high_water(self) -> None:
+        """Hold the peer's input while our unsent answers to it pass the high-water mark;
+        the stall rule (:class:`WriteFlow`) gives up on it if it takes nothing."""
+        log.info("peer is %d bytes behind: its requests wait until it reads",
+                 self._transport.get_write_buffer_size())
+        while self._over_high_water() and not self._transport.is_closing():
+            await self._writer.drain()  # returns at the transport's low mark
+            if self._over_high_water():
+                await asyncio.sleep(0.005)  # a mark below that low mark
+
     async def _read_all(self, frames: FrameReader, endpoint: Endpoint) -> None:
         count = 0
         while not endpoint.closed:
+            if self._over_high_water():
+                await self._until_below_high_water()
             frame = await frames.read()
             if frame is None:
                 return

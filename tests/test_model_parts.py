@@ -7,6 +7,7 @@ import pytest
 
 from actors.worker.agents.llm.config import settings_problem
 from actors.worker.agents.llm.conversation import (
+    INTERRUPTED_NOTE,
     AssistantMessage,
     ToolCallRequest,
     ToolResultMessage,
@@ -154,6 +155,9 @@ def test_sse_events_join_lines_and_skip_comments_and_event_names_cut_anywhere() 
     ({"base_url": "http://x", "model": "m", "temperature": "hot"}, "temperature must be"),
     ({"base_url": "http://x", "model": "m", "headers": {"a": 1}}, "headers must be"),
     ({"base_url": "http://x", "model": "m", "max_retries": -1}, "max_retries must be >= 0"),
+    ({"base_url": "http://x", "model": "m", "max_turn_secs": 0}, "max_turn_secs must be"),
+    ({"base_url": "http://x", "model": "m", "max_tool_calls_per_reply": 0},
+     "max_tool_calls_per_reply must be >= 1"),
 ])
 def test_config_problems_are_named(config: dict[str, object], problem: str) -> None:
     found = settings_problem({"provider": "openai", **config}, {}, needs_key=False)
@@ -184,3 +188,15 @@ def test_the_environment_names_the_proxy_unless_no_proxy_covers_the_host(monkeyp
     assert env_proxy("https://api.example.com/v1") == "http://proxy.local:3128"
     assert env_proxy("http://api.example.com/v1") is None  # only https is proxied
     assert env_proxy("https://llm.internal/v1") is None
+
+
+def test_a_failed_turns_error_line_reaches_the_model_as_a_plain_note() -> None:
+    error = "[turn failed: model API http://x/v1 (m): the stream broke: ClientPayloadError: boom]"
+    items = [TextItem(role="user", text="hi"), TextItem(role="assistant", text=f"part\n{error}"),
+             TextItem(role="user", text="again"), TextItem(role="assistant", text=error),
+             TextItem(role="user", text="quote"),
+             TextItem(role="assistant", text="it said [turn failed: x] once")]
+    turns = history_turns(items)
+    assert [t[1] for t in turns] == [
+        AssistantMessage(f"part\n{INTERRUPTED_NOTE}"), AssistantMessage(INTERRUPTED_NOTE),
+        AssistantMessage("it said [turn failed: x] once")]

@@ -55,10 +55,12 @@ async def read_reply(reader: asyncio.StreamReader) -> dict[str, Any]:
 class SocketPairServer:
     """serve_stream on one end of a socketpair; the test drives the other end."""
 
-    def __init__(self, methods: dict[str, Any], frame_limit: int, high_water: int) -> None:
+    def __init__(self, methods: dict[str, Any], frame_limit: int, high_water: int,
+                 stall_timeout: float = 30.0) -> None:
         self.methods = methods
         self.frame_limit = frame_limit
         self.high_water = high_water
+        self.stall_timeout = stall_timeout
         self.endpoints: list[Endpoint] = []
 
     def make_endpoint(self, send: Callable[[bytes], None]) -> Endpoint:
@@ -76,15 +78,17 @@ class SocketPairServer:
                 self.make_endpoint,
                 frame_limit=self.frame_limit,
                 write_high_water=self.high_water,
+                stall_timeout=self.stall_timeout,
             )
         )
         return await asyncio.open_connection(sock=theirs, limit=64 * MIB)
 
 
 async def start_pair(
-    methods: dict[str, Any], frame_limit: int = MIB, high_water: int = 64 * MIB
+    methods: dict[str, Any], frame_limit: int = MIB, high_water: int = 64 * MIB,
+    stall_timeout: float = 30.0,
 ) -> tuple[SocketPairServer, asyncio.StreamReader, asyncio.StreamWriter]:
-    server = SocketPairServer(methods, frame_limit, high_water)
+    server = SocketPairServer(methods, frame_limit, high_water, stall_timeout)
     reader, writer = await server.start()
     return server, reader, writer
 
@@ -132,14 +136,38 @@ async def test_oversized_frame_over_a_socket_keeps_the_connection_usable() -> No
     await asyncio.wait_for(server.task, 10)
 
 
-async def test_peer_that_does_not_read_is_disconnected() -> None:
-    server, _reader, writer = await start_pair(handlers(), high_water=256 * 1024)
+async def test_peer_that_does_not_read_is_disconnected_after_the_stall_timeout() -> None:
+    server, _reader, writer = await start_pair(handlers(), high_water=256 * 1024,
+                                               stall_timeout=1.0)
+    writer.transport.pause_reading()  # the socket is not read at all from now on
     writer.write(request(0, "initialize"))
     for request_id in range(1, 40):  # 39 MiB of answers nobody reads
         writer.write(request(request_id, "big"))
+    started = asyncio.get_running_loop().time()
     await asyncio.wait_for(server.task, 20)
     assert server.endpoints[0].closed
+    assert asyncio.get_running_loop().time() - started >= 1.0
     writer.close()
+
+
+async def test_peer_that_reads_slowly_past_the_high_water_mark_gets_every_answer() -> None:
+    """Over the high-water mark its requests wait (memory stays bounded); it is never
+    dropped while it takes bytes, however slowly."""
+    server, reader, writer = await start_pair(handlers(), high_water=256 * 1024,
+                                              stall_timeout=1.0)
+    writer.write(request(0, "initialize"))
+    for request_id in range(1, 40):
+        writer.write(request(request_id, "big"))
+    await writer.drain()
+    await asyncio.sleep(1.5)  # behind for longer than the stall timeout, but taking bytes
+    ids = []
+    for _ in range(40):
+        reply = await asyncio.wait_for(read_reply(reader), 20)
+        ids.append(reply["id"])
+        await asyncio.sleep(0.01)
+    assert ids == list(range(40)) and not server.endpoints[0].closed
+    writer.close()
+    await asyncio.wait_for(server.task, 10)
 
 
 async def test_garbage_stream_never_breaks_the_server() -> None:

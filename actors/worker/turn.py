@@ -23,6 +23,7 @@ from actors.worker.agents.base import AgentFailure, ToolCallOutcome, estimate_to
 from actors.worker.tools import PathPolicy, Tool, ToolEnv, ToolError, ToolResult
 from ipc.events import (
     CANCEL_MARKER,
+    FAILURE_MARKER_START,
     Event,
     MessageChunk,
     TextItem,
@@ -62,7 +63,7 @@ burst (the echo agent's) comes faster and leaves with the turn's end, unwoken.""
 
 def failure_marker(message: str) -> str:
     """What ends the text of a failed turn that is kept for its partial output."""
-    return f"[turn failed: {message}]"
+    return f"{FAILURE_MARKER_START}{message}]"
 
 
 class TurnAborted(AgentFailure):

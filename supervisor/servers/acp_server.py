@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from actors.worker.sandbox import detect as detect_sandbox
 from ipc import acp_handshake
-from ipc.errors import InternalError, InvalidParams, SessionNotFound
+from ipc.errors import InternalError, InvalidParams, MethodNotFound, SessionNotFound
 from ipc.extensions import ExtensionMethods
 from ipc.jsonrpc import ConnectionLost, Endpoint, RemoteError, notification_frame
 from ipc.later import LaterAnswer
@@ -455,8 +455,11 @@ class AcpServer:
 
     async def _to_agent(self, method: str, params: Any, endpoint: Endpoint, *,
                         notification: bool) -> Any:
-        if not isinstance(params, Mapping):
-            raise InvalidParams("params must be an object")
+        """An extension that names no session is one this host does not have: -32601,
+        as ACP says of an unknown extension method (a session's agent may know it)."""
+        if not isinstance(params, Mapping) or not (params.get("sessionId")
+                                                   or params.get("session_id")):
+            raise MethodNotFound(f"Method not found: {method}")
         sid = await self._visible(params, endpoint)
         peer = endpoint.state["peer"]
         with self.host.owners.adopting(sid, peer):

@@ -158,7 +158,8 @@ def timed_turns(daemon: DaemonProc, client_no: int) -> float:
 
 
 def test_misbehaving_clients_do_not_slow_the_others(daemons: Daemons) -> None:
-    daemon = daemons(env_extra={"ZEROCLAW_WRITE_HIGH_WATER": str(HIGH_WATER)})
+    daemon = daemons(env_extra={"ZEROCLAW_WRITE_HIGH_WATER": str(HIGH_WATER),
+                                "ZEROCLAW_acp__client_stall_timeout_secs": "2"})
     baseline = timed_turns(daemon, 0)
 
     silent = connect_raw(daemon.socket_path)
@@ -169,7 +170,7 @@ def test_misbehaving_clients_do_not_slow_the_others(daemons: Daemons) -> None:
         elapsed = timed_turns(daemon, 1)
         assert elapsed < max(5.0, 5 * baseline), (elapsed, baseline)
         # the whole log: its tail is the huge prompt (logged by the store at debug level)
-        wait_until(lambda: b"peer is not reading" in daemon.stderr_path.read_bytes(), 20,
+        wait_until(lambda: b"client stalled" in daemon.stderr_path.read_bytes(), 20,
                    "the non-reading client to be dropped")
         assert disconnected(non_reader, 10)
         elapsed = timed_turns(daemon, 2)

@@ -25,6 +25,9 @@ from typing import Any
 
 __all__ = ["ModelServer", "Recorded", "Reply"]
 
+FLOOD_BATCH = 256  # chunks per write when flooding
+_COMMENT = b": keep-alive\n\n"
+
 
 @dataclass(frozen=True)
 class Reply:
@@ -34,6 +37,9 @@ class Reply:
     non-streamed body (an error status). ``cut_after`` cuts the connection after that
     many events; ``hold_after`` holds the stream open after that many events;
     ``hold_headers`` holds before sending anything (a server that never answers).
+    ``flood`` is ``(event, count)``: after the first event, ``event`` is sent ``count``
+    times as fast as the connection takes it (one chunk each, many per write).
+    ``comment_every`` sends an SSE comment line that often (seconds) while held.
     """
 
     status: int = 200
@@ -43,6 +49,8 @@ class Reply:
     cut_after: int | None = None
     hold_after: int | None = None
     hold_headers: bool = False
+    flood: tuple[bytes, int] | None = None
+    comment_every: float | None = None
 
 
 @dataclass(frozen=True)
@@ -106,16 +114,36 @@ class _Handler(BaseHTTPRequestHandler):
                 self.close_connection = True
                 self.connection.shutdown(socket.SHUT_RDWR)
                 return
-            if n == reply.hold_after and not self._hold():
+            if n == reply.hold_after and not self._hold(reply.comment_every):
                 return
+            if n == 1 and reply.flood is not None:
+                self._flood(*reply.flood)
             self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
             self.wfile.flush()
         self.wfile.write(b"0\r\n\r\n")
 
-    def _hold(self) -> bool:
-        """Keep the stream open until released (True) or the client leaves (False)."""
+    def _flood(self, event: bytes, count: int) -> None:
+        chunk = b"%x\r\n%s\r\n" % (len(event), event)
+        while count:
+            batch = min(count, FLOOD_BATCH)
+            self.wfile.write(chunk * batch)
+            count -= batch
+        self.wfile.flush()
+
+    def _hold(self, comment_every: float | None = None) -> bool:
+        """Keep the stream open until released (True) or the client leaves (False);
+        an SSE comment goes out every ``comment_every`` seconds meanwhile."""
         state = self.server.state
+        next_comment = time.monotonic() + (comment_every or 0)
         while not state.release.wait(0.02):
+            if comment_every is not None and time.monotonic() >= next_comment:
+                next_comment += comment_every
+                try:
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(_COMMENT), _COMMENT))
+                    self.wfile.flush()
+                except OSError:
+                    state.client_gone.set()
+                    return False
             readable, _, _ = select.select([self.connection], [], [], 0)
             if readable and not self.connection.recv(1, socket.MSG_PEEK):
                 state.client_gone.set()

@@ -97,7 +97,7 @@ async def test_extension_methods_are_forwarded_both_ways(
         answer = await host.raw("_vendor/ping", {"sessionId": sid, "n": 1})
         assert answer["method"] == "_vendor/ping" and answer["params"]["n"] == 1
         assert answer["params"]["sessionId"].startswith("fx-session-")  # the agent's own id
-        await expect_error(host.raw("_vendor/ping", {"n": 1}), -32602)  # which session?
+        await expect_error(host.raw("_vendor/ping", {"n": 1}), -32601)  # no session: not ours
         plain = (await host.raw("session/new", {"cwd": str(workspace),
                                                 "agentAlias": "plain"}))["sessionId"]
         await expect_error(host.raw("_vendor/ping", {"sessionId": plain}), -32601)

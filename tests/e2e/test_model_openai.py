@@ -14,6 +14,7 @@ from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
+from actors.worker.agents.llm.conversation import INTERRUPTED_NOTE
 from actors.worker.tools import default_tools
 
 from .conftest import SdkHostFactory
@@ -256,9 +257,31 @@ async def test_a_stream_cut_midway_fails_the_turn_without_a_retry(
     texts = [getattr(i, "text", None) for i in items]
     assert texts[0] == "hi" and texts[2:] == ["still there?", "ok"]
     assert texts[1].startswith("partial \n[turn failed: ") and "stream broke" in texts[1]
+    # the model is told the reply was cut short, not the error's text (an exception's
+    # words, the API's URL)
     assert model_server.requests[1].body["messages"][1:] == [
-        {"role": "user", "content": "hi"}, {"role": "assistant", "content": texts[1]},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": f"partial \n{INTERRUPTED_NOTE}"},
         {"role": "user", "content": "still there?"}]
+
+
+async def test_a_stream_that_ends_without_finish_reason_or_done_fails_the_turn(
+    sdk_hosts: SdkHostFactory, config_dir: Path, tmp_path: Path, workspace: Path,
+    model_server: ModelServer,
+) -> None:
+    """The body ends cleanly (the last chunk of its chunked encoding) after a delta:
+    a server or proxy that gave up, not an answer."""
+    role, delta = openai_reply({"content": "half an ans"}).events[:2]
+    model_server.script(Reply(events=(role, delta)), openai_reply({"content": "whole"}))
+    async with start(sdk_hosts, config_dir,
+                           openai_config(model_server, tmp_path / "aws")) as host:
+        await host.initialize()
+        sid = await host.new_session(workspace)
+        error = await expect_error(host.prompt(sid, "hi"), -32603)
+        assert "ended before the reply did" in str(error)
+        assert text_of(host, sid) == "half an ans"
+        assert (await host.prompt(sid, "again")).content == "whole"
+    assert len(model_server.requests) == 2
 
 
 async def test_cancel_aborts_a_stalled_stream_and_keeps_what_was_streamed(
@@ -476,3 +499,55 @@ async def test_a_worker_that_streamed_replies_exits_without_errors_in_its_log(
             assert (await host.prompt(sid, "hi")).stop_reason == "end_turn"
     stderr = "".join(p.read_text(errors="replace") for p in tmp_path.glob("host-*.stderr"))
     assert " ERROR " not in stderr and "Unclosed" not in stderr, stderr
+
+
+async def test_a_stream_kept_open_by_comments_ends_cancelled_at_max_turn_secs(
+    sdk_hosts: SdkHostFactory, config_dir: Path, tmp_path: Path, workspace: Path,
+    model_server: ModelServer,
+) -> None:
+    """A comment every 0.2 s keeps the socket busy, so ``request_timeout_secs`` (1 s)
+    never fires; the turn's deadline does, and keeps what was streamed."""
+    reply = openai_reply({"content": "partial"}, {"content": " never"})
+    model_server.script(Reply(events=reply.events, hold_after=2, comment_every=0.2))
+    text = openai_config(model_server, tmp_path / "aws",
+                         extra="request_timeout_secs = 1\nmax_turn_secs = 2.5\n")
+    async with start(sdk_hosts, config_dir, text) as host:
+        await host.initialize()
+        sid = await host.new_session(workspace)
+        began = asyncio.get_running_loop().time()
+        out = await asyncio.wait_for(host.prompt(sid, "go on forever"), 20)
+        assert asyncio.get_running_loop().time() - began >= 2.5
+        assert out.stop_reason == "cancelled"
+        assert out.content == "partial\n[turn stopped: it ran past max_turn_secs (2.5 s)]"
+        assert await asyncio.to_thread(model_server.state.client_gone.wait, 10), (
+            "the HTTP stream was not closed")
+    _, items = stored_session(config_dir, sid)
+    assert [getattr(i, "text", None) for i in items] == ["go on forever", out.content]
+
+
+async def test_tool_calls_past_max_tool_calls_per_reply_are_refused_to_model_and_client(
+    sdk_hosts: SdkHostFactory, config_dir: Path, tmp_path: Path, workspace: Path,
+    model_server: ModelServer,
+) -> None:
+    calls = {"tool_calls": [
+        {"index": n, "id": f"c{n}", "function": {
+            "name": "shell", "arguments": json.dumps({"command": f"echo ran-{n}"})}}
+        for n in range(5)]}
+    model_server.script(openai_reply(calls, finish="tool_calls"), openai_reply({"content": "ok"}))
+    text = openai_config(model_server, tmp_path / "aws", extra="max_tool_calls_per_reply = 3\n")
+    async with start(sdk_hosts, config_dir, text) as host:
+        await host.initialize()
+        sid = await host.new_session(workspace)
+        out = await host.prompt(sid, "five at once")
+        assert (out.stop_reason, out.content) == ("end_turn", "ok")
+        assert [c.tool_call_id for c in host.client.of(sid, "tool_call")] == [
+            f"c{n}" for n in range(5)]
+        finals = {u.tool_call_id: u for u in host.client.of(sid, "tool_call_update")
+                  if u.status != "in_progress"}
+        assert [finals[f"c{n}"].status for n in range(5)] == ["completed"] * 3 + ["failed"] * 2
+        assert "max_tool_calls_per_reply" in json.dumps(finals["c4"].raw_output)
+    results = [m for m in model_server.requests[1].body["messages"] if m["role"] == "tool"]
+    assert [r["tool_call_id"] for r in results] == [f"c{n}" for n in range(5)]
+    assert [r["content"].strip() for r in results[:3]] == ["ran-0", "ran-1", "ran-2"]
+    assert all(r["content"].startswith("refused: the reply asked for 5 tool calls; only the "
+                                       "first 3 run") for r in results[3:])

@@ -3,7 +3,9 @@
 Keys: ``base_url``, ``model``, ``api_key_env`` (the NAME of an environment variable
 holding the key; the key itself is never in the config), ``headers``,
 ``temperature``, ``max_tokens``, ``context_window``, ``request_timeout_secs``,
-``max_retries``, ``max_tool_rounds``.
+``max_retries``, ``max_tool_rounds``, ``max_turn_secs`` (the longest a turn may run:
+past it the turn ends ``cancelled`` with what it streamed), ``max_tool_calls_per_reply``
+(the calls of one model reply that run; the others are refused).
 
 Pure functions and frozen data: safe from any thread. :func:`settings_problem`
 runs on the host's loop (``session/new``) and in the worker; :func:`load_settings`
@@ -25,6 +27,8 @@ DEFAULT_CONTEXT_WINDOW = 128_000
 DEFAULT_TIMEOUT_SECS = 120.0
 DEFAULT_MAX_RETRIES = 3
 DEFAULT_MAX_TOOL_ROUNDS = 20
+DEFAULT_MAX_TURN_SECS = 1800.0
+DEFAULT_MAX_TOOL_CALLS_PER_REPLY = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +47,8 @@ class ModelSettings:
     max_retries: int
     max_tool_rounds: int
     workspace: str
+    max_turn_secs: float = DEFAULT_MAX_TURN_SECS
+    max_tool_calls_per_reply: int = DEFAULT_MAX_TOOL_CALLS_PER_REPLY
 
 
 def _number(config: Mapping[str, Any], key: str, *, integer: bool, minimum: float) -> str | None:
@@ -95,7 +101,8 @@ def settings_problem(
         return "headers must be a table of strings"
     checks = (("temperature", False, 0), ("max_tokens", True, 1), ("context_window", True, 256),
               ("request_timeout_secs", False, 0.001), ("max_retries", True, 0),
-              ("max_tool_rounds", True, 0))
+              ("max_tool_rounds", True, 0), ("max_turn_secs", False, 0.001),
+              ("max_tool_calls_per_reply", True, 1))
     for key, integer, minimum in checks:
         problem = _number(config, key, integer=integer, minimum=minimum)
         if problem is not None:
@@ -124,4 +131,7 @@ def load_settings(
         max_retries=int(config.get("max_retries", DEFAULT_MAX_RETRIES)),
         max_tool_rounds=int(config.get("max_tool_rounds", DEFAULT_MAX_TOOL_ROUNDS)),
         workspace=str(config.get("workspace", "")),
+        max_turn_secs=float(config.get("max_turn_secs", DEFAULT_MAX_TURN_SECS)),
+        max_tool_calls_per_reply=int(config.get("max_tool_calls_per_reply",
+                                                DEFAULT_MAX_TOOL_CALLS_PER_REPLY)),
     )

@@ -19,9 +19,10 @@ from typing import Any, TypeAlias
 import orjson
 
 from actors.worker.agents.base import estimate_tokens
-from ipc.events import TextItem, ToolItem, TurnItem
+from ipc.events import FAILURE_MARKER_START, TextItem, ToolItem, TurnItem
 
 __all__ = [
+    "INTERRUPTED_NOTE",
     "AssistantMessage",
     "Message",
     "ToolCallRequest",
@@ -35,6 +36,8 @@ __all__ = [
 ]
 
 PERSONA_FILES = ("IDENTITY.md", "SOUL.md")
+INTERRUPTED_NOTE = "[this reply was interrupted: the turn failed]"
+"""What the model is told in place of a failed turn's error line."""
 PERSONA_MAX_BYTES = 64 * 1024
 
 
@@ -99,7 +102,7 @@ class _TurnBuilder:
         elif item.role == "assistant":
             if self.calls:
                 self.flush()
-            self.text.append(item.text)
+            self.text.append(_without_failure(item.text))
 
     def flush(self) -> None:
         text = "".join(self.text)
@@ -107,6 +110,16 @@ class _TurnBuilder:
             self.messages.append(AssistantMessage(text, tuple(self.calls)))
         self.messages.extend(self.results)
         self.text, self.calls, self.results = [], [], []
+
+
+def _without_failure(text: str) -> str:
+    """An assistant text as the model is sent it: the failure line that ends a failed
+    turn's kept text (the error as the client was told it: an exception's text, the
+    API's URL) becomes :data:`INTERRUPTED_NOTE`."""
+    at = text.rfind(FAILURE_MARKER_START)
+    if at < 0 or not text.endswith("]") or (at and text[at - 1] != "\n"):
+        return text
+    return text[:at] + INTERRUPTED_NOTE
 
 
 def history_turns(items: Iterable[TurnItem]) -> list[Turn]:

@@ -15,7 +15,12 @@ wake-up per network read); the turn's cancel puts a sentinel in that queue
 (:class:`~actors.worker.cancel.TurnCancel`), so a waiting actor thread never wakes
 for nothing, yet sees a cancel at once in every phase (connect, waiting for
 headers, a stalled stream); it then cancels the exchange on the loop, which
-closes its connection at once and so tells the server. aiohttp is imported when
+closes its connection at once and so tells the server. While more than
+:data:`QUEUED_LIMIT` bytes of events wait in that queue (the actor's thread waits
+for its client: see :class:`~actors.worker.session.StreamWindow`), the loop stops
+reading the body: aiohttp's buffer fills, then the socket's, and TCP back-pressure
+reaches the model server, so a client that reads slower than the model streams
+costs the worker a bounded queue, never the whole reply. aiohttp is imported when
 the first request is made, so starting a host or a worker does not pay for it.
 
 Error messages never contain the API key (:func:`redact`).
@@ -23,6 +28,7 @@ Error messages never contain the API key (:func:`redact`).
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import queue
@@ -46,7 +52,8 @@ if TYPE_CHECKING:
 
     import aiohttp
 
-__all__ = ["POLL_SECS", "ModelHttp", "SseDecoder", "model_failure", "redact"]
+__all__ = ["POLL_SECS", "QUEUED_LIMIT", "ModelHttp", "SseDecoder", "StreamEnd", "model_failure",
+           "redact"]
 
 logger = logging.getLogger("zeroclaw.model")
 
@@ -55,6 +62,9 @@ RETRY_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
 MAX_RETRY_WAIT_SECS = 60.0
 ERROR_BODY_LIMIT = 4096
 DRAIN_SECS = 1.0
+QUEUED_LIMIT = 1024 * 1024
+"""Bytes of event data queued for the actor's thread past which the body is not read
+until that thread has taken half of them."""
 
 
 def redact(text: str, secret: str | None) -> str:
@@ -66,6 +76,14 @@ def model_failure(settings: ModelSettings, message: str) -> AgentFailure:
     """A failure the client sees, naming the API and model; the key is redacted."""
     text = f"model API {settings.base_url} ({settings.model}): {message}"
     return AgentFailure(redact(text, settings.api_key))
+
+
+@dataclass(slots=True)
+class StreamEnd:
+    """How a stream ended, filled in by :meth:`ModelHttp.stream`: ``done`` once the
+    body said so (``data: [DONE]``)."""
+
+    done: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +142,11 @@ class _Pump:
         self._queue: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._held: tuple[str, Any] | None = None  # taken from the queue, not yet returned
         self._unhook: Callable[[], None] | None = None  # set by the first wait
+        self._loop = io.loop
+        self._queued_bytes = 0  # event bytes ever queued (written by the loop only)
+        self._taken_bytes = 0  # event bytes ever taken (written by the taking thread only)
+        self._room: asyncio.Event | None = None  # the loop waits on it while paused
+        self._paused = False  # the loop stopped reading the body (queue over the limit)
         self._exchange = io.submit(self._run(io.session, request))
 
     async def _run(self, session: aiohttp.ClientSession, request: _Request) -> None:
@@ -160,10 +183,36 @@ class _Pump:
             batch = events.feed(chunk)
             if batch:
                 self._queue.put(("events", batch))
+                self._queued_bytes += sum(map(len, batch))
+                if self._queued_bytes - self._taken_bytes > QUEUED_LIMIT:
+                    await self._wait_for_room()
         batch = events.end()
         if batch:
             self._queue.put(("events", batch))
         return ("end", None)
+
+    async def _wait_for_room(self) -> None:
+        """The loop thread: stop reading the body until the taking thread has brought
+        the queue down to half of :data:`QUEUED_LIMIT` (it wakes this wait,
+        :meth:`_took`); a cancel of the exchange ends the wait too."""
+        room = self._room
+        if room is None:
+            room = self._room = asyncio.Event()
+        room.clear()
+        self._paused = True
+        while self._queued_bytes - self._taken_bytes > QUEUED_LIMIT // 2:
+            await room.wait()
+            room.clear()
+        self._paused = False
+
+    def _took(self, events: list[bytes]) -> None:
+        """The taking thread: ``events`` left the queue; wake the loop if it waits for
+        room and there is enough now."""
+        self._taken_bytes += sum(map(len, events))
+        if self._paused and self._queued_bytes - self._taken_bytes <= QUEUED_LIMIT // 2:
+            room = self._room
+            if room is not None:
+                self._loop.call_soon_threadsafe(room.set)
 
     def next(self, cancelled: threading.Event) -> tuple[str, Any] | None:
         """The next item; None once ``cancelled`` is set (the cancel wakes this wait).
@@ -182,11 +231,13 @@ class _Pump:
             try:
                 later = self._queue.get_nowait()
             except queue.Empty:
-                return ("events", events)
+                break
             if later[0] != "events":
                 self._held = later
-                return ("events", events)
+                break
             events.extend(later[1])  # the loop made a new list for each item
+        self._took(events)
+        return ("events", events)
 
     def _get(self, cancelled: threading.Event, timeout: float | None) -> tuple[str, Any] | None:
         """The next item, or None when ``cancelled`` is set or ``timeout`` passed. A
@@ -230,6 +281,7 @@ class _Pump:
         while (item := self._get(cancelled, deadline - time.monotonic())) is not None:
             if item[0] != "events":
                 return
+            self._took(item[1])
 
 
 _CANCELLED: tuple[str, Any] = ("cancelled", None)
@@ -334,14 +386,15 @@ class ModelHttp:
                         self._proxies[url], _tls_context() if url.startswith("https:") else True)
 
     def stream(self, url: str, headers: Mapping[str, str], body: dict[str, Any],
-               cancelled: threading.Event) -> Generator[list[dict[str, Any]], None, None]:
+               cancelled: threading.Event, end: StreamEnd | None = None,
+               ) -> Generator[list[dict[str, Any]], None, None]:
         """The response's SSE payloads as dicts, a list per network read (what arrived
-        together); stops early when ``cancelled``."""
+        together); stops early when ``cancelled``; ``end`` says how it ended."""
         opened = self._connect(url, headers, body, cancelled)
         if opened is None:
             return
         try:
-            yield from self._payloads(opened, cancelled)
+            yield from self._payloads(opened, cancelled, end or StreamEnd())
         finally:
             opened.pump.abort()
 
@@ -394,11 +447,12 @@ class ModelHttp:
             raise _Retry(f"the stream broke before its first event: {exc}") from None
         return _Opened(pump, batches, first)
 
-    def _payloads(self, opened: _Opened,
-                  cancelled: threading.Event) -> Iterator[list[dict[str, Any]]]:
+    def _payloads(self, opened: _Opened, cancelled: threading.Event,
+                  end: StreamEnd) -> Iterator[list[dict[str, Any]]]:
         try:
             for batch in itertools.chain([opened.first], opened.batches):
                 payloads, done = self._parse(batch)
+                end.done = done
                 if payloads:
                     yield payloads
                 if done:

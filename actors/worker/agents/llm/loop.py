@@ -4,8 +4,15 @@ A turn: the system prompt, the session's history (oldest turns dropped to fit
 ``context_window``) and the prompt go to the model; its streamed reply reaches the
 client as it arrives; the tool calls it asks for run through the session's rules
 (:meth:`TurnContext.run_tool`) and their results go back to it, until it answers
-without tools or ``max_tool_rounds`` is reached. A subclass says how its API is
-spoken: the URL, headers, request body, and how a streamed payload reads.
+without tools or ``max_tool_rounds`` is reached. Of one reply's tool calls the first
+``max_tool_calls_per_reply`` run; the others are refused: the model gets a result
+saying so, the client sees each as a failed tool call (ACP clients show those as
+such, and the store keeps them, so the next request still answers every call the
+model made and a session's requests keep extending each other). A turn that runs
+past ``max_turn_secs`` (a server that keeps its stream open with comments, a model
+that keeps calling tools) ends ``cancelled`` with what it streamed, and a line saying
+why. A subclass says how its API is spoken: the URL, headers, request body, and
+how a streamed payload reads.
 
 Created on the worker's IO thread; turns run on the session actor's thread.
 """
@@ -15,6 +22,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import threading
+import uuid
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
@@ -24,6 +33,7 @@ import orjson
 from actors.worker.agents.base import (
     Agent,
     AgentFailure,
+    ToolCallOutcome,
     TurnContext,
     TurnResult,
     TurnStop,
@@ -42,10 +52,12 @@ from actors.worker.agents.llm.conversation import (
     messages_tokens,
     system_prompt,
 )
-from actors.worker.agents.llm.http import ModelHttp, model_failure
+from actors.worker.agents.llm.http import ModelHttp, StreamEnd, model_failure
+from actors.worker.agents.llm.model_io import model_io
 from actors.worker.agents.llm.reply import ModelReply, ReplyBuilder
 from actors.worker.agents.llm.tool_specs import ToolSpec, model_tools
-from ipc.events import MessageChunk, ToolItem, UsageUpdate
+from actors.worker.cancel import TurnCancel, call_on_cancel
+from ipc.events import MessageChunk, ToolCallFinished, ToolCallStarted, ToolItem, UsageUpdate
 
 __all__ = ["ModelAgent"]
 
@@ -94,11 +106,28 @@ class ModelAgent(Agent):
     # --- the loop -------------------------------------------------------------------------
 
     def run_turn(self, prompt: str, ctx: TurnContext) -> TurnResult | None:
-        stop = self._converse(prompt, ctx)
+        stopped = TurnCancel()  # the client's cancel, or the turn's deadline
+        unhook = call_on_cancel(ctx.cancelled, stopped.set)
+        if unhook is None:  # a plain Event (tests): no deadline, the cancel is polled
+            stopped, unhook = ctx.cancelled, _no_unhook  # type: ignore[assignment]
+            call_off = _no_unhook
+        else:
+            call_off = model_io().call_later(self.settings.max_turn_secs, stopped.set)
+        try:
+            stop = self._converse(prompt, ctx, stopped)
+        finally:
+            call_off()
+            unhook()
+        if stopped.is_set() and not ctx.cancelled.is_set():
+            ctx.emit(MessageChunk(f"\n[turn stopped: it ran past max_turn_secs "
+                                  f"({self.settings.max_turn_secs:g} s)]"))
+            return TurnResult(stop_reason="cancelled")
         return None if stop is None else TurnResult(stop_reason=stop)
 
-    def _converse(self, prompt: str, ctx: TurnContext) -> TurnStop | None:
-        """Ask the model, run the tools it calls, feed them back, until it answers."""
+    def _converse(self, prompt: str, ctx: TurnContext,
+                  stopped: threading.Event) -> TurnStop | None:
+        """Ask the model, run the tools it calls, feed them back, until it answers
+        or ``stopped`` (a cancel, the deadline) is set."""
         system = system_prompt(self.settings.alias, ctx.workspace, self.settings.workspace)
         history = history_turns(ctx.history)
         used_ids = {item.tool_call_id for item in ctx.history if isinstance(item, ToolItem)}
@@ -106,8 +135,8 @@ class ModelAgent(Agent):
         rounds = 0
         while True:
             messages = self._context(system, history, turn, log=rounds == 0)
-            reply = self._ask(system, messages, ctx)
-            if ctx.cancelled.is_set():
+            reply = self._ask(system, messages, ctx, stopped)
+            if stopped.is_set():
                 return None
             self._report_usage(ctx, reply, system, messages)
             if reply.finish in ("max_tokens", "refusal"):
@@ -119,10 +148,10 @@ class ModelAgent(Agent):
                                       f"{rounds} rounds of tool calls (max_tool_rounds)]"))
                 return None
             rounds += 1
-            calls, results = self._run_tools(reply.tool_calls, ctx, used_ids, rounds)
+            calls, results = self._run_tools(reply.tool_calls, ctx, used_ids, rounds, stopped)
             turn.append(AssistantMessage(reply.text, calls))
             turn.extend(results)
-            if ctx.cancelled.is_set():
+            if stopped.is_set():
                 return None
 
     def _context(self, system: str, history: list[tuple[Message, ...]], turn: list[Message],
@@ -138,12 +167,14 @@ class ModelAgent(Agent):
                         settings.alias, dropped, settings.context_window)
         return [*kept, *turn]
 
-    def _ask(self, system: str, messages: list[Message], ctx: TurnContext) -> ModelReply:
+    def _ask(self, system: str, messages: list[Message], ctx: TurnContext,
+             stopped: threading.Event) -> ModelReply:
         """One streamed request; its text reaches the client as it comes: the deltas
         that arrived together (one network read) as one chunk."""
         reply = ReplyBuilder(ctx.emit)
         body = self.request_body(system, messages)
-        stream = self.http.stream(self.endpoint(), self.request_headers(), body, ctx.cancelled)
+        end = StreamEnd()
+        stream = self.http.stream(self.endpoint(), self.request_headers(), body, stopped, end)
         with contextlib.closing(stream):
             for payloads in stream:
                 try:
@@ -151,9 +182,13 @@ class ModelAgent(Agent):
                         self.read_payload(payload, reply)
                 finally:  # also when an error event fails the turn: what came before it
                     reply.flush()
-                if ctx.cancelled.is_set():
+                if stopped.is_set():
                     break
-        return reply.build()
+        built = reply.build()
+        if not (reply.finished or end.done or stopped.is_set()):
+            raise self.failure("the stream ended before the reply did "
+                               "(no finish reason, no [DONE])")
+        return built
 
     def _report_usage(self, ctx: TurnContext, reply: ModelReply, system: str,
                       messages: list[Message]) -> None:
@@ -165,23 +200,31 @@ class ModelAgent(Agent):
         ctx.emit(UsageUpdate(used=used, size=self.settings.context_window))
 
     def _run_tools(self, calls: Sequence[ToolCallRequest], ctx: TurnContext, used_ids: set[str],
-                   step: int) -> tuple[tuple[ToolCallRequest, ...], list[ToolResultMessage]]:
+                   step: int, stopped: threading.Event,
+                   ) -> tuple[tuple[ToolCallRequest, ...], list[ToolResultMessage]]:
         """Run the calls; each as the session stores it (its tool call id, its arguments
         as JSON text) and its result. The rest of the turn goes to the model in that
         form, the one later turns rebuild from the store (:func:`history_turns`), so
         every request of a session extends the one before it and a server's prompt
         cache keeps matching. A call keeps the model's id unless the session already
         has it (a server that numbers calls per reply) or it is not a plain token;
-        ``step`` (this reply's number in the turn) keeps the replies apart in the store."""
+        ``step`` (this reply's number in the turn) keeps the replies apart in the store.
+        Calls past ``max_tool_calls_per_reply`` are refused (:func:`_refuse`)."""
         ran: list[ToolCallRequest] = []
         results = []
-        for call in calls:
-            if ctx.cancelled.is_set():
+        most = self.settings.max_tool_calls_per_reply
+        for index, call in enumerate(calls):
+            if stopped.is_set():
                 break
             arguments = _arguments(call.arguments)
             own_id = call.call_id if (_PLAIN_ID.fullmatch(call.call_id)
                                       and call.call_id not in used_ids) else None
-            outcome = ctx.run_tool(call.name, arguments, own_id, step)
+            if index < most:
+                outcome = ctx.run_tool(call.name, arguments, own_id, step)
+            else:
+                outcome = _refuse(ctx, call.name, arguments, own_id, step,
+                                  f"refused: the reply asked for {len(calls)} tool calls; "
+                                  f"only the first {most} run (max_tool_calls_per_reply)")
             used_ids.add(outcome.tool_call_id)
             ran.append(ToolCallRequest(outcome.tool_call_id, call.name,
                                        arguments_text(arguments)))
@@ -192,6 +235,19 @@ class ModelAgent(Agent):
     def failure(self, message: str) -> AgentFailure:
         """An AgentFailure naming the API and model, with the key redacted."""
         return model_failure(self.settings, message)
+
+
+def _no_unhook() -> None:
+    """Nothing to unregister or call off."""
+
+
+def _refuse(ctx: TurnContext, name: str, arguments: Any, call_id: str | None, step: int,
+            reason: str) -> ToolCallOutcome:
+    """A tool call that is not run: the client sees it fail with ``reason``."""
+    call_id = call_id or f"call_{uuid.uuid4().hex[:16]}"
+    ctx.emit(ToolCallStarted(call_id, name, name, "other", arguments, (), step))
+    ctx.emit(ToolCallFinished(call_id, name, "failed", {"error": reason}, reason))
+    return ToolCallOutcome(call_id, "failed", reason, {"error": reason})
 
 
 def _arguments(text: str) -> Any:

@@ -19,7 +19,7 @@ import atexit
 import concurrent.futures
 import contextlib
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
@@ -47,6 +47,18 @@ class ModelIo:
         with contextlib.suppress(Exception):
             self.submit(self.session.close()).result(CLOSE_SECS)
         self.loop.call_soon_threadsafe(self.loop.stop)
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> Callable[[], None]:
+        """Run ``callback`` on the loop in ``delay`` seconds (any thread; it must not
+        block); returns what calls it off (any thread). No thread is started for it."""
+        handles: list[asyncio.TimerHandle] = []
+        self.loop.call_soon_threadsafe(
+            lambda: handles.append(self.loop.call_later(delay, callback)))
+
+        def call_off() -> None:
+            self.loop.call_soon_threadsafe(lambda: handles[0].cancel() if handles else None)
+
+        return call_off
 
     def submit(self, coroutine: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         """Run ``coroutine`` on the loop (any thread); cancelling the future cancels it."""

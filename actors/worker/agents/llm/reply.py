@@ -165,6 +165,11 @@ class ReplyBuilder:
     def finish(self, finish: Finish) -> None:
         self._finish = finish
 
+    @property
+    def finished(self) -> bool:
+        """Whether the provider said how the reply ended (a finish or stop reason)."""
+        return self._finish is not None
+
     def usage(self, input_tokens: int | None, output_tokens: int | None) -> None:
         """Token counts the provider reported; a None keeps what an earlier event said."""
         old = self._usage or Usage(0, 0)
