@@ -110,7 +110,7 @@ def test_a_fast_model_streams_whole_to_a_reading_client_over_the_socket(
         write_config(scratch_dir, model_config(server, scratch_dir, "[workers]\nmax = 1\n"))
         daemon: DaemonProc = daemons(scratch_dir)
         with RpcClient(daemon.socket_path.parent / "acp.sock") as editor:
-            sid = editor.request("session/new", {"cwd": str(scratch_dir),
+            sid = editor.request("session/new", {"cwd": str(daemon.work_dir),
                                                  "mcpServers": []})["sessionId"]
             server.script(openai_reply({"content": "warm"}), flood_reply())
             editor.request("session/prompt", {"sessionId": sid, "prompt": "warm up"})
@@ -137,7 +137,7 @@ def test_a_client_that_stops_reading_a_fast_model_is_dropped_after_the_stall_lim
         acp_path = daemon.socket_path.parent / "acp.sock"
         with RpcClient(acp_path) as stalled:
             stalled.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            sid = stalled.request("session/new", {"cwd": str(scratch_dir),
+            sid = stalled.request("session/new", {"cwd": str(daemon.work_dir),
                                                   "mcpServers": []})["sessionId"]
             server.script(flood_reply(2_000_000))
             started = time.monotonic()
