@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .gateway_helpers import GatewayDaemon, WsClient, gateway_config
-from .helpers import FRAME_TIMEOUT, RpcFailure
+from .helpers import FRAME_TIMEOUT, RpcFailure, work_dir
 
 
 def live_sessions(client: WsClient) -> set[str]:
@@ -38,7 +38,7 @@ def test_a_tenant_at_its_cap_evicts_its_own_least_recently_used_idle_session(
         daemons: Any, scratch_dir: Path) -> None:
     gateway_config(scratch_dir, alice="max_sessions = 2")
     gateway = GatewayDaemon(daemons(scratch_dir, "--gateway", "127.0.0.1:0"))
-    cwd = str(scratch_dir)
+    cwd = str(work_dir(scratch_dir))
     with gateway.client("bob") as bob:  # bob's session is the host's least recently used
         bob_sid = bob.request("session/new", {"cwd": cwd})["sessionId"]
         with gateway.client("alice") as first:
