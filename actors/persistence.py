@@ -44,7 +44,14 @@ import peewee
 from actors.bridge import ReplyCallback, SimpleInboxActor, loop_reply, reply_all
 from ipc.errors import InternalError
 from ipc.events import TurnRecord
-from storage.models import MessageRow, SessionEventRow, SessionRow, StoredSession, ToolCallRow
+from storage.models import (
+    MessageRow,
+    SessionEventRow,
+    SessionRow,
+    StoredSession,
+    ToolCallRow,
+    TurnUpdatesRow,
+)
 from storage.prepared_writes import TITLE_MAX_CHARS, MissingSession, PreparedWrites, title_of
 from storage.store import Store, StoreFileGone, write_failure_reason, write_transaction
 
@@ -373,7 +380,7 @@ class PersistenceActor(SimpleInboxActor):
     def _delete(self, session_id: str) -> bool:
         self._prepared.forget(session_id)
         with write_transaction(self._db):
-            for model in (MessageRow, ToolCallRow, SessionEventRow):
+            for model in (MessageRow, ToolCallRow, TurnUpdatesRow, SessionEventRow):
                 model.delete().where(model.session == session_id).execute(self._db)
             deleted = SessionRow.delete().where(SessionRow.id == session_id).execute(self._db)
         return bool(deleted)

@@ -12,7 +12,7 @@ import base64
 import binascii
 import hashlib
 import mimetypes
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -22,6 +22,7 @@ import orjson
 
 from ipc.errors import InvalidParams
 from ipc.events import (
+    AgentUpdate,
     AvailableCommands,
     CommandInfo,
     CurrentMode,
@@ -30,6 +31,7 @@ from ipc.events import (
     MessageChunk,
     PlanUpdate,
     SessionInfo,
+    StoredTurn,
     TextItem,
     ThoughtChunk,
     ToolCallFinished,
@@ -48,16 +50,19 @@ __all__ = [
     "Blob",
     "NewSessionRequest",
     "PromptRequest",
+    "agent_option_chosen",
+    "agent_permission_params",
     "chunk_update_frame",
     "encode_event",
     "new_session_request",
     "optional_str",
     "permission_params",
     "prompt_request",
-    "replay_events",
+    "replay_updates",
     "selected_option",
     "session_entry",
     "session_id",
+    "update_of",
 ]
 
 MAX_BLOB_BYTES = 10 * 1024 * 1024
@@ -290,6 +295,26 @@ def permission_params(
     }
 
 
+def agent_permission_params(sid: str, request: Mapping[str, Any]) -> dict[str, Any]:
+    """A hosted agent's own ``session/request_permission`` params as it sent them (its
+    tool call with diff and locations, its options, its ``_meta``), under ``sid``."""
+    return {"sessionId": sid, **{k: v for k, v in request.items() if k != "sessionId"}}
+
+
+def agent_option_chosen(request: Mapping[str, Any], result: Any) -> str | None:
+    """The ``optionId`` a client selected among the agent's own options; None when it
+    cancelled or answered something that is not one of them."""
+    outcome = result.get("outcome") if isinstance(result, Mapping) else None
+    if not isinstance(outcome, Mapping) or outcome.get("outcome") != "selected":
+        return None
+    option = outcome.get("optionId")
+    options = request.get("options")
+    offered = options if isinstance(options, list) else []
+    if any(isinstance(o, Mapping) and o.get("optionId") == option for o in offered):
+        return option if isinstance(option, str) else None
+    return None
+
+
 _OPTION_IDS = {
     "allow-once": "allow_once",
     "allow_once": "allow_once",
@@ -369,8 +394,11 @@ def _text(kind: str, text: str) -> dict[str, Any]:
     return {"sessionUpdate": kind, "content": {"type": "text", "text": text}}
 
 
-def _update(event: Event) -> dict[str, Any]:
+def update_of(event: Event) -> dict[str, Any]:
+    """The ACP ``session/update`` object of ``event`` (an agent's own as it came)."""
     match event:
+        case AgentUpdate(update=update):
+            return update
         case MessageChunk(text=text):
             return _text("agent_message_chunk", text)
         case ThoughtChunk(text=text):
@@ -422,7 +450,6 @@ def _tool_call_update(event: ToolCallFinished) -> dict[str, Any]:
         "sessionUpdate": "tool_call_update",
         "toolCallId": event.tool_call_id,
         "status": event.status,
-        "name": event.name,
     }
     if event.title is not None:
         update["title"] = event.title
@@ -461,7 +488,7 @@ def _command(command: CommandInfo) -> dict[str, Any]:
 
 def encode_event(sid: str, event: Event) -> dict[str, Any]:
     """``session/update`` notification params for ``event``."""
-    return {"sessionId": sid, "update": _update(event)}
+    return {"sessionId": sid, "update": update_of(event)}
 
 
 _CHUNK_UPDATES: dict[type[Any], str] = {
@@ -498,8 +525,22 @@ _REPLAY_CHUNKS: dict[str, type[UserChunk | MessageChunk | ThoughtChunk]] = {
 }
 
 
-def replay_events(items: list[TurnItem]) -> list[Event]:
-    """Stored turns as the events ``session/load`` replays (tool calls as completed)."""
+def replay_updates(turns: list[StoredTurn]) -> Iterator[dict[str, Any]]:
+    """The ``session/update`` objects ``session/load`` replays for stored ``turns``: each
+    turn's prompt as user chunks, then the updates its client got live, as they were
+    sent; a turn stored without them as its items (:func:`replay_events`)."""
+    for turn in turns:
+        if not turn.updates:
+            yield from (update_of(event) for event in replay_events(turn.items))
+            continue
+        for item in turn.items:
+            if isinstance(item, TextItem) and item.role == "user":
+                yield _text("user_message_chunk", item.text)
+        yield from turn.updates
+
+
+def replay_events(items: Sequence[TurnItem]) -> list[Event]:
+    """Stored items as the events ``session/load`` replays (tool calls as completed)."""
     events: list[Event] = []
     for item in items:
         if isinstance(item, TextItem):

@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Literal, TypeAlias
 __all__ = [
     "CANCEL_MARKER",
     "FAILURE_MARKER_START",
+    "AgentUpdate",
     "AvailableCommands",
     "CommandInfo",
     "CurrentMode",
@@ -30,6 +31,7 @@ __all__ = [
     "PlanUpdate",
     "ResourceContent",
     "SessionInfo",
+    "StoredTurn",
     "TextItem",
     "ThoughtChunk",
     "ToolCallFinished",
@@ -210,6 +212,17 @@ class AvailableCommands:
     commands: tuple[CommandInfo, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class AgentUpdate:
+    """An ACP ``session/update`` object exactly as it was sent (its ``update``, without
+    the ``sessionId`` around it): a hosted agent's, or one replayed from the store.
+    Every field, ``_meta`` and unknown ones included: the host sends it on as it is,
+    under its own session id, and the store keeps it as it is."""
+
+    KIND: ClassVar[str] = "acp"
+    update: dict[str, Any]
+
+
 Event: TypeAlias = (
     MessageChunk
     | ThoughtChunk
@@ -221,6 +234,7 @@ Event: TypeAlias = (
     | SessionInfo
     | UsageUpdate
     | AvailableCommands
+    | AgentUpdate
 )
 
 _EVENT_TYPES: dict[str, type[Any]] = {
@@ -235,6 +249,7 @@ _EVENT_TYPES: dict[str, type[Any]] = {
         CurrentMode,
         SessionInfo,
         UsageUpdate,
+        AgentUpdate,
     )
 }
 
@@ -264,6 +279,8 @@ def event_to_wire(event: Event) -> dict[str, Any]:
     """A plain dict (orjson-ready) with the kind under ``k``."""
     if type(event) in _CHUNK_CLASSES:  # the common case, on the way of every chunk
         return {"k": event.KIND, "text": event.text}  # type: ignore[union-attr]
+    if type(event) is AgentUpdate:  # as it came: no field of it is looked at
+        return {"k": AgentUpdate.KIND, "update": event.update}
     wire: dict[str, Any] = {"k": event.KIND}
     names = _EVENT_FIELDS.get(type(event))
     if names is None:
@@ -294,6 +311,11 @@ def event_from_wire(wire: dict[str, Any]) -> Event:
     chunk = _CHUNK_TYPES.get(wire.get("k", ""))
     if chunk is not None and len(wire) == 2:  # the common case, on the way of every chunk
         return chunk(wire["text"])
+    if wire.get("k") == AgentUpdate.KIND:
+        update = wire["update"]
+        if type(update) is not dict:
+            raise TypeError("an agent's update must be an object")
+        return AgentUpdate(update)
     data = dict(wire)
     cls = _EVENT_TYPES[data.pop("k")]
     if cls is PlanUpdate:
@@ -369,7 +391,11 @@ class TurnRecord:
     what it streamed (its prompt got an error, never this record); ``content`` is the
     final answer text (for a cancelled turn it ends with ``[turn cancelled via
     client]``, for a failed one with ``[turn failed: <error>]``).
-    Times are UNIX seconds.
+    ``updates`` are the ACP ``session/update`` objects of the turn as its client got
+    them live (a hosted agent's as the agent sent them; each run of consecutive
+    plain text chunks of one kind joined into one): what ``session/load`` replays.
+    ``items`` are the same turn as text and tool calls: what the store indexes and
+    zeroclaw's own agents read back as history. Times are UNIX seconds.
     """
 
     session_id: str
@@ -380,6 +406,7 @@ class TurnRecord:
     finished_at: float
     tokens: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    updates: tuple[dict[str, Any], ...] = ()
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -391,10 +418,22 @@ class TurnRecord:
             "finished_at": self.finished_at,
             "tokens": self.tokens,
             "extra": self.extra,
+            "updates": list(self.updates),
         }
 
     @classmethod
     def from_wire(cls, wire: dict[str, Any]) -> TurnRecord:
         data = dict(wire)
         data["items"] = tuple(item_from_wire(i) for i in data["items"])
+        data["updates"] = tuple(data.get("updates") or ())
         return cls(**data)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredTurn:
+    """A turn read back from the store: its items in order, and the updates its client
+    got live (empty for a turn stored before zeroclaw kept them, or one the host made
+    itself, such as a slash command's)."""
+
+    items: tuple[TurnItem, ...]
+    updates: tuple[dict[str, Any], ...] = ()

@@ -16,8 +16,10 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from ipc.acp import NewSessionRequest, optional_str, session_entry
+from ipc.acp_items import content_text
 from ipc.errors import InvalidParams, ProtocolVersionMismatch
 from ipc.events import (
+    AgentUpdate,
     Event,
     MessageChunk,
     PlanUpdate,
@@ -201,9 +203,41 @@ def elicitation_reply(result: Any) -> dict[str, Any] | None:
 # --- events -------------------------------------------------------------------
 
 
+_FLAT_CHUNKS: dict[str, type[MessageChunk | ThoughtChunk | UserChunk]] = {
+    "agent_message_chunk": MessageChunk,
+    "agent_thought_chunk": ThoughtChunk,
+    "user_message_chunk": UserChunk,
+}
+
+
+def _flat_agent_update(sid: str, update: Mapping[str, Any]) -> dict[str, Any] | None:
+    """An ACP update (a hosted agent's, or replayed) in this dialect's flat form: text
+    chunks, tool calls, results and plans; None for the kinds it lacks."""
+    kind = update.get("sessionUpdate")
+    chunk = _FLAT_CHUNKS.get(kind) if isinstance(kind, str) else None
+    if chunk is not None:
+        text = content_text(update.get("content"))
+        return encode_event(sid, chunk(text)) if text else None
+    title = update.get("title")
+    name = title if isinstance(title, str) else ""
+    call_id = update.get("toolCallId")
+    if kind == "tool_call" and isinstance(call_id, str):
+        return {"sessionId": sid, "type": "tool_call", "toolCallId": call_id, "name": name,
+                "rawInput": update.get("rawInput")}
+    if (kind == "tool_call_update" and isinstance(call_id, str)
+            and update.get("status") in ("completed", "failed")):
+        return {"sessionId": sid, "type": "tool_result", "toolCallId": call_id, "name": name,
+                "rawOutput": update.get("rawOutput"), "status": update["status"]}
+    if kind == "plan" and isinstance(update.get("entries"), list):
+        return {"sessionId": sid, "type": "plan", "entries": update["entries"]}
+    return None
+
+
 def encode_event(sid: str, event: Event) -> dict[str, Any] | None:
     """Flat ``session/update`` params for ``event``; None for kinds this dialect lacks."""
     match event:
+        case AgentUpdate(update=update):
+            return _flat_agent_update(sid, update)
         case MessageChunk(text=text):
             return {"sessionId": sid, "type": "agent_message_chunk", "text": text}
         case ThoughtChunk(text=text):

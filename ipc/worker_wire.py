@@ -281,7 +281,10 @@ class TurnEvent:
 @dataclass(frozen=True, slots=True)
 class PermissionAsk:
     """A tool call needs the user's approval before it runs. ``content`` previews what
-    it would do (:func:`ipc.events.content_to_wire` dicts: a file tool's diff)."""
+    it would do (:func:`ipc.events.content_to_wire` dicts: a file tool's diff).
+    ``request``: a hosted agent's own ``session/request_permission`` params as it sent
+    them (without ``sessionId``): an ACP client gets those, and its chosen
+    ``optionId`` comes back as it is."""
 
     T: ClassVar[str] = "perm_ask"
     sid: str
@@ -293,6 +296,7 @@ class PermissionAsk:
     kind: str
     raw_input: Any
     content: list[dict[str, Any]] = field(default_factory=list)
+    request: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)

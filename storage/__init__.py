@@ -12,6 +12,7 @@ from storage.models import (
     SessionRow,
     StoredSession,
     ToolCallRow,
+    TurnUpdatesRow,
     database_proxy,
 )
 from storage.store import (
@@ -36,6 +37,7 @@ __all__ = [
     "StoreReader",
     "StoredSession",
     "ToolCallRow",
+    "TurnUpdatesRow",
     "database_proxy",
     "open_store",
     "write_transaction",

@@ -29,12 +29,16 @@ __all__ = [
     "SessionRow",
     "StoredSession",
     "ToolCallRow",
+    "TurnUpdatesRow",
     "database_proxy",
     "stored_session_from_row",
 ]
 
 #: Stored in ``PRAGMA user_version``; bump it when the tables change.
-SCHEMA_VERSION = 2
+#: 3: ``turn_updates`` (each turn's ACP updates as sent); a tool call's arguments
+#: may be absent (stored as JSON ``null``, so the column stays NOT NULL for older
+#: releases reading the file).
+SCHEMA_VERSION = 3
 
 database_proxy = peewee.DatabaseProxy()
 
@@ -51,6 +55,14 @@ class JsonField(peewee.TextField):
         if value is None:
             return None
         return orjson.loads(value)
+
+
+class AbsentAsNullJsonField(JsonField):
+    """:class:`JsonField` whose Python ``None`` (a value ACP lets an agent leave out) is
+    the JSON text ``null``, never SQL NULL: a NOT NULL column takes it."""
+
+    def db_value(self, value: Any) -> str | None:
+        return orjson.dumps(value).decode()
 
 
 class _BaseModel(peewee.Model):
@@ -116,7 +128,7 @@ class ToolCallRow(_BaseModel):
     seq = peewee.IntegerField()
     tool_call_id = peewee.TextField()
     name = peewee.TextField()
-    arguments = JsonField()
+    arguments = AbsentAsNullJsonField()
     result = peewee.TextField()
     outcome = peewee.TextField()
     title = peewee.TextField(default="")
@@ -127,6 +139,25 @@ class ToolCallRow(_BaseModel):
     class Meta:
         table_name = "tool_calls"
         indexes = ((("session", "seq"), True),)
+
+
+class TurnUpdatesRow(_BaseModel):
+    """The ACP ``session/update`` objects of one turn as its client got them (a JSON
+    array, each run of plain text chunks joined): what ``session/load`` replays. A
+    turn without a row (stored before schema 3, or made by the host) replays from its
+    messages and tool calls."""
+
+    id = peewee.AutoField()
+
+    session = peewee.ForeignKeyField(
+        SessionRow, column_name="session_id", on_delete="CASCADE", index=False
+    )
+    turn = peewee.IntegerField()
+    updates = JsonField()
+
+    class Meta:
+        table_name = "turn_updates"
+        indexes = ((("session", "turn"), True),)
 
 
 class SessionEventRow(_BaseModel):
@@ -147,7 +178,8 @@ class SessionEventRow(_BaseModel):
 
 
 #: Every table, parents first (the order to create them in).
-MODELS: tuple[type[peewee.Model], ...] = (SessionRow, MessageRow, ToolCallRow, SessionEventRow)
+MODELS: tuple[type[peewee.Model], ...] = (SessionRow, MessageRow, ToolCallRow, TurnUpdatesRow,
+                                          SessionEventRow)
 
 
 @dataclass(frozen=True, slots=True)

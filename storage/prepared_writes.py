@@ -28,7 +28,14 @@ from typing import Any
 import peewee
 
 from ipc.events import TextItem, TurnRecord
-from storage.models import JsonField, MessageRow, SessionRow, StoredSession, ToolCallRow
+from storage.models import (
+    JsonField,
+    MessageRow,
+    SessionRow,
+    StoredSession,
+    ToolCallRow,
+    TurnUpdatesRow,
+)
 
 __all__ = ["TITLE_MAX_CHARS", "MissingSession", "PreparedWrites", "TurnState", "title_of"]
 
@@ -188,6 +195,7 @@ class PreparedWrites:
         self._insert_session = _MultiRowInsert(db, SessionRow)
         self._insert_messages = _MultiRowInsert(db, MessageRow)
         self._insert_tools = _MultiRowInsert(db, ToolCallRow)
+        self._insert_updates = _MultiRowInsert(db, TurnUpdatesRow)
         self._update_turn = _update_turn(db)
         self._read_state = _read_turn_state(db)
         self._known: dict[str, TurnState] = {}
@@ -252,7 +260,8 @@ class PreparedWrites:
         return TurnState(int(turn_count), next_seq, bool(has_title))
 
     def _insert_items(self, record: TurnRecord, turn: int, first_seq: int) -> int:
-        """Insert messages and tool calls numbered in item order; returns the next seq."""
+        """Insert messages and tool calls numbered in item order, and the turn's updates;
+        returns the next seq."""
         messages: list[dict[str, Any]] = []
         tools: list[dict[str, Any]] = []
         sid = record.session_id
@@ -273,4 +282,7 @@ class PreparedWrites:
             self._insert_messages.run(messages)
         if tools:
             self._insert_tools.run(tools)
+        if record.updates:
+            self._insert_updates.run([{"session": sid, "turn": turn,
+                                       "updates": list(record.updates)}])
         return seq

@@ -28,6 +28,7 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import itertools
 import logging
 import os
 import secrets
@@ -37,11 +38,12 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 import peewee
 
-from ipc.events import TextItem, ToolItem, TurnItem
+from ipc.events import StoredTurn, TextItem, ToolItem, TurnItem
 from storage.models import (
     MODELS,
     SCHEMA_VERSION,
@@ -51,6 +53,7 @@ from storage.models import (
     SessionRow,
     StoredSession,
     ToolCallRow,
+    TurnUpdatesRow,
     stored_session_from_row,
 )
 
@@ -370,15 +373,39 @@ class StoreReader:
 
     def load_items(self, session_id: str) -> list[TurnItem]:
         """Every message and tool call of the session, in the order they happened."""
+        with self._database().atomic():  # one snapshot of both tables
+            return [item for _, _, item in self._numbered_items(session_id)]
+
+    def load_turns(self, session_id: str) -> list[StoredTurn]:
+        """Every turn of the session in order: its items, and the ACP updates its client
+        got (none for a turn stored before they were kept): what ``session/load``
+        replays."""
+        db = self._database()
+        query = (TurnUpdatesRow.select(TurnUpdatesRow.turn, TurnUpdatesRow.updates)
+                 .where(TurnUpdatesRow.session == session_id))
+        with db.atomic():  # one snapshot of the three tables
+            numbered = self._numbered_items(session_id)
+            updates = {turn: orjson.loads(text) for turn, text in db.execute(query).fetchall()}
+        turns: list[StoredTurn] = []
+        for turn, run in itertools.groupby(numbered, key=_turn_of):
+            items = tuple(item for _, _, item in run)
+            turns.append(StoredTurn(items, tuple(updates.get(turn) or ())))
+        return turns
+
+    def _numbered_items(self, session_id: str) -> list[tuple[int, int, TurnItem]]:
+        """``(seq, turn, item)`` of every message and tool call, by seq (inside the
+        caller's transaction)."""
         db = self._database()
         messages = (
-            MessageRow.select(MessageRow.seq, MessageRow.role, MessageRow.content)
+            MessageRow.select(MessageRow.seq, MessageRow.turn, MessageRow.role,
+                              MessageRow.content)
             .where(MessageRow.session == session_id)
             .order_by(MessageRow.seq)
         )
         tools = (
             ToolCallRow.select(
                 ToolCallRow.seq,
+                ToolCallRow.turn,
                 ToolCallRow.tool_call_id,
                 ToolCallRow.name,
                 ToolCallRow.arguments,
@@ -392,18 +419,17 @@ class StoreReader:
             .order_by(ToolCallRow.seq)
         )
         # Raw rows (db.execute, no per-value converters): 3x faster on long sessions.
-        with db.atomic():  # one snapshot for both tables
-            text_items: list[tuple[int, TurnItem]] = [
-                (seq, TextItem(role=role, text=text))
-                for seq, role, text in db.execute(messages).fetchall()
-            ]
-            tool_items: list[tuple[int, TurnItem]] = [
-                (seq, ToolItem(call_id, name, orjson.loads(arguments), *rest))
-                for seq, call_id, name, arguments, *rest in db.execute(tools).fetchall()
-            ]
+        text_items: list[tuple[int, int, TurnItem]] = [
+            (seq, turn, TextItem(role=role, text=text))
+            for seq, turn, role, text in db.execute(messages).fetchall()
+        ]
+        tool_items: list[tuple[int, int, TurnItem]] = [
+            (seq, turn, ToolItem(call_id, name, _json_or_none(arguments), *rest))
+            for seq, turn, call_id, name, arguments, *rest in db.execute(tools).fetchall()
+        ]
         merged = text_items + tool_items
         merged.sort(key=_by_seq)  # two sorted runs: one linear merge in C
-        return [item for _, item in merged]
+        return merged
 
     def list_sessions(
         self, cwd: str | None = None, cursor: str | None = None, limit: int = MAX_PAGE_SIZE,
@@ -493,7 +519,16 @@ class StoreReader:
         return db
 
 
-def _by_seq(pair: tuple[int, TurnItem]) -> int:
+def _turn_of(numbered: tuple[int, int, TurnItem]) -> int:
+    return numbered[1]
+
+
+def _json_or_none(text: str | None) -> Any:
+    """A JSON column's value read raw (SQL NULL: None)."""
+    return None if text is None else orjson.loads(text)
+
+
+def _by_seq(pair: tuple[int, int, TurnItem]) -> int:
     return pair[0]
 
 

@@ -48,8 +48,9 @@ _TERMINAL = ("terminal",)
 
 def advertises(capabilities: Any, method: str) -> bool:
     """Whether ``capabilities`` (a client's ``clientCapabilities``) offer ``method``;
-    an ACP client takes any extension method (``_name``), or says it does not."""
-    if is_extension(method):
+    an ACP client takes ``session/update`` and any extension method (``_name``), or
+    says it does not."""
+    if is_extension(method) or method == "session/update":
         return True
     path = _CAPABILITY.get(method, _TERMINAL if method.startswith("terminal/") else None)
     value = capabilities
@@ -87,6 +88,10 @@ class ClientRelay:
             log.debug("session %s: agent notification %s dropped (no client holds it)",
                       call.sid, call.method)
             return
+        route = self.host.live.route(call.sid)
+        if call.method == "session/update" and route is not None and route.hold_early(
+                call.params):
+            return  # the client learns the session id first
         turn = self.host.turns.get(call.sid)
         if turn is not None and turn.stream is not None:
             turn.stream.flush()

@@ -58,6 +58,10 @@ class Peer(Protocol):
         """Send a hosted agent's notification (an extension ``_name``); never blocks."""
 
 
+#: How many of a hosted agent's updates a session keeps before its id is answered.
+EARLY_UPDATES = 64
+
+
 @dataclass(slots=True)
 class Route:
     """A live session as the loop sees it.
@@ -87,6 +91,10 @@ class Route:
     #: A hosted agent's own modes, once its session is open (:mod:`supervisor.agent_modes`).
     agent_modes: dict[str, Any] | None = None
     agent_opened: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Whether a client was answered with this session's id (``session/new``, ``load``);
+    #: until then a hosted agent's updates between turns wait in ``early_updates``.
+    answered: bool = False
+    early_updates: list[dict[str, Any]] = field(default_factory=list)
     #: Told the session id whenever ``status`` changes (:mod:`supervisor.status_book`).
     on_status_change: Callable[[str], None] | None = field(default=None, compare=False)
 
@@ -105,6 +113,15 @@ class Route:
     def holder_offering(self, method: str) -> Peer | None:
         """The connection that holds the session now, when it offers ``method``."""
         return self.peer if self.peer.offers(method) else None
+
+    def hold_early(self, params: dict[str, Any]) -> bool:
+        """Keep a hosted agent's update between turns until the session's id is given to
+        a client (bounded); False once it was: it goes out now."""
+        if self.answered:
+            return False
+        if len(self.early_updates) < EARLY_UPDATES:
+            self.early_updates.append(params)
+        return True
 
     def touch(self) -> None:
         """Every change of ``status`` ends here."""

@@ -39,9 +39,9 @@ from actors.worker.agents.acp_confine import (
     tenant_may_use,
     unconfined_refusal,
 )
-from ipc.acp import Blob, NewSessionRequest, PromptRequest, blob_marker, replay_events
+from ipc.acp import Blob, NewSessionRequest, PromptRequest, blob_marker, replay_updates
 from ipc.errors import InternalError, InvalidParams, RpcError, SessionNotFound
-from ipc.events import CurrentMode, TurnRecord, item_to_wire
+from ipc.events import AgentUpdate, CurrentMode, TurnRecord, item_to_wire
 from ipc.worker_wire import OpenSession, SetMode, StartTurn
 from storage.models import StoredSession
 from storage.prepared_writes import title_of
@@ -372,10 +372,17 @@ class Sessions:
         else:
             self.host.turns.settle(turn, error=InternalError("prompt withdrawn"))
 
+    def hosts_agent(self, alias: str) -> bool:
+        """Whether ``alias`` is a hosted ACP agent (which sends its own commands and
+        titles: zeroclaw adds none of its own to what the client gets)."""
+        agent = self.settings.agents.get(alias)
+        return agent is not None and agent.provider == "acp"
+
     def outcome(self, turn: RunningTurn, record: TurnRecord, count: int) -> TurnOutcome:
-        """The answer of a committed turn (the session's ``count``-th); a first turn
-        also tells the client the session's title."""
-        if count == 1:
+        """The answer of a committed turn (the session's ``count``-th); a first turn of
+        zeroclaw's own agents also tells the client the session's title."""
+        if count == 1 and not (turn.route is not None
+                               and self.hosts_agent(turn.route.agent_alias)):
             turn.peer.send_event(turn.sid, self.host.session_info_event(title_of(record)))
         if record.extra.get("session_meta"):
             self.host.spawn(self._store_meta(turn.sid, dict(record.extra["session_meta"])))
@@ -510,9 +517,9 @@ class Sessions:
                 peer, info, history=True,  # starts again
                 commit=lambda: self.host.persist(Reopen(sid, time.time())))
         if replay:
-            items = await asyncio.to_thread(self.host.reader.load_items, sid)
-            for event in replay_events(items):
-                peer.send_event(sid, event)
+            turns = await asyncio.to_thread(self.host.reader.load_turns, sid)
+            for update in replay_updates(turns):
+                peer.send_event(sid, AgentUpdate(update))
         return route
 
     # --- list, delete, mode, events ------------------------------------------------------

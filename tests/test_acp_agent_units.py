@@ -1,5 +1,5 @@
 """The pure parts of the ``acp`` provider: config checks, the agent's environment, and
-``session/update`` → zeroclaw events."""
+the agent's ``session/update``s as the events that carry them on, untouched."""
 
 from __future__ import annotations
 
@@ -19,25 +19,12 @@ from actors.worker.agents.acp import command_problem
 from actors.worker.agents.acp_confine import jail_for
 from actors.worker.agents.acp_process import AgentProcess, SessionLink, clean_env
 from actors.worker.agents.acp_turn import AcpTurn, UpdateRelay
-from actors.worker.agents.acp_updates import (
-    ToolNames,
-    events_from_update,
-    events_from_updates,
-    merged_chunks,
-)
+from actors.worker.agents.acp_updates import relayed_events
 from actors.worker.agents.base import SessionSetup
 from actors.worker.sandbox import AGENT_STATE_VARIABLE, SANDBOX_VARIABLE, detect
 from actors.worker.tools import PathPolicy
-from ipc.events import (
-    CurrentMode,
-    MessageChunk,
-    PlanEntry,
-    PlanUpdate,
-    ThoughtChunk,
-    ToolCallFinished,
-    ToolCallStarted,
-    UsageUpdate,
-)
+from ipc.acp import update_of
+from ipc.events import AgentUpdate, MessageChunk, ThoughtChunk
 from tests.acp_doubles import RecordingStream
 
 
@@ -72,52 +59,27 @@ def _text(kind: str, text: str) -> dict[str, object]:
     return {"sessionUpdate": kind, "content": {"type": "text", "text": text}}
 
 
-def test_updates_map_to_events() -> None:
-    tools = ToolNames()
-    assert events_from_update(_text("agent_message_chunk", "hi"), tools) == [MessageChunk("hi")]
-    assert events_from_update(_text("agent_thought_chunk", "hm"), tools) == [ThoughtChunk("hm")]
-    assert events_from_update(_text("user_message_chunk", "me"), tools) == []
-    assert events_from_update({"sessionUpdate": "available_commands_update"}, tools) == []
-    started = events_from_update({"sessionUpdate": "tool_call", "toolCallId": "t1",
-                                  "title": "Read a", "kind": "read", "rawInput": {"p": 1}},
-                                 tools)
-    assert started == [ToolCallStarted("t1", "Read a", "Read a", "read", {"p": 1})]
-    done = events_from_update({"sessionUpdate": "tool_call_update", "toolCallId": "t1",
-                               "status": "completed", "rawOutput": {"ok": True},
-                               "content": [{"type": "content",
-                                            "content": {"type": "text", "text": "out"}},
-                                           {"type": "diff", "path": "/a"}]}, tools)
-    assert done == [ToolCallFinished("t1", "Read a", "completed", {"ok": True},
-                                     "out\ndiff of /a")]
-    only_raw = events_from_update({"sessionUpdate": "tool_call", "toolCallId": "t3",
-                                   "status": "completed", "rawOutput": {"ok": 1, "a": "b"}},
-                                  tools)
-    assert only_raw[-1] == ToolCallFinished("t3", "tool call", "completed", {"ok": 1, "a": "b"},
-                                            '{"a":"b","ok":1}')
-    late = {"sessionUpdate": "tool_call_update", "toolCallId": "t1", "status": "failed"}
-    assert events_from_update(late, tools) == []  # already finished
-    plan = events_from_update({"sessionUpdate": "plan", "entries": [
-        {"content": "a", "priority": "high", "status": "in_progress"}]}, tools)
-    assert plan == [PlanUpdate((PlanEntry("a", "high", "in_progress"),))]
-    usage = events_from_update({"sessionUpdate": "usage_update", "used": 5, "size": 10,
-                                "cost": {"amount": 0.5, "currency": "USD"}}, tools)
-    assert usage == [UsageUpdate(5, 10, 0.5)]
+def test_every_update_goes_on_as_the_agent_sent_it_one_event_each() -> None:
+    diff = {"sessionUpdate": "tool_call_update", "toolCallId": "t1",
+            "content": [{"type": "diff", "path": "/a", "oldText": "x", "newText": "y"}],
+            "locations": [{"path": "/a", "line": 3}], "title": "Edit a",
+            "_meta": {"vendor": {"n": 1}}, "futureField": True}  # no status: it stays so
+    with_id = {**_text("agent_message_chunk", "hi"), "messageId": "m1"}
+    updates: list[Any] = [_text("agent_message_chunk", "a"), _text("agent_message_chunk", "b"),
+                          _text("agent_thought_chunk", "t"), diff, with_id,
+                          _text("user_message_chunk", "me"), {"sessionUpdate": "plan"},
+                          _text("agent_message_chunk", "")]
+    events = relayed_events(updates)
+    assert events == [MessageChunk("a"), MessageChunk("b"), ThoughtChunk("t"), AgentUpdate(diff),
+                      AgentUpdate(with_id), AgentUpdate(_text("user_message_chunk", "me")),
+                      AgentUpdate({"sessionUpdate": "plan"}), MessageChunk("")]
+    assert [update_of(e) for e in events] == updates  # the same updates reach the client
+    assert cast(AgentUpdate, events[3]).update is diff  # not even copied
 
 
-def test_a_tool_call_announced_as_finished_is_started_and_finished() -> None:
-    events = events_from_update({"sessionUpdate": "tool_call", "toolCallId": "t2",
-                                 "title": "Ran", "status": "completed"}, ToolNames())
-    assert [type(e) for e in events] == [ToolCallStarted, ToolCallFinished]
-
-
-def test_malformed_updates_give_no_events() -> None:
-    tools = ToolNames()
-    bad: object
-    for bad in (None, [], "x", {"sessionUpdate": "tool_call"},
-                {"sessionUpdate": "usage_update", "used": "1", "size": 2},
-                {"sessionUpdate": "plan", "entries": "no"},
-                {"sessionUpdate": "agent_message_chunk", "content": {"type": "image"}}):
-        assert events_from_update(bad, tools) == []
+def test_what_is_not_an_acp_update_is_left_out() -> None:
+    bad: list[Any] = [None, [], "x", {"update": 1}, {"sessionUpdate": 5}]
+    assert relayed_events(bad) == []
 
 
 @pytest.mark.skipif(not detect("auto").confines, reason="no sandbox backend here")
@@ -133,24 +95,10 @@ def test_a_tenants_agent_state_dir_stays_one_level_below_the_state_root(tmp_path
         assert home is not None and home.parent.parent == state, home
 
 
-def test_updates_that_arrive_together_merge_their_consecutive_chunks_in_order() -> None:
-    def chunk(kind: str, text: str) -> dict[str, object]:
-        return {"sessionUpdate": kind, "content": {"type": "text", "text": text}}
-
-    updates = [chunk("agent_message_chunk", "a"), chunk("agent_message_chunk", "b"),
-               chunk("agent_thought_chunk", "t"), chunk("agent_thought_chunk", "u"),
-               {"sessionUpdate": "current_mode_update", "currentModeId": "plan"},
-               chunk("agent_message_chunk", "c"), {"sessionUpdate": "unknown_kind"},
-               chunk("agent_message_chunk", "d")]
-    assert merged_chunks(events_from_updates(updates, ToolNames())) == [
-        MessageChunk("ab"), ThoughtChunk("tu"), CurrentMode("plan"), MessageChunk("cd")]
-    assert merged_chunks([]) == []
-
-
-def test_the_relay_streams_bursts_merged_and_queues_in_order_once_the_window_is_full() -> None:
+def test_the_relay_streams_bursts_and_queues_in_order_once_the_window_is_full() -> None:
     inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
     stream = RecordingStream(room=1)
-    relay = UpdateRelay(cast(TurnContext, stream), ToolNames(), inbox)
+    relay = UpdateRelay(cast(TurnContext, stream), inbox)
     loop = asyncio.new_event_loop()
     replies: list[object] = []
 
@@ -165,8 +113,8 @@ def test_the_relay_streams_bursts_merged_and_queues_in_order_once_the_window_is_
         relay.flush()  # what a later burst gathers goes on within GATHER_SECS
 
     try:
-        burst(chunk("a"), chunk("b"))  # one burst: one event, and the window is full
-        assert stream.events == [MessageChunk("ab")]
+        burst(chunk("a"), chunk("b"))  # one burst, one event each: the window is full
+        assert stream.events == [MessageChunk("a"), MessageChunk("b")]
         burst(chunk("c"))  # queued for the turn's thread
         relay.put(("permission", ({}, replies.append)))
         burst(chunk("d"))  # behind the permission request
@@ -177,13 +125,15 @@ def test_the_relay_streams_bursts_merged_and_queues_in_order_once_the_window_is_
         relay.caught_up()  # the turn's thread relayed them: the loop thread again
         stream.room = 10
         burst(chunk("e"))
-        assert stream.events == [MessageChunk("ab"), MessageChunk("e")] and inbox.empty()
+        assert stream.events == [MessageChunk("a"), MessageChunk("b"),
+                                 MessageChunk("e")] and inbox.empty()
         relay.close()
         burst(chunk("f"))
         relay.put(("permission", ({}, replies.append)))
     finally:
         loop.close()
-    assert stream.events == [MessageChunk("ab"), MessageChunk("e")] and inbox.empty()
+    assert stream.events == [MessageChunk("a"), MessageChunk("b"), MessageChunk("e")]
+    assert inbox.empty()
     assert replies == [{"outcome": {"outcome": "cancelled"}}]  # after the turn: cancelled
 
 

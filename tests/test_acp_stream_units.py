@@ -27,12 +27,6 @@ from actors.worker.agents.acp_client import HANDLERS, NOTIFICATIONS, on_updates
 from actors.worker.agents.acp_process import AgentProcess, LaunchSpec, SessionLink, clean_env
 from actors.worker.agents.acp_stdout import Line, LinesProtocol, enlarge_pipe
 from actors.worker.agents.acp_turn import AcpTurn, UpdateRelay
-from actors.worker.agents.acp_updates import (
-    ToolNames,
-    events_from_updates,
-    merged_chunks,
-    merged_events,
-)
 from actors.worker.tools import PathPolicy
 from ipc.events import MessageChunk
 from ipc.framing import OVERSIZED
@@ -87,35 +81,20 @@ def _chunk(text: str, kind: str = "agent_message_chunk") -> dict[str, Any]:
     return {"sessionUpdate": kind, "content": {"type": "text", "text": text}}
 
 
-def test_merged_events_are_the_merged_chunks_of_the_updates_events() -> None:
-    updates: list[Any] = [
-        _chunk(""), _chunk("a"), _chunk(""), _chunk("b"), "not an update",
-        {"sessionUpdate": "agent_message_chunk",
-         "content": {"type": "resource_link", "uri": "file:///u"}},
-        _chunk("c"), _chunk("t", "agent_thought_chunk"), _chunk("u", "agent_thought_chunk"),
-        {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": 5}},
-        {"sessionUpdate": "tool_call", "toolCallId": "c1", "title": "ls"},
-        _chunk("d"), {"sessionUpdate": "unknown_kind"}, _chunk("e"), _chunk(""),
-    ]
-    expected = merged_chunks(events_from_updates(updates, ToolNames()))
-    assert merged_events(updates, ToolNames()) == expected
-    assert expected[0] == MessageChunk("abfile:///uc") and expected[-1] == MessageChunk("de")
-    assert merged_events([_chunk("")], ToolNames()) == [] and merged_events([], ToolNames()) == []
-
-
 def test_a_turns_first_run_of_updates_goes_at_once_and_later_ones_are_gathered() -> None:
     inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
-    stream = RecordingStream(room=2)
-    relay = UpdateRelay(cast(TurnContext, stream), ToolNames(), inbox)
+    stream = RecordingStream(room=3)
+    relay = UpdateRelay(cast(TurnContext, stream), inbox)
 
     async def play() -> list[bool]:
         streams_on = [relay.updates([_chunk("a"), _chunk("b")])]
-        assert stream.events == [MessageChunk("ab")]  # at once, not a loop step later
+        first = [MessageChunk("a"), MessageChunk("b")]
+        assert stream.events == first  # at once, not a loop step later
         streams_on.append(relay.updates([_chunk("c")]))
         streams_on.append(relay.updates([_chunk("d")]))
-        assert stream.events == [MessageChunk("ab")]  # gathered
+        assert stream.events == first  # gathered
         await asyncio.sleep(0.05)
-        assert stream.events == [MessageChunk("ab"), MessageChunk("cd")]  # window used up
+        assert stream.events == [*first, MessageChunk("c"), MessageChunk("d")]  # window used up
         streams_on.append(relay.updates([_chunk("e")]))
         return streams_on
 
@@ -391,7 +370,7 @@ def test_a_client_that_lags_holds_its_agents_output_once_a_bound_is_queued(
 class _UndecidedClient(_LaggingClient):
     """A client that decides no permission until :attr:`window` is set."""
 
-    def ask_permission(self, *_ask: Any) -> str | None:
+    def ask_permission(self, *_ask: Any, **_request: Any) -> str | None:
         assert self.window.wait(30), "the test never let the client decide"
         return "allow_once"
 

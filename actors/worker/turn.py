@@ -21,9 +21,12 @@ from typing import Any, Protocol
 
 from actors.worker.agents.base import AgentFailure, ToolCallOutcome, estimate_tokens
 from actors.worker.tools import PathPolicy, Tool, ToolEnv, ToolError, ToolResult
+from ipc.acp import update_of
+from ipc.acp_items import content_text, tool_result_text
 from ipc.events import (
     CANCEL_MARKER,
     FAILURE_MARKER_START,
+    AgentUpdate,
     Event,
     MessageChunk,
     TextItem,
@@ -72,38 +75,63 @@ class TurnAborted(AgentFailure):
 
 @dataclass(slots=True)
 class _Text:
+    """A run of text of one role (``user``, ``assistant``, ``thought``), or, among a
+    recorder's updates, a run of plain text chunks of one ``sessionUpdate`` kind."""
+
     role: str
     parts: list[str]
+    message_id: Any = None  # a run of chunks: the ``messageId`` they all carry
 
 
 @dataclass(slots=True)
 class _Tool:
-    started: ToolCallStarted
+    call_id: str
+    name: str
+    title: str
+    kind: str
+    arguments: Any
+    step: int = 0
     result: str = ""
     outcome: str = ""
 
 
+_CHUNK_KINDS = {MessageChunk: "agent_message_chunk", ThoughtChunk: "agent_thought_chunk"}
+_FINAL_STATUSES = ("completed", "failed")
+
+
 @dataclass(slots=True)
 class TurnRecorder:
-    """Accumulates a turn's items in order: the prompt, then merged text and tool calls."""
+    """Accumulates a turn as its client gets it: the ACP updates in order (each run of
+    plain text chunks of one kind joined), and as items (the prompt, then merged text
+    and tool calls) for the store's index and the agent's history."""
 
     prompt: str
     _items: list[_Text | _Tool] = field(default_factory=list)
     _tools: dict[str, _Tool] = field(default_factory=dict)
     _denied: set[str] = field(default_factory=set)
     _answer: list[str] = field(default_factory=list)
+    _updates: list[dict[str, Any] | _Text] = field(default_factory=list)
 
     def add(self, event: Event) -> None:
-        if isinstance(event, MessageChunk):
-            self._answer.append(event.text)
-            self._add_text("assistant", event.text)
-        elif isinstance(event, ThoughtChunk):
-            self._add_text("thought", event.text)
-        elif isinstance(event, ToolCallStarted):
-            self._tools[event.tool_call_id] = _Tool(event)
-            self._items.append(self._tools[event.tool_call_id])
-        elif isinstance(event, ToolCallFinished) and event.status in ("completed", "failed"):
-            self._finish_tool(event)
+        chunk_kind = _CHUNK_KINDS.get(type(event))
+        if chunk_kind is not None:  # the way of every streamed chunk
+            text: str = event.text  # type: ignore[union-attr]
+            self._add_chunk(chunk_kind, text)
+            return
+        if isinstance(event, AgentUpdate):
+            chunk = _joinable_chunk(event.update)
+            if chunk is not None:
+                self._add_chunk(*chunk)
+                return
+            self._updates.append(event.update)
+            self._index_update(event.update)
+            return
+        self._updates.append(update_of(event))
+        if isinstance(event, ToolCallStarted):
+            self._start_tool(event.tool_call_id, event.name, event.title, event.kind,
+                             event.raw_input, event.step)
+        elif isinstance(event, ToolCallFinished) and event.status in _FINAL_STATUSES:
+            self._finish_tool(event.tool_call_id, event.status, event.text)
 
     @property
     def streamed(self) -> bool:
@@ -114,6 +142,18 @@ class TurnRecorder:
         """The next failure of this call is recorded as ``denied``."""
         self._denied.add(tool_call_id)
 
+    def _add_chunk(self, kind: str, text: str, message_id: Any = None) -> None:
+        last = self._updates[-1] if self._updates else None
+        if isinstance(last, _Text) and last.role == kind and last.message_id == message_id:
+            last.parts.append(text)
+        else:
+            self._updates.append(_Text(kind, [text], message_id))
+        if kind == "agent_message_chunk":
+            self._answer.append(text)
+            self._add_text("assistant", text)
+        else:
+            self._add_text("thought", text)
+
     def _add_text(self, role: str, text: str) -> None:
         last = self._items[-1] if self._items else None
         if isinstance(last, _Text) and last.role == role:
@@ -121,15 +161,54 @@ class TurnRecorder:
         else:
             self._items.append(_Text(role, [text]))
 
-    def _finish_tool(self, event: ToolCallFinished) -> None:
-        tool = self._tools.get(event.tool_call_id)
+    def _index_update(self, update: dict[str, Any]) -> None:
+        """The items of a hosted agent's update (any optional field may be missing)."""
+        kind = update.get("sessionUpdate")
+        if kind in ("agent_message_chunk", "agent_thought_chunk"):
+            text = content_text(update.get("content"))
+            if text and kind == "agent_message_chunk":
+                self._answer.append(text)
+            if text:
+                self._add_text("assistant" if kind == "agent_message_chunk" else "thought", text)
+        elif kind in ("tool_call", "tool_call_update"):
+            call_id = update.get("toolCallId")
+            if isinstance(call_id, str) and call_id:
+                self._index_tool_call(call_id, update)
+
+    def _index_tool_call(self, call_id: str, update: dict[str, Any]) -> None:
+        tool = self._tools.get(call_id)
+        title, kind = update.get("title"), update.get("kind")
+        if tool is None:
+            title = title if isinstance(title, str) and title else "tool call"
+            tool = self._start_tool(call_id, title, title,
+                                    kind if isinstance(kind, str) and kind else "other",
+                                    update.get("rawInput"))
+        else:
+            if isinstance(title, str) and title:
+                tool.title = title
+            if isinstance(kind, str) and kind:
+                tool.kind = kind
+            if "rawInput" in update:
+                tool.arguments = update["rawInput"]
+        status = update.get("status")
+        if status in _FINAL_STATUSES:
+            self._finish_tool(call_id, status, tool_result_text(update))
+
+    def _start_tool(self, call_id: str, name: str, title: str, kind: str, arguments: Any,
+                    step: int = 0) -> _Tool:
+        tool = self._tools[call_id] = _Tool(call_id, name, title, kind, arguments, step)
+        self._items.append(tool)
+        return tool
+
+    def _finish_tool(self, call_id: str, status: str, text: str) -> None:
+        tool = self._tools.get(call_id)
         if tool is None:
             return
-        tool.result = event.text
-        if event.status == "completed":
+        tool.result = text
+        if status == "completed":
             tool.outcome = "completed"
         else:
-            tool.outcome = "denied" if event.tool_call_id in self._denied else "failed"
+            tool.outcome = "denied" if call_id in self._denied else "failed"
 
     def build(self, session_id: str, *, cancelled: bool, started_at: float,
               stop_reason: str | None = None, extra: dict[str, Any] | None = None,
@@ -147,8 +226,8 @@ class TurnRecorder:
             marker, stop_reason = failure_marker(failure), "failed"
         if marker is not None:
             separator = "\n" if content and not content.endswith("\n") else ""
-            self._add_text("assistant", separator + marker)
-            content += separator + marker
+            self._add_chunk("agent_message_chunk", separator + marker)
+            content = "".join(self._answer)
         items: list[TurnItem] = [TextItem(role="user", text=self.prompt)]
         items.extend(self._item(part, cancelled) for part in self._items)
         tokens = sum(estimate_tokens(i.text if isinstance(i, TextItem) else i.result)
@@ -162,6 +241,8 @@ class TurnRecorder:
             finished_at=time.time(),
             tokens=tokens,
             extra=extra or {},
+            updates=tuple(_update_of_run(u) if isinstance(u, _Text) else u
+                          for u in self._updates),
         )
 
     @staticmethod
@@ -169,18 +250,44 @@ class TurnRecorder:
         if isinstance(part, _Text):
             role: Any = part.role
             return TextItem(role=role, text="".join(part.parts))
-        started = part.started
         unfinished = "cancelled" if cancelled else "no result"
         return ToolItem(
-            tool_call_id=started.tool_call_id,
-            name=started.name,
-            arguments=started.raw_input,
+            tool_call_id=part.call_id,
+            name=part.name,
+            arguments=part.arguments,
             result=part.result if part.outcome else unfinished,
             outcome=part.outcome or "failed",
-            title=started.title,
-            kind=started.kind,
-            step=started.step,
+            title=part.title,
+            kind=part.kind,
+            step=part.step,
         )
+
+
+def _update_of_run(run: _Text) -> dict[str, Any]:
+    """The one text chunk a run of them is stored as."""
+    update = {"sessionUpdate": run.role, "content": {"type": "text", "text": "".join(run.parts)}}
+    if run.message_id is not None:
+        update["messageId"] = run.message_id
+    return update
+
+
+_JOINABLE_KEYS = frozenset({"sessionUpdate", "content", "messageId"})
+
+
+def _joinable_chunk(update: dict[str, Any]) -> tuple[str, str, Any] | None:
+    """``(kind, text, messageId)`` of a hosted agent's text chunk that says nothing but
+    its text (and the message it belongs to): runs of those are stored joined."""
+    kind = update.get("sessionUpdate")
+    if kind not in ("agent_message_chunk", "agent_thought_chunk") or not (
+            update.keys() <= _JOINABLE_KEYS):
+        return None
+    content = update.get("content")
+    if type(content) is not dict or content.keys() != {"type", "text"}:
+        return None
+    text = content["text"]
+    if content["type"] != "text" or type(text) is not str:
+        return None
+    return kind, text, update.get("messageId")
 
 
 class _SessionSettings(Protocol):
@@ -337,13 +444,15 @@ class ActorTurnContext:
 
     def ask_permission(
         self, tool_call_id: str, tool_name: str, title: str, kind: str, raw_input: Any,
-        preview: tuple[ToolContent, ...] = (),
+        preview: tuple[ToolContent, ...] = (), *, request: Mapping[str, Any] | None = None,
     ) -> str | None:
-        """Ask the client; ``preview`` shows what the call would do (a diff)."""
+        """Ask the client; ``preview`` shows what the call would do (a diff); ``request``
+        is a hosted agent's own request, which the client gets instead."""
         answer = self._wait_for_user("perm", lambda request_id: PermissionAsk(
             sid=self._sid, turn_id=self._turn_id, request_id=request_id,
             tool_call_id=tool_call_id, tool_name=tool_name, title=title, kind=kind,
             raw_input=raw_input, content=[content_to_wire(item) for item in preview],
+            request=dict(request) if request is not None else None,
         ))
         return answer if isinstance(answer, str) else None
 

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from ipc.transports import WriteFlow
     from ipc.worker_wire import PermissionAsk
     from supervisor.config import Settings
-    from supervisor.routes import RunningTurn
+    from supervisor.routes import Route, RunningTurn
     from supervisor.sessions import Sessions, TurnOutcome
     from supervisor.tenants import TenantScope
 
@@ -154,14 +154,10 @@ class AcpPeer:
         self.endpoint.send_frame(frames)
 
     async def ask_permission(self, sid: str, ask: PermissionAsk, timeout: float) -> str | None:
-        try:
-            from ipc.events import content_from_wire  # off the way to initialize
-
-            preview = tuple(content_from_wire(item) for item in ask.content)
-        except (KeyError, TypeError):
-            preview = ()
-        params = acp.permission_params(sid, ask.tool_call_id, ask.title, ask.kind, ask.raw_input,
-                                       preview)
+        """The option the client chose: a hosted agent's request goes out as the agent
+        made it and its ``optionId`` comes back as chosen; zeroclaw's own requests
+        answer an option kind (``allow_once``...). None: cancelled, timed out, gone."""
+        params = self._permission_params(sid, ask)
         try:
             result = await self.endpoint.request(
                 "session/request_permission", params, timeout=timeout
@@ -173,8 +169,22 @@ class AcpPeer:
             log.info("permission request for %s failed (%s): denied", ask.tool_name,
                      type(exc).__name__)
             return None
+        if ask.request is not None:
+            return acp.agent_option_chosen(ask.request, result)
         return acp.selected_option(result)
 
+    @staticmethod
+    def _permission_params(sid: str, ask: PermissionAsk) -> dict[str, Any]:
+        if ask.request is not None:
+            return acp.agent_permission_params(sid, ask.request)
+        try:
+            from ipc.events import content_from_wire  # off the way to initialize
+
+            preview = tuple(content_from_wire(item) for item in ask.content)
+        except (KeyError, TypeError):
+            preview = ()
+        return acp.permission_params(sid, ask.tool_call_id, ask.title, ask.kind, ask.raw_input,
+                                     preview)
 
     def offers(self, method: str) -> bool:
         from supervisor.client_relay import advertises  # off the way to initialize
@@ -333,7 +343,7 @@ class AcpServer:
             route = await scope.new_session(sessions, peer, request)
         self.host.owners.join(route.sid, peer)  # a no-op if the client left meanwhile
         modes = await session_modes(sessions, route)
-        _announce_commands(peer, route.sid)
+        _after_answer(peer, route, sessions.hosts_agent(route.agent_alias))
         return {"sessionId": route.sid, "workspaceDir": route.workspace_dir, "modes": modes}
 
     def prompt(self, params: Any, endpoint: Endpoint) -> LaterAnswer | Awaitable[dict[str, Any]]:
@@ -392,7 +402,7 @@ class AcpServer:
         route = await sessions.restore(peer, sid, replay=replay)
         self.host.owners.join(sid, peer)  # a no-op if the client left meanwhile
         modes = await session_modes(sessions, route)
-        _announce_commands(peer, sid)
+        _after_answer(peer, route, sessions.hosts_agent(route.agent_alias))
         return _with_agent_fallback({"modes": modes}, route.agent_fallback)
 
     async def load(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
@@ -513,10 +523,24 @@ def _with_agent_fallback(
     return result
 
 
-def _announce_commands(peer: AcpPeer, sid: str) -> None:
-    """Send the session's ``available_commands_update`` right after the answer being
-    made: the endpoint writes a handler's result as soon as it returns, before any
-    callback scheduled now runs, so the client knows the session id when this arrives."""
-    from supervisor.slash_commands import available_commands
+def _after_answer(peer: AcpPeer, route: Route, hosted: bool) -> None:
+    """Right after the answer being made (the endpoint writes a handler's result as soon
+    as it returns, before any callback scheduled now runs, so the client knows the
+    session id first): zeroclaw's ``available_commands_update`` — not for a hosted
+    agent, whose own commands reach the client as it sent them — then the updates
+    the agent sent since its session opened."""
+    asyncio.get_running_loop().call_soon(_answered, peer, route, hosted)
 
-    asyncio.get_running_loop().call_soon(peer.send_event, sid, available_commands())
+
+def _answered(peer: AcpPeer, route: Route, hosted: bool) -> None:
+    from supervisor.slash_commands import available_commands  # off the way to initialize
+
+    if not hosted:
+        peer.send_event(route.sid, available_commands())
+    route.answered = True
+    early, route.early_updates = route.early_updates, []
+    for params in early:
+        try:
+            peer.notify_client(route.sid, "session/update", params)
+        except TypeError as exc:  # orjson's encode error
+            log.info("session %s: an agent update cannot be sent: %s", route.sid, exc)

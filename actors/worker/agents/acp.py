@@ -44,7 +44,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from actors.worker.agents.acp_client import HANDLERS, NOTIFICATIONS, on_updates
+from actors.worker.agents.acp_client import HANDLERS, NOTIFICATIONS, between_turns, on_updates
 from actors.worker.agents.acp_confine import AgentJail, jail_for, setting_problem
 from actors.worker.agents.acp_process import AgentProcess, LaunchSpec, SessionLink, clean_env
 from actors.worker.agents.acp_turn import AcpTurn
@@ -434,13 +434,16 @@ class AcpAgent(Agent):
                             "earlier turns was not restored", setup.sid, self.alias, agent_sid)
         link = SessionLink(agent_sid, setup.paths, setup.mode, setup.sid, setup.client,
                            self._mode_switched)
-        if process.links.setdefault(agent_sid, link) is not link:  # it is another's
+        added, early = process.add_link(link)
+        if not added:  # it is another's
             raise AgentFailure(
                 f"agent {self.alias} gave this session the session id {clip(agent_sid)!r}, "
                 "which another session of it holds (an agent that serves one session "
                 "per process needs per_session = true)")
         self._process, self._link = process, link
         self._agent_sessions += 1
+        if self._new_agent_session and early:  # sent right after session/new: the
+            between_turns(process, link, early)  # client's (a reopened one's replay is not)
 
     def _reopen(self, process: AgentProcess, setup: SessionSetup) -> str | None:
         """The earlier agent session through the agent's resume or load, or None. Its

@@ -28,7 +28,8 @@ from ipc.errors import InvalidParams, MethodNotFound
 from ipc.extensions import ExtensionMethods
 from ipc.worker_wire import EncodeError
 
-__all__ = ["CANCELLED_OUTCOME", "HANDLERS", "NOTIFICATIONS", "TERMINAL_METHODS", "on_updates"]
+__all__ = ["CANCELLED_OUTCOME", "HANDLERS", "NOTIFICATIONS", "TERMINAL_METHODS",
+           "between_turns", "on_updates"]
 
 log = logging.getLogger("zeroclaw.agent")
 
@@ -43,17 +44,17 @@ def _link(process: AgentProcess, params: Any) -> SessionLink | None:
 
 
 def _on_update(process: AgentProcess, params: Any) -> None:
-    link = _link(process, params)
+    sid = params.get("sessionId") if isinstance(params, Mapping) else None
+    update = params.get("update") if isinstance(params, Mapping) else None
+    link = process.link_or_keep(sid, [update]) if isinstance(sid, str) else None
     if link is None:
-        log.debug("agent %s: session/update for no session of ours dropped", process.alias)
         return
-    update = params.get("update")
     mode_id = _switched_mode(update)
     if mode_id is not None and link.mode_switched is not None:
         link.mode_switched(mode_id)  # the host's view of the agent's mode, in a turn or not
     turn = link.turn
     if turn is None:
-        log.debug("agent %s: session/update outside a turn dropped", process.alias)
+        between_turns(process, link, [update])
         return
     turn.update(update)
 
@@ -70,10 +71,9 @@ def on_updates(process: AgentProcess, run: list[dict[str, Any]]) -> bool:
         if link is None or sid != link.agent_session_id:
             streaming = _to_turn(process, link, updates) or streaming
             updates = []
-            link = process.links.get(sid) if isinstance(sid, str) else None
+            link = process.link_or_keep(sid, [params.get("update")]) if isinstance(
+                sid, str) else None
             if link is None:
-                log.debug("agent %s: session/update for no session of ours dropped",
-                          process.alias)
                 continue
         update = params.get("update")
         if type(update) is not dict or update.get("sessionUpdate") != "agent_message_chunk":
@@ -89,9 +89,25 @@ def _to_turn(process: AgentProcess, link: SessionLink | None, updates: list[Any]
         return False
     turn = link.turn
     if turn is None:
-        log.debug("agent %s: session/update outside a turn dropped", process.alias)
+        between_turns(process, link, updates)
         return False
     return turn.updates(updates)
+
+
+def between_turns(process: AgentProcess, link: SessionLink, updates: list[Any]) -> None:
+    """Updates the agent sent between turns (its commands after ``session/new``, a
+    title, a mode it switched to) go to the client that holds the session as they
+    came, under zeroclaw's session id; they belong to no turn, so no turn keeps them."""
+    if link.client is None or not link.sid:
+        log.debug("agent %s: session/update outside a turn dropped (no client)",
+                  process.alias)
+        return
+    for update in updates:
+        try:
+            link.client.notify("session/update", {"sessionId": link.sid, "update": update})
+        except EncodeError as exc:
+            log.info("agent %s: an update between turns cannot be passed on: %s",
+                     process.alias, exc)
 
 
 def _switched_mode(update: Any) -> str | None:

@@ -160,6 +160,11 @@ class SessionLink:
         self.terminals = Terminals(self.paths, self.mode)
 
 
+#: How many updates for a session id without a link are kept, and for how many ids.
+UNCLAIMED_UPDATES = 64
+UNCLAIMED_SESSIONS = 16
+
+
 class AgentProcess:
     """One running agent; create, :meth:`start` (blocking), use, :meth:`stop`."""
 
@@ -176,6 +181,10 @@ class AgentProcess:
         self.spec = spec
         self.alias = spec.alias
         self.links: dict[str, SessionLink] = {}
+        #: Updates for session ids no link holds yet (what an agent sends right after
+        #: answering ``session/new``, before its link is made): see :meth:`link_or_keep`.
+        self._unclaimed: dict[str, list[Any]] = {}
+        self._links_lock = threading.Lock()
         self.initialize_result: dict[str, Any] = {}
         self.exited = threading.Event()
         self._exit_lock = threading.Lock()
@@ -467,6 +476,27 @@ class AgentProcess:
             self._stdout.pause_for(STREAM_READ_PAUSE_SECS)
         if endpoint.running_handlers >= MAX_AGENT_REQUESTS and not self._requests_held:
             self._hold_for_requests(True)
+
+    def link_or_keep(self, agent_sid: str, updates: list[Any]) -> SessionLink | None:
+        """The link of ``agent_sid``; when there is none yet, ``updates`` are kept for the
+        link that :meth:`add_link` makes next (bounded) and None is returned. Any thread."""
+        with self._links_lock:
+            link = self.links.get(agent_sid)
+            if link is None:
+                kept = self._unclaimed.get(agent_sid)
+                if kept is None and len(self._unclaimed) < UNCLAIMED_SESSIONS:
+                    kept = self._unclaimed[agent_sid] = []
+                if kept is not None:
+                    kept.extend(updates[: UNCLAIMED_UPDATES - len(kept)])
+            return link
+
+    def add_link(self, link: SessionLink) -> tuple[bool, list[Any]]:
+        """Register ``link`` for its agent session id: whether it is now the one there
+        (False: another link holds that id), and the updates kept for it meanwhile
+        (:meth:`link_or_keep`). Any thread."""
+        with self._links_lock:
+            added = self.links.setdefault(link.agent_session_id, link) is link
+            return added, self._unclaimed.pop(link.agent_session_id, []) if added else []
 
     def _hold_for_requests(self, held: bool) -> None:
         """Hold the agent's stdout while it has too many requests in hand (the loop

@@ -1,8 +1,9 @@
 """One prompt forwarded to a hosted ACP agent (:mod:`actors.worker.agents.acp`), pumped on
-the session's actor thread: the agent's updates become zeroclaw events, its
-permission requests are decided by the session's mode or the client, a cancel is
-forwarded and given ``cancel_grace`` seconds before the turn ends without the
-agent (the caller then restarts the agent process).
+the session's actor thread: the agent's updates go on as it sent them (one event
+each, :mod:`actors.worker.agents.acp_updates`), its permission requests are decided
+by the session's mode or go to the client as the agent made them (its tool call,
+its options), a cancel is forwarded and given ``cancel_grace`` seconds before the
+turn ends without the agent (the caller then restarts the agent process).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import orjson
 
 from actors.worker.agents.acp_client import CANCELLED_OUTCOME
 from actors.worker.agents.acp_process import AgentProcess, SessionLink
-from actors.worker.agents.acp_updates import ToolNames, merged_events
+from actors.worker.agents.acp_updates import relayed_events
 from actors.worker.agents.base import AgentFailure, AgentRefused, TurnContext
 from actors.worker.cancel import call_on_cancel
 from ipc.errors import bounded_data
@@ -45,10 +46,12 @@ QUEUED_LIMIT = 8 * 1024 * 1024
 #: How long a turn whose agent exited waits for the loop thread to settle its answer.
 _ANSWER_AFTER_EXIT_SECS = 1.0
 _STOP_REASONS = frozenset({"end_turn", "max_tokens", "max_turn_requests", "refusal", "cancelled"})
-_WANTED_OPTIONS = {
-    "allow_once": ("allow_once",),
+_REJECTING = ("reject_once", "reject_always")
+_WANTED_OPTIONS = {  # a client's choice by kind (zeroclaw's daemon dialect answers so)
+    "allow_once": ("allow_once", "allow_always"),
     "allow_always": ("allow_always", "allow_once"),
-    "reject_once": ("reject_once", "reject_always"),
+    "reject_once": _REJECTING,
+    "reject_always": ("reject_always", "reject_once"),
 }
 
 
@@ -62,7 +65,6 @@ class AcpTurn:
         self.ctx = ctx
         self.mode = mode
         self.cancel_grace = cancel_grace
-        self.tools = ToolNames()
         self.ignored_cancel = False  # the cancel grace ran out
 
     def run(self, prompt: str) -> str | None:
@@ -70,7 +72,7 @@ class AcpTurn:
         self._answer_leftovers()  # from before this turn
         if self.ctx.cancelled.is_set():
             return None  # cancelled before it reached the agent
-        relay = link.turn = UpdateRelay(self.ctx, self.tools, link.inbox,
+        relay = link.turn = UpdateRelay(self.ctx, link.inbox,
                                         functools.partial(self.process.hold_reading,
                                                           link.agent_session_id))
         try:
@@ -136,7 +138,7 @@ class AcpTurn:
     def _handle(self, messages: list[tuple[str, Any]]) -> bool:
         """Relay ``messages`` (what the inbox held, oldest first) in order; True once
         the turn is over (its answer came or the agent exited). The updates among
-        them go out as one run of events, their consecutive chunks merged."""
+        them go out in order, one event each."""
         updates: list[Any] = []
         for index, (kind, payload) in enumerate(messages):
             if kind == "update":
@@ -157,32 +159,34 @@ class AcpTurn:
         return False
 
     def _relay(self, updates: list[Any]) -> None:
-        """The events of ``updates``, consecutive chunks of one kind as one event."""
-        if updates:
-            for event in merged_events(updates, self.tools):
-                self.ctx.emit(event)
+        for event in relayed_events(updates):
+            self.ctx.emit(event)
 
     def _permission(self, params: Any) -> dict[str, Any]:
-        """The agent's permission request, decided by the session's mode or the client."""
+        """The agent's permission request, decided by the session's mode or the client.
+        The client sees the agent's own request (its tool call, its options) and its
+        choice goes back as it is; where zeroclaw answers itself (read-only mode, no
+        answer in time, the client gone) it picks the agent's reject option, and a
+        cancelled turn's request is answered cancelled, as ACP asks."""
         options = [o for o in params.get("options") or [] if isinstance(o, Mapping)]
         mode = self.mode()
         if mode == "full":
-            wanted: tuple[str, ...] = ("allow_once", "allow_always")
-        elif mode == "read_only":
-            wanted = ("reject_once", "reject_always")
-        else:
-            call = params.get("toolCall")
-            call = call if isinstance(call, Mapping) else {}
-            title = str(call.get("title") or "tool call")
-            choice = self.ctx.ask_permission(str(call.get("toolCallId") or ""), title, title,
-                                             str(call.get("kind") or "other"),
-                                             call.get("rawInput"))
-            wanted = _WANTED_OPTIONS.get((choice or "").replace("-", "_"), ())
-        for kind in wanted:
-            for option in options:
-                if option.get("kind") == kind and isinstance(option.get("optionId"), str):
-                    return {"outcome": {"outcome": "selected", "optionId": option["optionId"]}}
-        return CANCELLED_OUTCOME
+            return _option_of(options, ("allow_once", "allow_always"))
+        if mode == "read_only":
+            return _option_of(options, _REJECTING)
+        call = params.get("toolCall")
+        call = call if isinstance(call, Mapping) else {}
+        title = str(call.get("title") or "tool call")
+        choice = self.ctx.ask_permission(
+            str(call.get("toolCallId") or ""), title, title, str(call.get("kind") or "other"),
+            call.get("rawInput"),
+            request={k: v for k, v in params.items() if k != "sessionId"})
+        if choice is None:
+            return CANCELLED_OUTCOME if self.ctx.cancelled.is_set() else _option_of(
+                options, _REJECTING)
+        if any(option.get("optionId") == choice for option in options):
+            return _selected(choice)  # the client chose one of the agent's own options
+        return _option_of(options, _WANTED_OPTIONS.get(choice.replace("-", "_"), _REJECTING))
 
     def _answer_leftovers(self) -> None:
         """Permission requests still queued when the turn ended are answered cancelled."""
@@ -216,6 +220,20 @@ class AcpTurn:
         return AgentRefused(text, _agent_error(error))
 
 
+def _option_of(options: list[Mapping[str, Any]], kinds: tuple[str, ...]) -> dict[str, Any]:
+    """The answer selecting the first of ``options`` of the first of ``kinds`` that has
+    one; cancelled when none has."""
+    for kind in kinds:
+        for option in options:
+            if option.get("kind") == kind and isinstance(option.get("optionId"), str):
+                return _selected(option["optionId"])
+    return CANCELLED_OUTCOME
+
+
+def _selected(option_id: str) -> dict[str, Any]:
+    return {"outcome": {"outcome": "selected", "optionId": option_id}}
+
+
 def _agent_error(error: RemoteError) -> dict[str, Any]:
     """The JSON-RPC error object the agent sent, its ``data`` bounded for the client."""
     wire: dict[str, Any] = {"code": error.code, "message": error.message}
@@ -228,8 +246,8 @@ class UpdateRelay:
     """A turn's updates as events, relayed on the agent process's loop thread (no hop
     through the session's thread): the first burst of updates that arrived together
     goes out once the loop has read it (at once when handed over as the run of one
-    read, :meth:`updates`), later ones gathered for :data:`GATHER_SECS`,
-    consecutive chunks merged; a message for the turn's thread (the answer, a
+    read, :meth:`updates`), later ones gathered for :data:`GATHER_SECS` (one event
+    each still, sent on together); a message for the turn's thread (the answer, a
     permission request) takes what was gathered along first. While the stream window
     has room; once a burst used it up, updates queue in the session's inbox for the
     turn's thread, which waits for credit, until that thread has caught up
@@ -242,13 +260,11 @@ class UpdateRelay:
     turn's end (:meth:`close`), after which the turn's record is its thread's alone.
     """
 
-    def __init__(self, ctx: TurnContext, tools: ToolNames,
-                 inbox: queue.SimpleQueue[tuple[str, Any]],
+    def __init__(self, ctx: TurnContext, inbox: queue.SimpleQueue[tuple[str, Any]],
                  hold: Callable[[bool], None] | None = None) -> None:
         """``hold(True)``: the agent's output is not to be read until ``hold(False)``
         (any thread)."""
         self._ctx = ctx
-        self._tools = tools
         self._inbox = inbox
         self._lock = threading.Lock()
         self._burst: list[Any] = []  # updates read but not relayed yet
@@ -357,7 +373,7 @@ class UpdateRelay:
             return
         room = True
         try:
-            for event in merged_events(burst, self._tools):
+            for event in relayed_events(burst):
                 room = self._ctx.emit_nowait(event) and room
         except AgentFailure as exc:  # it cannot be streamed: the turn fails on it
             self._open = False

@@ -147,9 +147,12 @@ class TurnContext(Protocol):
         ...
 
     def ask_permission(
-        self, tool_call_id: str, tool_name: str, title: str, kind: str, raw_input: Any
+        self, tool_call_id: str, tool_name: str, title: str, kind: str, raw_input: Any,
+        *, request: Mapping[str, Any] | None = None,
     ) -> str | None:
-        """Ask the client; the chosen option id, or None if cancelled, timed out or gone."""
+        """Ask the client; the chosen option id, or None if cancelled, timed out or gone.
+        ``request``: a hosted agent's own ``session/request_permission`` params (no
+        ``sessionId``), which the client then gets as they are, instead of zeroclaw's."""
         ...
 
     def ask_user(self, message: str, schema: dict[str, Any]) -> dict[str, Any] | None:
