@@ -27,7 +27,7 @@ from ipc import acp_handshake
 from supervisor.config import AUTONOMY_LEVELS
 
 if TYPE_CHECKING:
-    from supervisor.routes import Peer, Route
+    from supervisor.routes import Route
     from supervisor.sessions import Sessions
 
 __all__ = ["may_be_agent_mode", "session_modes", "set_agent_mode"]
@@ -63,17 +63,15 @@ def may_be_agent_mode(sessions: Sessions, sid: str, mode_id: str) -> bool:
     return agent.provider == "acp"
 
 
-async def set_agent_mode(sessions: Sessions, route: Route, mode_id: str, peer: Peer) -> bool:
-    """Switch the hosted agent to its own mode ``mode_id`` (announced to ``peer`` as a
-    ``current_mode_update``); False when that is not one of the agent's modes."""
+async def set_agent_mode(sessions: Sessions, route: Route, mode_id: str) -> bool:
+    """Switch the hosted agent to its own mode ``mode_id``; False when that is not one
+    of the agent's modes. The client hears of it as it would without zeroclaw: by the
+    agent's own ``current_mode_update``, if it sends one (zeroclaw adds none)."""
     if mode_id not in AUTONOMY_LEVELS:
         await session_modes(sessions, route)  # the agent's session (and modes) is there
     modes = route.agent_modes
     if modes is None or mode_id not in {mode.get("id") for mode in modes["availableModes"]}:
         return False
-    from ipc.events import CurrentMode  # off the way to the first initialize
-
     await sessions.host.agent_calls.call(route, "session/set_mode", {"modeId": mode_id})
     modes["currentModeId"] = mode_id
-    peer.send_event(route.sid, CurrentMode(mode_id))
     return True

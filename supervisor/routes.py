@@ -93,7 +93,7 @@ class Route:
     agent_opened: asyncio.Event = field(default_factory=asyncio.Event)
     #: Whether a client was answered with this session's id (``session/new``, ``load``);
     #: until then a hosted agent's updates between turns wait in ``early_updates``.
-    answered: bool = False
+    answered: bool = True
     early_updates: list[dict[str, Any]] = field(default_factory=list)
     #: Told the session id whenever ``status`` changes (:mod:`supervisor.status_book`).
     on_status_change: Callable[[str], None] | None = field(default=None, compare=False)

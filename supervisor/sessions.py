@@ -257,6 +257,7 @@ class Sessions:
         route = Route(info.id, worker_id, peer, agent.alias, info.workspace_dir,
                       info.cwd, info.mode, info.turn_count, info.token_count, fallback_from,
                       tenant, info.title)
+        route.answered = history  # a new session's id is not known to its client yet
         evicted += self.live.admit(entry, route)  # room is made: nothing more
         self._send_open(worker_id, message, evicted)
         host.scale_workers()

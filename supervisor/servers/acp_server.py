@@ -439,7 +439,7 @@ class AcpServer:
         if route is None and may_be_agent_mode(sessions, sid, mode):
             with self.host.owners.adopting(sid, peer):  # reopened, as a prompt would
                 route = await sessions.live_route(sid, peer)
-        if route is None or not await set_agent_mode(sessions, route, mode, peer):
+        if route is None or not await set_agent_mode(sessions, route, mode):
             await sessions.set_mode(peer, sid, mode)  # zeroclaw's autonomy level
         return {}
 
