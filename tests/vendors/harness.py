@@ -38,8 +38,10 @@ __all__ = [
     "AcpError",
     "EditorClient",
     "Received",
+    "Streams",
     "diff_records",
     "normalised",
+    "streams",
 ]
 
 WAIT = 30.0
@@ -116,6 +118,52 @@ def diff_records(expected: Sequence[dict[str, Any]], actual: Sequence[dict[str, 
     if len(diff) > limit:
         diff = [*diff[:limit], f"... ({len(diff) - limit} more diff lines)"]
     return "\n".join(diff)
+
+
+#: Updates about the session rather than the turn: an agent sends them when it likes
+#: (after ``session/new``, when a title is ready), so their place among the turn's
+#: updates is timing, not content.
+SESSION_LEVEL_UPDATES = frozenset({"available_commands_update", "session_info_update",
+                                   "current_mode_update", "config_option_update"})
+
+
+@dataclass(frozen=True)
+class Streams:
+    """What a client received, as the vendor tests compare it (each :func:`normalised`):
+    the turn's updates in order, the session-level updates in order (a
+    ``session_info_update``'s ``updatedAt``, a wall-clock time, left out), and the
+    permission requests in order."""
+
+    turn: list[dict[str, Any]]
+    session: list[dict[str, Any]]
+    permissions: list[dict[str, Any]]
+
+    def diff(self, other: Streams, labels: tuple[str, str] = ("direct", "hosted")) -> str:
+        """The differences from ``other``, stream by stream ("" when equal)."""
+        parts = []
+        for name in ("turn", "session", "permissions"):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            if mine != theirs:
+                parts.append(f"== {name} ==\n{diff_records(mine, theirs, *labels)}")
+        return "\n".join(parts)
+
+
+def streams(records: Iterable[Received]) -> Streams:
+    """``records`` split as :class:`Streams` compares them."""
+    turn, session, permissions = [], [], []
+    for entry in normalised(records):
+        update = entry["params"].get("update") or {}
+        if entry["method"] == "session/request_permission":
+            permissions.append(entry)
+        elif entry["method"] != "session/update":
+            continue
+        elif update.get("sessionUpdate") in SESSION_LEVEL_UPDATES:
+            if update.get("sessionUpdate") == "session_info_update":
+                update.pop("updatedAt", None)
+            session.append(entry)
+        else:
+            turn.append(entry)
+    return Streams(turn, session, permissions)
 
 
 # --- answering the agent's requests ----------------------------------------------------
@@ -464,6 +512,14 @@ class EditorClient:
             f"{self.label}: condition not met within {timeout}s\n{self.diagnostics()}")
         return records
 
+    def settle(self, predicate: Callable[[list[Received]], bool],
+               timeout: float = 10.0) -> bool:
+        """Wait (bounded) until ``predicate(records)`` holds; whether it did. For what a
+        faithful host delivers but one under test may not: the comparison then says."""
+        with self._changed:
+            return self._changed.wait_for(lambda: predicate(self._records) or self._eof,
+                                          timeout) and predicate(self._records)
+
     # -- the end ------------------------------------------------------------------------
 
     def close(self, timeout: float = 15.0) -> list[str]:
@@ -476,6 +532,7 @@ class EditorClient:
         self.terminals.close()
         self.problems += self._closer(timeout)
         self._reader.join(timeout)
+        self._reader_file.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
         return self.problems
 
