@@ -5,7 +5,9 @@ streamed Chat Completions, Anthropic's streamed Messages: see
 :mod:`tests.e2e.model_streams`) and records every request (path, headers, JSON
 body, arrival time), so a test can assert what the model was sent. A scripted
 reply can stop mid-stream (the connection is cut: a broken stream) or hold the
-stream open until the test releases it or the client goes away (cancel).
+stream open until the test releases it or the client goes away (cancel). Instead of a
+script, a ``responder`` can answer each request (GET too) from what it asked, for a
+client whose requests come in no fixed order.
 
 The server runs on its own threads (``ThreadingHTTPServer``); the test's thread
 scripts it and reads what it recorded.
@@ -19,6 +21,7 @@ import socket
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -59,6 +62,10 @@ class Recorded:
     headers: dict[str, str]
     body: dict[str, Any]
     at: float
+    method: str = "POST"
+
+
+_NO_REPLY = Reply(status=500, body=b'{"error":{"message":"no scripted reply"}}')
 
 
 @dataclass
@@ -68,6 +75,7 @@ class _State:
     changed: threading.Condition = field(default_factory=threading.Condition)
     release: threading.Event = field(default_factory=threading.Event)
     client_gone: threading.Event = field(default_factory=threading.Event)
+    responder: Callable[[Recorded], Reply] | None = None
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -77,17 +85,22 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # quiet
         pass
 
+    def do_GET(self) -> None:
+        self.do_POST()
+
     def do_POST(self) -> None:
         length = int(self.headers.get("content-length") or 0)
         raw = self.rfile.read(length)
         state = self.server.state
+        recorded = Recorded(self.path, {k.lower(): v for k, v in self.headers.items()},
+                            json.loads(raw or b"{}"), time.monotonic(), self.command)
         with state.changed:
-            state.requests.append(Recorded(self.path, {k.lower(): v for k, v in
-                                                       self.headers.items()},
-                                           json.loads(raw or b"{}"), time.monotonic()))
-            reply = state.replies.popleft() if state.replies else Reply(
-                status=500, body=b'{"error":{"message":"no scripted reply"}}')
+            state.requests.append(recorded)
             state.changed.notify_all()
+            if state.responder is None:
+                reply = state.replies.popleft() if state.replies else _NO_REPLY
+        if state.responder is not None:
+            reply = state.responder(recorded)
         if reply.hold_headers and not self._hold():
             return
         if reply.status != 200 or not reply.events:
@@ -160,9 +173,11 @@ class _Server(ThreadingHTTPServer):
 class ModelServer:
     """Start on construction; :meth:`close` after the test (the fixture does)."""
 
-    def __init__(self) -> None:
+    def __init__(self, responder: Callable[[Recorded], Reply] | None = None) -> None:
+        """``responder`` (run on the server's request threads) answers every request;
+        without one, :meth:`script` queues the replies."""
         self._server = _Server(("127.0.0.1", 0), _Handler)
-        self._server.state = self.state = _State()
+        self._server.state = self.state = _State(responder=responder)
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
 

@@ -17,6 +17,7 @@ __all__ = [
     "ToolCallPart",
     "anthropic_reply",
     "anthropic_text",
+    "anthropic_thinking",
     "anthropic_tool_use",
     "openai_chunk",
     "openai_reply",
@@ -72,6 +73,23 @@ def anthropic_text(index: int, *parts: str) -> list[bytes]:
     return events
 
 
+def anthropic_thinking(index: int, *parts: str, signature: str = "EqQBCgIYAhIM1gbcDa9GJwZA2b3h"
+                       ) -> list[bytes]:
+    """A thinking block as Anthropic streams it: ``thinking_delta``s, then its
+    ``signature_delta``."""
+    events = [sse({"type": "content_block_start", "index": index,
+                   "content_block": {"type": "thinking", "thinking": "", "signature": ""}},
+                  "content_block_start")]
+    events += [sse({"type": "content_block_delta", "index": index,
+                    "delta": {"type": "thinking_delta", "thinking": part}}, "content_block_delta")
+               for part in parts]
+    events.append(sse({"type": "content_block_delta", "index": index,
+                       "delta": {"type": "signature_delta", "signature": signature}},
+                      "content_block_delta"))
+    events.append(sse({"type": "content_block_stop", "index": index}, "content_block_stop"))
+    return events
+
+
 def anthropic_tool_use(index: int, call_id: str, name: str, *json_parts: str) -> list[bytes]:
     events = [sse({"type": "content_block_start", "index": index,
                    "content_block": {"type": "tool_use", "id": call_id, "name": name,
@@ -84,10 +102,12 @@ def anthropic_tool_use(index: int, call_id: str, name: str, *json_parts: str) ->
 
 
 def anthropic_reply(blocks: Iterable[bytes], stop_reason: str = "end_turn",
-                    usage: tuple[int, int] = (25, 7)) -> Reply:
+                    usage: tuple[int, int] = (25, 7),
+                    message_id: str = "msg_01XFDUDYJgAACzvnptvVoYEL",
+                    model: str = "claude-test") -> Reply:
     start = {"type": "message_start", "message": {
-        "id": "msg_01XFDUDYJgAACzvnptvVoYEL", "type": "message", "role": "assistant",
-        "content": [], "model": "claude-test", "stop_reason": None, "stop_sequence": None,
+        "id": message_id, "type": "message", "role": "assistant",
+        "content": [], "model": model, "stop_reason": None, "stop_sequence": None,
         "usage": {"input_tokens": usage[0], "output_tokens": 1}}}
     events = [sse(start, "message_start"), sse({"type": "ping"}, "ping"), *blocks,
               sse({"type": "message_delta", "delta": {"stop_reason": stop_reason,
