@@ -43,6 +43,7 @@ from ipc.events import (
     UsageUpdate,
     UserChunk,
     iso_utc,
+    stored_updates,
 )
 
 __all__ = [
@@ -536,7 +537,8 @@ def replay_updates(turns: list[StoredTurn]) -> Iterator[dict[str, Any]]:
         for item in turn.items:
             if isinstance(item, TextItem) and item.role == "user":
                 yield _text("user_message_chunk", item.text)
-        yield from turn.updates
+        for stored in turn.updates:
+            yield from stored_updates(stored)
 
 
 def replay_events(items: Sequence[TurnItem]) -> list[Event]:

@@ -14,6 +14,7 @@ Pure data: safe to use from any thread.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Literal, TypeAlias
 
@@ -393,7 +394,8 @@ class TurnRecord:
     client]``, for a failed one with ``[turn failed: <error>]``).
     ``updates`` are the ACP ``session/update`` objects of the turn as its client got
     them live (a hosted agent's as the agent sent them; each run of consecutive
-    plain text chunks of one kind joined into one): what ``session/load`` replays.
+    plain text chunks of one kind and message kept as one :func:`chunk_run` entry):
+    what ``session/load`` replays.
     ``items`` are the same turn as text and tool calls: what the store indexes and
     zeroclaw's own agents read back as history. Times are UNIX seconds.
     """
@@ -437,3 +439,41 @@ class StoredTurn:
 
     items: tuple[TurnItem, ...]
     updates: tuple[dict[str, Any], ...] = ()
+
+
+CHUNK_PARTS = "zeroclaw.parts"
+"""The key of a stored chunk run's texts. A run has no ``content``, which every ACP
+text chunk carries, so it is never mistaken for an update an agent sent."""
+
+
+def chunk_run(kind: str, parts: list[str], message_id: Any = None) -> dict[str, Any]:
+    """How a run of plain text chunks (``sessionUpdate`` ``kind``, the texts ``parts``,
+    the same ``messageId`` or none) is stored: one entry that keeps every chunk's
+    boundary, so a replay sends exactly the chunks sent live, at a few bytes each."""
+    if len(parts) == 1:
+        run: dict[str, Any] = {"sessionUpdate": kind, "content": _text_content(parts[0])}
+    else:
+        run = {"sessionUpdate": kind, CHUNK_PARTS: parts}
+    if message_id is not None:
+        run["messageId"] = message_id
+    return run
+
+
+def stored_updates(stored: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The updates one stored entry stands for: a :func:`chunk_run` as its chunks, any
+    other update as itself. Runs on whichever thread replays a session."""
+    parts = stored.get(CHUNK_PARTS) if "content" not in stored else None
+    if type(parts) is not list:
+        yield stored
+        return
+    kind = stored["sessionUpdate"]
+    message_id = stored.get("messageId")
+    for text in parts:
+        update: dict[str, Any] = {"sessionUpdate": kind, "content": _text_content(text)}
+        if message_id is not None:
+            update["messageId"] = message_id
+        yield update
+
+
+def _text_content(text: str) -> dict[str, Any]:
+    return {"type": "text", "text": text}

@@ -37,6 +37,7 @@ from ipc.events import (
     ToolItem,
     TurnItem,
     TurnRecord,
+    chunk_run,
     content_to_wire,
     event_to_wire,
 )
@@ -102,8 +103,8 @@ _FINAL_STATUSES = ("completed", "failed")
 @dataclass(slots=True)
 class TurnRecorder:
     """Accumulates a turn as its client gets it: the ACP updates in order (each run of
-    plain text chunks of one kind joined), and as items (the prompt, then merged text
-    and tool calls) for the store's index and the agent's history."""
+    plain text chunks of one kind and message as one :func:`chunk_run`), and as items
+    (the prompt, then merged text and tool calls) for the store's index and the agent's history."""
 
     prompt: str
     _items: list[_Text | _Tool] = field(default_factory=list)
@@ -241,8 +242,7 @@ class TurnRecorder:
             finished_at=time.time(),
             tokens=tokens,
             extra=extra or {},
-            updates=tuple(_update_of_run(u) if isinstance(u, _Text) else u
-                          for u in self._updates),
+            updates=tuple(_stored(update) for update in self._updates),
         )
 
     @staticmethod
@@ -263,12 +263,9 @@ class TurnRecorder:
         )
 
 
-def _update_of_run(run: _Text) -> dict[str, Any]:
-    """The one text chunk a run of them is stored as."""
-    update = {"sessionUpdate": run.role, "content": {"type": "text", "text": "".join(run.parts)}}
-    if run.message_id is not None:
-        update["messageId"] = run.message_id
-    return update
+def _stored(update: dict[str, Any] | _Text) -> dict[str, Any]:
+    return chunk_run(update.role, update.parts, update.message_id) if isinstance(
+        update, _Text) else update
 
 
 _JOINABLE_KEYS = frozenset({"sessionUpdate", "content", "messageId"})
@@ -276,7 +273,7 @@ _JOINABLE_KEYS = frozenset({"sessionUpdate", "content", "messageId"})
 
 def _joinable_chunk(update: dict[str, Any]) -> tuple[str, str, Any] | None:
     """``(kind, text, messageId)`` of a hosted agent's text chunk that says nothing but
-    its text (and the message it belongs to): runs of those are stored joined."""
+    its text (and the message it belongs to): runs of those are stored as one entry."""
     kind = update.get("sessionUpdate")
     if kind not in ("agent_message_chunk", "agent_thought_chunk") or not (
             update.keys() <= _JOINABLE_KEYS):

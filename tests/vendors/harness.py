@@ -130,9 +130,10 @@ SESSION_LEVEL_UPDATES = frozenset({"available_commands_update", "session_info_up
 @dataclass(frozen=True)
 class Streams:
     """What a client received, as the vendor tests compare it (each :func:`normalised`):
-    the turn's updates in order, the session-level updates in order (a
-    ``session_info_update``'s ``updatedAt``, a wall-clock time, left out), and the
-    permission requests in order."""
+    the turn's updates in order, the session-level updates in order within each kind
+    (an agent sends its commands, title and modes from tasks of their own, so their
+    interleaving is timing; a ``session_info_update``'s ``updatedAt``, a wall-clock
+    time, left out), and the permission requests in order."""
 
     turn: list[dict[str, Any]]
     session: list[dict[str, Any]]
@@ -163,6 +164,7 @@ def streams(records: Iterable[Received]) -> Streams:
             session.append(entry)
         else:
             turn.append(entry)
+    session.sort(key=lambda entry: entry["params"]["update"]["sessionUpdate"])  # stable
     return Streams(turn, session, permissions)
 
 
