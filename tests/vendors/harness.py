@@ -288,10 +288,12 @@ class EditorClient:
     def __init__(self, reader: IO[bytes], write: Callable[[bytes], None],
                  closer: Callable[[float], list[str]], label: str, *,
                  permission_kinds: Sequence[str] = DEFAULT_PERMISSION_KINDS,
+                 answers_permissions: bool = True,
                  stderr_path: Path | None = None) -> None:
         self.label = label
         self.pid: int | None = None  # a spawned child's
         self.permission_kinds = tuple(permission_kinds)
+        self.answers_permissions = answers_permissions  # False: an editor whose user is away
         self.stderr_path = stderr_path
         self.wire: list[tuple[str, bytes]] = []  # ("->" | "<-", line), for diagnostics
         self.problems: list[str] = []
@@ -397,6 +399,8 @@ class EditorClient:
         if method == "session/request_permission":
             chosen = _permission_choice(params, self.permission_kinds)
             self._record(Received(method, params, frame["id"], chosen))
+            if not self.answers_permissions:
+                return
             outcome = ({"outcome": "selected", "optionId": chosen} if chosen is not None
                        else {"outcome": "cancelled"})
             self._send({"jsonrpc": "2.0", "id": frame["id"], "result": {"outcome": outcome}})
