@@ -22,7 +22,9 @@ from .test_acpx import QUIET_TTL, Acpx, acpx, agent_text, frames_of, stop_reason
 __all__ = ["acpx"]  # the fixture, shared with test_acpx
 
 PERFECT = "Perfect! I've successfully updated the configuration."
-CONFIG_UPDATED = '{"message":"Configuration updated","success":true}'  # call_2's rawOutput
+# the example agent's rawOutput of its two calls, replayed as it sent them
+README_READ = {"content": "# My Project\n\nThis is a sample project..."}
+CONFIG_UPDATED = {"success": True, "message": "Configuration updated"}
 
 
 def answer_to(frames: list[dict[str, Any]], request: dict[str, Any]) -> dict[str, Any]:
@@ -79,7 +81,7 @@ def test_acpx_named_session_with_the_hosted_agent_replays_every_turn_from_a_new_
     assert users == prompts
     results = [(u["toolCallId"], u["status"], u["rawOutput"]) for u in updates
                if u["sessionUpdate"] == "tool_call_update"]
-    assert results == [("call_1", "completed", "# My Project\n\nThis is a sample project..."),
+    assert results == [("call_1", "completed", README_READ),
                        ("call_2", "completed", CONFIG_UPDATED)] * 2
     replayed = "".join(u["content"]["text"] for u in updates
                        if u["sessionUpdate"] == "agent_message_chunk")
