@@ -106,7 +106,9 @@ class OpenSession:
     ``confirm``: answer :class:`SessionOpened` (a failure is answered OpenFailed either
     way); the host's opens do not wait for it and say False. ``evicted``: sessions of
     this worker evicted to make room for this one, closed first (as an unconfirmed
-    :class:`CloseSession` would), so that one message does both.
+    :class:`CloseSession` would), so that one message does both. ``sandbox_network``
+    False: the session's confined commands (shell, a hosted agent's jail) get a
+    network namespace with only loopback.
     """
 
     T: ClassVar[str] = "open"
@@ -122,6 +124,7 @@ class OpenSession:
     meta: dict[str, Any] = field(default_factory=dict)
     confirm: bool = True
     evicted: list[str] = field(default_factory=list)
+    sandbox_network: bool = True
 
 
 @dataclass(frozen=True, slots=True)

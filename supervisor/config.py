@@ -57,6 +57,7 @@ class AgentConfig:
     enabled: bool
     raw: Mapping[str, Any] = field(default_factory=dict)
     env: Mapping[str, str] = field(default_factory=dict)
+    sandbox_network: bool = True  # false: its commands get a network namespace of their own
 
     def to_wire(self) -> dict[str, Any]:
         """What a worker needs to build the agent (sent in ``OpenSession``)."""
@@ -169,6 +170,9 @@ def _agents(doc: Mapping[str, Any], config_dir: Path) -> dict[str, AgentConfig]:
             raise ConfigError(f"[agents.{alias}] must be a table")
         workspace = section.get("workspace") or str(config_dir / "agents" / alias / "workspace")
         provider = str(section.get("provider", "echo"))
+        network = section.get("sandbox_network", True)
+        if not isinstance(network, bool):
+            raise ConfigError(f"agents.{alias}.sandbox_network must be true or false")
         agents[alias] = AgentConfig(
             alias=alias,
             provider=provider,
@@ -177,6 +181,7 @@ def _agents(doc: Mapping[str, Any], config_dir: Path) -> dict[str, AgentConfig]:
             enabled=bool(section.get("enabled", True)),
             raw=section,
             env=_agent_env(alias, section),
+            sandbox_network=network,
         )
     return agents
 
@@ -253,6 +258,7 @@ def settings_from_document(
         raise ConfigError(f"acp.default_agent names no configured agent: {default_agent!r}")
     from supervisor.gateway_config import gateway_from_document, tenants_from_document
 
+    gateway = gateway_from_document(_section(doc, "gateway"))
     return Settings(
         config_dir=config_dir,
         data_dir=data_dir,
@@ -272,8 +278,8 @@ def settings_from_document(
         partial_frame_timeout_secs=_seconds(acp, "partial_frame_timeout_secs", 60.0),
         sandbox=sandbox,
         allow_unsandboxed_shell=unsandboxed,
-        gateway=gateway_from_document(_section(doc, "gateway")),
-        tenants=tenants_from_document(doc.get("tenants")),
+        gateway=gateway,
+        tenants=tenants_from_document(doc.get("tenants"), gateway.retired_tenant_ids),
     )
 
 

@@ -17,13 +17,23 @@ auth_failures = 10            # failed logins per address within auth_window_sec
 auth_window_secs = 60         # after which it gets 429 until the window passes
 auth_ipv6_prefix = 64         # an IPv6 client counts as its /64 network (1..128);
                               # IPv4 (and IPv4-mapped IPv6) as its own address
+retired_tenant_ids = ["…"]    # ids of removed tenants (zeroclaw tenant remove adds them)
 
 [tenants.alice]
+id = "…"                      # stable id (uuid4 hex, zeroclaw tenant add writes it)
 token_sha256 = "…"            # hex SHA-256 of the token (zeroclaw tenant add prints it once)
 admin = false                 # sees every session in status, /status and /metrics
 max_sessions = 5              # live sessions of this tenant (optional)
-workspace_root = "/srv/alice" # session cwds must be under it (optional)
+workspace_root = "/srv/alice" # session cwds must be under it (optional; default
+                              # <data_dir>/tenants/<id>)
+sandbox_network = true        # false: its commands get a network namespace of their own
 ```
+
+A tenant's sessions belong to its ``id``, not its name: a tenant removed and added
+again under the same name gets a new id, and none of the old one's sessions. A
+tenant written by an earlier release has no ``id``: its id is its name, so its
+sessions stay its own. An id in ``gateway.retired_tenant_ids`` is refused (a
+tenant hand-written again under a removed name must be given a new id).
 """
 
 from __future__ import annotations
@@ -48,6 +58,7 @@ __all__ = [
 
 _HEX_SHA256 = re.compile(r"[0-9a-f]{64}")
 _TENANT_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_TENANT_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +74,7 @@ class GatewayConfig:
     auth_failures: int = 10
     auth_window_secs: float = 60.0
     auth_ipv6_prefix: int = 64
+    retired_tenant_ids: frozenset[str] = frozenset()
 
     @property
     def tls(self) -> bool:
@@ -71,19 +83,26 @@ class GatewayConfig:
 
 @dataclass(frozen=True, slots=True)
 class TenantConfig:
-    """One ``[tenants.NAME]`` section; the token itself is never kept, only its hash."""
+    """One ``[tenants.NAME]`` section; the token itself is never kept, only its hash.
+    ``id`` is what owns sessions (its name when the section has none)."""
 
     name: str
     token_sha256: str
     admin: bool = False
     max_sessions: int | None = None
     workspace_root: Path | None = None
+    id: str = ""
+    sandbox_network: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            object.__setattr__(self, "id", self.name)
 
 
 def tenant_caps(tenants: Mapping[str, TenantConfig]) -> dict[str, int]:
-    """The ``max_sessions`` of each tenant that has one, by name (the host's admission
+    """The ``max_sessions`` of each tenant that has one, by tenant id (the host's admission
     keeps every tenant under its own cap: :attr:`supervisor.live.LiveTable.tenant_caps`)."""
-    return {name: t.max_sessions for name, t in tenants.items() if t.max_sessions is not None}
+    return {t.id: t.max_sessions for t in tenants.values() if t.max_sessions is not None}
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -142,15 +161,37 @@ def gateway_from_document(section: Mapping[str, Any]) -> GatewayConfig:
                           f"got {prefix!r}")
     return GatewayConfig(listen=listen or None, host=host, port=port, tls_cert=cert, tls_key=key,
                          allow_plaintext=plaintext, auth_failures=failures,
-                         auth_window_secs=float(window), auth_ipv6_prefix=prefix)
+                         auth_window_secs=float(window), auth_ipv6_prefix=prefix,
+                         retired_tenant_ids=retired_ids(section))
 
 
-def tenants_from_document(sections: Any) -> dict[str, TenantConfig]:
+def retired_ids(section: Mapping[str, Any]) -> frozenset[str]:
+    """``gateway.retired_tenant_ids``: the ids of removed tenants."""
+    retired = section.get("retired_tenant_ids", [])
+    if not isinstance(retired, list) or not all(isinstance(i, str) for i in retired):
+        raise ConfigError("gateway.retired_tenant_ids must be an array of strings")
+    return frozenset(retired)
+
+
+def tenants_from_document(sections: Any,
+                          retired: frozenset[str] = frozenset()) -> dict[str, TenantConfig]:
+    """The tenants; ConfigError for a malformed one, two with one id, or a retired id."""
     if sections is None:
         return {}
     if not isinstance(sections, Mapping):
         raise ConfigError("[tenants] must be a table of [tenants.<name>] sections")
-    return {name: _tenant(name, section) for name, section in sections.items()}
+    tenants = {name: _tenant(name, section) for name, section in sections.items()}
+    seen: dict[str, str] = {}
+    for tenant in tenants.values():
+        if tenant.id in retired:
+            raise ConfigError(f"tenants.{tenant.name}: id {tenant.id!r} belonged to a removed "
+                              "tenant (gateway.retired_tenant_ids); give this tenant an id of "
+                              "its own (zeroclaw tenant add writes one)")
+        if tenant.id in seen:
+            raise ConfigError(f"tenants.{tenant.name} and tenants.{seen[tenant.id]} have the "
+                              f"same id {tenant.id!r}")
+        seen[tenant.id] = tenant.name
+    return tenants
 
 
 def _tenant(name: str, section: Any) -> TenantConfig:
@@ -171,8 +212,15 @@ def _tenant(name: str, section: Any) -> TenantConfig:
     root = _path(section, "workspace_root", f"tenants.{name}.")
     if root is not None and not root.is_absolute():
         raise ConfigError(f"tenants.{name}.workspace_root must be an absolute path")
+    tenant_id = section.get("id", name)
+    if not isinstance(tenant_id, str) or not (tenant_id == name or _TENANT_ID.fullmatch(tenant_id)):
+        raise ConfigError(f"tenants.{name}.id must be letters, digits, '_' or '-' "
+                          "(zeroclaw tenant add writes one)")
+    network = section.get("sandbox_network", True)
+    if not isinstance(network, bool):
+        raise ConfigError(f"tenants.{name}.sandbox_network must be true or false")
     return TenantConfig(name=name, token_sha256=digest.lower(), admin=admin, max_sessions=cap,
-                        workspace_root=root)
+                        workspace_root=root, id=tenant_id, sandbox_network=network)
 
 
 def _path(section: Mapping[str, Any], key: str, prefix: str = "gateway.") -> Path | None:

@@ -9,13 +9,16 @@ never on the way to the first ``initialize`` answer.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from supervisor.config import Settings
 from supervisor.ownership import Owners
 
 if TYPE_CHECKING:
+    from supervisor.gateway_config import TenantConfig
     from supervisor.sessions import Sessions
 
 __all__ = ["HostHandle"]
@@ -46,7 +49,17 @@ class HostHandle:
 
         host = Host(self.settings)
         await host.start()
-        return Sessions(host)
+        sessions = Sessions(host)
+        sessions.tenants = self.settings.tenants  # reloaded meanwhile: the new ones
+        return sessions
+
+    def reload_tenants(self, tenants: Mapping[str, TenantConfig]) -> None:
+        """The gateway's tenants from now on (``tenants/reload``), for the sessions too:
+        each tenant's root and ``sandbox_network`` are read when its session opens."""
+        self.settings = dataclasses.replace(self.settings, tenants=tenants)
+        sessions = self.started()
+        if sessions is not None:
+            sessions.tenants = tenants
 
     async def sessions(self) -> Sessions:
         from ipc.errors import RpcError

@@ -120,7 +120,7 @@ class LiveTable:
         self._placed: dict[str, LiveSession] = {}
         self._room: asyncio.Future[None] | None = None  # see room() and pulse()
         self.routes_version = 0  # changes whenever a session's route comes or goes
-        #: The gateway tenants' own ``max_sessions``, by tenant name (set by the
+        #: The gateway tenants' own ``max_sessions``, by tenant id (set by the
         #: gateway, again on each tenant reload): admission keeps each under its cap.
         self.tenant_caps: Mapping[str, int] = {}
 

@@ -46,12 +46,13 @@ from ipc.worker_wire import OpenSession, SetMode, StartTurn
 from storage.models import StoredSession
 from storage.prepared_writes import title_of
 from supervisor.config import AUTONOMY_LEVELS, AgentConfig
+from supervisor.gateway_config import TenantConfig
 from supervisor.host import Host, canonical_dir
 from supervisor.live import Eviction, LiveSession
 from supervisor.protected import cwd_refusal
 from supervisor.routes import Peer, Route, RunningTurn
 from supervisor.slash_commands import agent_history, parse, run_host_command
-from supervisor.tenants import TENANT_META_KEY
+from supervisor.tenants import TENANT_META_KEY, TENANT_NAME_META_KEY, confine_cwd, tenant_root
 
 __all__ = ["Sessions", "TurnOutcome"]
 
@@ -85,6 +86,8 @@ class Sessions:
         self.host = host
         self.settings = host.settings
         self.live = host.live
+        #: The gateway's tenants by name, as last (re)loaded (``tenants/reload`` replaces it).
+        self.tenants: Mapping[str, TenantConfig] = host.settings.tenants
 
     # --- session/new ------------------------------------------------------------------
 
@@ -158,21 +161,68 @@ class Sessions:
         return resolved
 
     async def new(self, peer: Peer, request: NewSessionRequest, *,
-                  tenant: str | None = None) -> Route:
+                  tenant: TenantConfig | None = None) -> Route:
         """Create a session; its id is ``request.session_id`` when the client chose one
         (only the daemon dialect passes it), else a fresh UUID. ``tenant``: the gateway
-        tenant it belongs to, kept in its stored ``meta`` (None: the host's owner)."""
+        tenant it belongs to, kept in its stored ``meta`` (None: the host's owner); its
+        cwd must be inside the tenant's root, which is its workspace."""
         agent = self.resolve_agent(request.agent_alias)
-        if tenant and not tenant_may_use(agent.to_wire(), self.host.sandbox):
+        if tenant is not None and not tenant_may_use(agent.to_wire(), self.host.sandbox):
             raise InvalidParams(unconfined_refusal(agent.alias, self.host.sandbox.reason))
-        cwd = self.resolve_cwd(request.cwd, agent)
-        meta = {TENANT_META_KEY: tenant} if tenant else {}
+        self.check_network(agent, tenant)
+        meta: dict[str, Any] = {}
+        if tenant is None:
+            cwd = workspace = self.resolve_cwd(request.cwd, agent)
+        else:
+            workspace = tenant_root(self.settings.data_dir, tenant.id, tenant)
+            cwd = confine_cwd(request.cwd, workspace)
+            meta = {TENANT_META_KEY: tenant.id, TENANT_NAME_META_KEY: tenant.name}
         sid = request.session_id
         if sid is None:
             sid = str(uuid.uuid4())
         else:
             self.check_unused(sid)
-        return await self._create(peer, sid, agent, cwd, request, meta)
+        return await self._create(peer, sid, agent, (cwd, workspace), request, meta)
+
+    def tenant_by_id(self, tenant_id: str) -> TenantConfig | None:
+        """The configured tenant with this id (None: removed since)."""
+        return next((t for t in self.tenants.values() if t.id == tenant_id), None)
+
+    def sandbox_network(self, agent: AgentConfig, tenant: TenantConfig | None) -> bool:
+        """Whether the session's commands keep the network: false when either the
+        agent's or the tenant's ``sandbox_network`` says so."""
+        return agent.sandbox_network and (tenant is None or tenant.sandbox_network)
+
+    def check_network(self, agent: AgentConfig, tenant: TenantConfig | None) -> None:
+        """-32602 when the session's commands must run without network and this host's
+        sandbox cannot take it away (only bubblewrap gives them a network namespace)."""
+        backend = self.host.sandbox
+        if self.sandbox_network(agent, tenant) or backend.backend == "bwrap":
+            return
+        whose = (f"tenants.{tenant.name}" if tenant is not None and not tenant.sandbox_network
+                 else f"agents.{agent.alias}")
+        raise InvalidParams(
+            f"{whose}.sandbox_network = false needs the bubblewrap sandbox (a network "
+            f"namespace for the session's commands); this host's sandbox is "
+            f"{backend.backend}{f' ({backend.reason})' if backend.reason else ''}, which "
+            "cannot take the network away: install bubblewrap or allow the network")
+
+    def _dirs(self, info: StoredSession, agent: AgentConfig,
+              tenant: TenantConfig | None) -> tuple[str, str]:
+        """The cwd and writable workspace a stored session opens with. A tenant's: its
+        tenant's root as the workspace, and the stored cwd only while it is still
+        inside the root (a root narrowed since, or a directory of it replaced by a
+        symlink, opens at the root instead)."""
+        tenant_id = str(info.meta.get(TENANT_META_KEY) or "")
+        if not tenant_id:
+            return info.cwd, str(agent.workspace)
+        root = tenant_root(self.settings.data_dir, tenant_id, tenant)
+        try:
+            return confine_cwd(info.cwd, root), root
+        except InvalidParams:
+            log.warning("session %s: its cwd is no longer inside its tenant's root; it "
+                        "opens at the root", info.id)
+            return root, root
 
     def check_unused(self, sid: str) -> None:
         """-32602 when a client-chosen id is live, being opened (its entry), or stored."""
@@ -180,15 +230,16 @@ class Sessions:
             raise InvalidParams(f"sessionId: session {sid} already exists; "
                                 "use session/load or session/prompt to continue it")
 
-    async def _create(self, peer: Peer, sid: str, agent: AgentConfig, cwd: str,
+    async def _create(self, peer: Peer, sid: str, agent: AgentConfig, dirs: tuple[str, str],
                       request: NewSessionRequest, meta: dict[str, Any]) -> Route:
         if request.mcp_servers:
             log.info("session %s: %d MCP server(s) stored (a hosted ACP agent gets them; "
                      "zeroclaw's own agents do not use MCP yet)", sid,
                      len(request.mcp_servers))
         now = time.time()
+        cwd, workspace = dirs
         info = StoredSession(
-            id=sid, agent_alias=agent.alias, workspace_dir=cwd, cwd=cwd,
+            id=sid, agent_alias=agent.alias, workspace_dir=workspace, cwd=cwd,
             mode=self.settings.autonomy_level, created_at=now, last_activity=now,
             mcp_servers=list(request.mcp_servers), meta=meta,
         )
@@ -238,25 +289,28 @@ class Sessions:
         loaded worker once room is made: at the cap, the evicted session's (one
         worker hears of both)."""
         host = self.host
+        tenant = str(info.meta.get(TENANT_META_KEY) or "") or None
+        tenant_config = self.tenant_by_id(tenant) if tenant else None
+        self.check_network(agent, tenant_config)  # the host's sandbox may have changed
         items = await asyncio.to_thread(host.reader.load_items, info.id) if history else []
         worker_id = await host.worker_with_room()
-        # The agent's workspace is shared by all its sessions: never a tenant's root.
-        tenant = info.meta.get(TENANT_META_KEY)
+        # The agent's workspace is shared by all its sessions: never a tenant's root,
+        # whose only writable root is its tenant's (cwd inside it).
+        cwd, workspace = self._dirs(info, agent, tenant_config)
         # The message's parts first: nothing between the evictions and its send may fail.
         message = partial(
-            OpenSession, sid=info.id, agent=agent.to_wire(),
-            workspace_dir=info.cwd if tenant else str(agent.workspace),
-            cwd=info.cwd, mode=info.mode, forbidden_paths=list(self.settings.forbidden_paths),
+            OpenSession, sid=info.id, agent=agent.to_wire(), workspace_dir=workspace,
+            cwd=cwd, mode=info.mode, forbidden_paths=list(self.settings.forbidden_paths),
             permission_timeout=self.settings.session_timeout_secs,
             history=[item_to_wire(i) for i in agent_history(items)],
-            mcp_servers=list(info.mcp_servers), meta=self._open_meta(info.meta),
-            confirm=False,
+            mcp_servers=list(info.mcp_servers), meta=self._open_meta(info.meta, workspace),
+            confirm=False, sandbox_network=self.sandbox_network(agent, tenant_config),
         )
         evicted = self.live.make_room(tenant)
         worker_id = self.live.place(host.pool.ready_workers()) or worker_id
-        route = Route(info.id, worker_id, peer, agent.alias, info.workspace_dir,
-                      info.cwd, info.mode, info.turn_count, info.token_count, fallback_from,
-                      tenant, info.title)
+        route = Route(info.id, worker_id, peer, agent.alias,
+                      workspace if tenant else info.workspace_dir, cwd, info.mode,
+                      info.turn_count, info.token_count, fallback_from, tenant, info.title)
         route.answered = history  # a new session's id is not known to its client yet
         evicted += self.live.admit(entry, route)  # room is made: nothing more
         self._send_open(worker_id, message, evicted)
@@ -279,13 +333,13 @@ class Sessions:
                     host.drop_on_worker(eviction.route)
             raise
 
-    def _open_meta(self, meta: Mapping[str, Any]) -> dict[str, Any]:
-        """The stored ``meta`` for the worker, with a tenant's ``workspace_root`` (the
-        writable root of the tenant's hosted agent processes)."""
+    @staticmethod
+    def _open_meta(meta: Mapping[str, Any], workspace: str) -> dict[str, Any]:
+        """The stored ``meta`` for the worker, with a tenant's root (the writable root
+        of the tenant's hosted agent processes: ``workspace``, the session's)."""
         opened = dict(meta)
-        tenant = self.host.settings.tenants.get(str(meta.get(TENANT_META_KEY) or ""))
-        if tenant is not None and tenant.workspace_root is not None:
-            opened[TENANT_ROOT_META_KEY] = os.path.realpath(tenant.workspace_root)
+        if meta.get(TENANT_META_KEY):
+            opened[TENANT_ROOT_META_KEY] = workspace
         return opened
 
     async def _forget(self, route: Route) -> None:
@@ -396,6 +450,8 @@ class Sessions:
         """Merge what the agent asked to keep into the session's stored ``meta``
         (never its tenant: an agent cannot move a session to another tenant)."""
         changes.pop(TENANT_META_KEY, None)
+        for key in (TENANT_NAME_META_KEY, TENANT_ROOT_META_KEY):
+            changes.pop(key, None)
         try:
             await self.host.persist(UpdateMeta(sid, changes))
         except Exception as exc:

@@ -3,10 +3,16 @@
 Runs on the asyncio loop thread. A gateway connection carries a :class:`TenantScope`
 in its endpoint's ``state["scope"]``; the ACP server (:mod:`supervisor.servers.acp_server`)
 asks it before it touches a session. A session belongs to the tenant that created
-it (kept in the stored row's ``meta.tenant``); any other tenant is told the session
-does not exist (-32000), whether it exists or not, so no tenant learns another's
-session ids, titles or cwds. Local clients (the Unix sockets) carry no scope: they
-are the host's owner and see every session, as before tenants existed.
+it (kept in the stored row's ``meta.tenant``: the tenant's stable ``id``, with its
+name beside it in ``meta.tenantName`` for display); any other tenant is told the
+session does not exist (-32000), whether it exists or not, so no tenant learns
+another's session ids, titles or cwds. Local clients (the Unix sockets) carry no
+scope: they are the host's owner and see every session, as before tenants existed.
+
+Every tenant is confined to a root of its own (:func:`tenant_root`): its
+``workspace_root``, else ``<data_dir>/tenants/<id>/`` (made 0700). A session's cwd must
+be inside it (:func:`confine_cwd`, -32602 otherwise); the root is the session's only
+writable root for tools, and its hosted agent processes' too.
 
 Tokens are stored only as SHA-256 hex digests (``[tenants.NAME] token_sha256``) and
 compared with :func:`hmac.compare_digest`; the token itself is never kept or logged.
@@ -14,12 +20,14 @@ compared with :func:`hmac.compare_digest`; the token itself is never kept or log
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import os
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ipc.errors import InvalidParams, SessionLimitReached, SessionNotFound
@@ -30,10 +38,72 @@ if TYPE_CHECKING:
     from supervisor.routes import Peer, Route
     from supervisor.sessions import Sessions
 
-__all__ = ["TENANT_META_KEY", "Tenancy", "TenantScope", "hash_token", "tenant_of_token"]
+__all__ = [
+    "TENANT_META_KEY",
+    "TENANT_NAME_META_KEY",
+    "Tenancy",
+    "TenantScope",
+    "confine_cwd",
+    "hash_token",
+    "make_private_dir",
+    "tenant_of_token",
+    "tenant_root",
+]
 
 TENANT_META_KEY = "tenant"
-"""The key of a session's stored ``meta`` that names its tenant (absent: the owner's)."""
+"""The key of a session's stored ``meta`` that holds its tenant's id (absent: the owner's)."""
+TENANT_NAME_META_KEY = "tenantName"
+"""The key of a session's stored ``meta`` with its tenant's name when it was made (display)."""
+
+
+def tenant_root(data_dir: Path, tenant_id: str, tenant: TenantConfig | None) -> str:
+    """The canonical root a tenant's sessions are confined to, made if missing: its
+    ``workspace_root``, else ``<data_dir>/tenants/<id>`` (``tenant`` None: a removed
+    tenant's sessions, opened by the owner, keep the default root of their id).
+    Runs on the loop thread (a few ``mkdir`` at most)."""
+    from actors.worker.agents.acp_confine import path_component  # off initialize's way
+
+    if tenant is not None and tenant.workspace_root is not None:
+        root = Path(os.path.realpath(tenant.workspace_root))
+    else:
+        root = Path(os.path.realpath(data_dir)) / "tenants" / path_component(tenant_id)
+    make_private_dir(root)
+    return str(root)
+
+
+def make_private_dir(path: Path) -> None:
+    """``path`` and its missing parents made 0700; existing ones are left as they are."""
+    missing = []
+    while not path.exists():
+        missing.append(path)
+        path = path.parent
+    for directory in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # made meanwhile (another open)
+            directory.mkdir(mode=0o700)
+
+
+def confine_cwd(cwd: str | None, root: str) -> str:
+    """The canonical cwd of a tenant's session under its ``root`` (the root itself when
+    omitted); -32602 for a relative cwd, one outside the root once ``..`` and symlinks
+    are resolved, or one that is no directory."""
+    from supervisor.host import canonical_dir  # off the way to initialize
+
+    if cwd is None or cwd.strip() in ("", "."):
+        return root
+    if not os.path.isabs(cwd):
+        raise InvalidParams("cwd must be an absolute path inside the tenant's workspace root")
+    resolved = canonical_dir(cwd)
+    if resolved is None:
+        if not _within(os.path.realpath(cwd), root):
+            raise InvalidParams("cwd must be inside the tenant's workspace root")
+        raise InvalidParams(f"cwd is not a usable directory: {cwd[:200]}")
+    if not _within(resolved, root):
+        raise InvalidParams("cwd must be inside the tenant's workspace root")
+    return resolved
+
+
+def _within(path: str, root: str) -> bool:
+    return os.path.commonpath([path, root]) == root
 
 
 def hash_token(token: str) -> str:
@@ -66,7 +136,7 @@ class Tenancy:
 
     @staticmethod
     def tenant_of(sessions: Sessions, sid: str) -> str | None:
-        """The session's tenant name ("" for the owner's), None if there is no such session."""
+        """The session's tenant id ("" for the owner's), None if there is no such session."""
         route = sessions.host.live.route(sid)
         if route is not None:
             return route.tenant or ""
@@ -88,10 +158,14 @@ class TenantScope:
     def name(self) -> str:
         return self.tenant.name
 
+    @property
+    def id(self) -> str:
+        return self.tenant.id
+
     def check(self, sessions: Sessions, sid: str) -> None:
         """-32000 unless ``sid`` is one of this tenant's sessions (the same answer
         whether it belongs to someone else or does not exist)."""
-        if self.tenancy.tenant_of(sessions, sid) != self.tenant.name:
+        if self.tenancy.tenant_of(sessions, sid) != self.tenant.id:
             raise SessionNotFound(f"Session not found: {sid}")
 
     def check_capacity(self, sessions: Sessions, sid: str | None = None) -> None:
@@ -104,42 +178,30 @@ class TenantScope:
         live = sessions.host.live
         if cap is None or (sid is not None and live.route(sid) is not None):
             return
-        if not live.tenant_has_room(self.name, cap, self.tenancy.creating[self.name]):
+        if not live.tenant_has_room(self.id, cap, self.tenancy.creating[self.id]):
             raise SessionLimitReached(f"Maximum session limit reached ({cap})")
 
     async def new_session(self, sessions: Sessions, peer: Peer,
                           request: NewSessionRequest) -> Route:
         """``session/new`` for this tenant: its cap checked (-32001), this connection's
-        ``?agent=`` and the tenant's workspace root applied, the session stored as the
-        tenant's."""
+        ``?agent=`` applied, the session confined to the tenant's root and stored as the
+        tenant's (:meth:`Sessions.new`)."""
         self.check_capacity(sessions)
         if request.agent_alias is None and self.default_agent:
             request = replace(request, agent_alias=self.default_agent)
-        request = self._within_root(request)
         creating = self.tenancy.creating
-        creating[self.name] += 1
+        creating[self.id] += 1
         try:
-            return await sessions.new(peer, request, tenant=self.name)
+            return await sessions.new(peer, request, tenant=self.tenant)
         finally:
-            creating[self.name] -= 1
-            if not creating[self.name]:
-                del creating[self.name]
+            creating[self.id] -= 1
+            if not creating[self.id]:
+                del creating[self.id]
 
-    def _within_root(self, request: NewSessionRequest) -> NewSessionRequest:
-        """The request's cwd under the tenant's workspace root (-32602 outside it; the
-        root itself when omitted)."""
-        root = self.tenant.workspace_root
-        if root is None:
-            return request
-        root_text = os.path.realpath(root)
-        cwd = request.cwd
-        if cwd is None or cwd.strip() in ("", "."):
-            os.makedirs(root_text, mode=0o700, exist_ok=True)
-            return replace(request, cwd=root_text)
-        resolved = os.path.realpath(cwd) if os.path.isabs(cwd) else None
-        if resolved is None or os.path.commonpath([resolved, root_text]) != root_text:
-            raise InvalidParams("cwd must be inside the tenant's workspace root")
-        return replace(request, cwd=resolved)
+    def check_cwd(self, sessions: Sessions, cwd: str | None) -> None:
+        """-32602 when a ``session/load``'s or ``resume``'s ``cwd`` is outside the root."""
+        if cwd is not None:
+            confine_cwd(cwd, tenant_root(sessions.settings.data_dir, self.id, self.tenant))
 
     def status_view(self, status: Mapping[str, Any], sessions: Sessions) -> dict[str, Any]:
         """``status`` as this tenant may see it: an admin sees everything; others only
@@ -149,10 +211,10 @@ class TenantScope:
         if self.tenant.admin:
             return dict(status)
         own = [entry for entry in status["sessions"]
-               if self.tenancy.tenant_of(sessions, entry["sessionId"]) == self.tenant.name]
+               if self.tenancy.tenant_of(sessions, entry["sessionId"]) == self.tenant.id]
         view = {key: status[key] for key in _SHARED_STATUS if key in status}
         view.update(sessions=own, activeSessions=len(own), tenant=self.tenant.name,
-                    turnsCommitted=sessions.host.turn_stats.by_tenant.get(self.tenant.name, 0))
+                    turnsCommitted=sessions.host.turn_stats.by_tenant.get(self.tenant.id, 0))
         return view
 
 

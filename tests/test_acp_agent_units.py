@@ -16,7 +16,7 @@ import pytest
 
 from actors.worker.agents import TurnContext, agent_config_problem
 from actors.worker.agents.acp import command_problem
-from actors.worker.agents.acp_confine import jail_for
+from actors.worker.agents.acp_confine import TENANT_ROOT_META_KEY, jail_for
 from actors.worker.agents.acp_process import AgentProcess, SessionLink, clean_env
 from actors.worker.agents.acp_turn import AcpTurn, UpdateRelay
 from actors.worker.agents.acp_updates import relayed_events
@@ -89,7 +89,8 @@ def test_a_tenants_agent_state_dir_stays_one_level_below_the_state_root(tmp_path
     env = {AGENT_STATE_VARIABLE: str(state), SANDBOX_VARIABLE: "auto"}
     for tenant, alias in ((".", "a"), ("..", "sessions"), ("t", "../x")):
         setup = SessionSetup(sid="s", paths=PathPolicy.build(str(tmp_path), str(tmp_path), ()),
-                             mode=lambda: "full", meta={"tenant": tenant})
+                             mode=lambda: "full",
+                             meta={"tenant": tenant, TENANT_ROOT_META_KEY: str(tmp_path)})
         config = {"alias": alias}
         home = jail_for(config, setup, env).home
         assert home is not None and home.parent.parent == state, home

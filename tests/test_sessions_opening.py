@@ -36,8 +36,8 @@ async def test_a_cancelled_close_leaves_the_open_and_later_closes_working() -> N
     async def close_on_worker(route: Route) -> None:
         closed.append(route)
 
-    host: Any = types.SimpleNamespace(settings=None, live=live, persist=persist,
-                                      close_on_worker=close_on_worker,
+    host: Any = types.SimpleNamespace(settings=types.SimpleNamespace(tenants={}), live=live,
+                                      persist=persist, close_on_worker=close_on_worker,
                                       close_evicted=lambda evicted: None)
     sessions = Sessions(host)
     gate = asyncio.Event()
@@ -80,7 +80,8 @@ def test_an_open_carries_its_workers_evictions_and_closes_them_if_it_cannot_go()
         return True
 
     host: Any = types.SimpleNamespace(
-        settings=None, live=None, pool=types.SimpleNamespace(send=send),
+        settings=types.SimpleNamespace(tenants={}), live=None,
+        pool=types.SimpleNamespace(send=send),
         client_relay=types.SimpleNamespace(session_gone=lambda sid: None),
         drop_on_worker=lambda route: dropped.append(route.sid))
     host.close_evicted = types.MethodType(Host.close_evicted, host)

@@ -250,7 +250,7 @@ class SessionConfig:
             raise ValueError(f"bad history item: {exc.__class__.__name__}") from None
         tenant = bool(message.meta.get("tenant"))
         paths = PathPolicy.build(message.cwd, message.workspace_dir, message.forbidden_paths,
-                                 tenant=tenant)
+                                 tenant=tenant, network=message.sandbox_network)
         return cls(
             sid=message.sid,
             agent=message.agent,

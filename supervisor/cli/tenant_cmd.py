@@ -6,9 +6,13 @@ edited as ``zeroclaw config set`` edits it (tomlkit, atomic, comments kept).
 Wire (command line) format::
 
     zeroclaw tenant add NAME [--admin] [--max-sessions N] [--workspace-root DIR]
-        prints the new token once, on stdout (only its SHA-256 is stored)
-    zeroclaw tenant list [--json]     NAME, admin, max_sessions, workspace_root
-    zeroclaw tenant remove NAME
+                             [--no-network]
+        prints the new token once, on stdout (only its SHA-256 is stored); the
+        tenant gets a new id (uuid4 hex), which owns its sessions
+    zeroclaw tenant list [--json]     NAME, id, admin, max_sessions, workspace_root,
+                                      sandbox_network
+    zeroclaw tenant remove NAME       its id is retired (gateway.retired_tenant_ids): a
+                                      tenant added again under NAME is another tenant
 
 Exit codes: 0 done, 1 unknown or existing tenant / unusable file, 2 usage.
 
@@ -26,6 +30,7 @@ import argparse
 import json
 import secrets
 import sys
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -50,7 +55,10 @@ def _parser() -> argparse.ArgumentParser:
     add.add_argument("name")
     add.add_argument("--admin", action="store_true", help="sees every session in status")
     add.add_argument("--max-sessions", type=int, help="live sessions of this tenant")
-    add.add_argument("--workspace-root", help="session cwds must be under this directory")
+    add.add_argument("--workspace-root", help="session cwds must be under this directory "
+                     "(default: <data_dir>/tenants/<id>)")
+    add.add_argument("--no-network", action="store_true",
+                     help="its commands run without network (sandbox_network = false)")
     listing = actions.add_parser("list", help="the tenants (never their tokens)")
     listing.add_argument("--json", action="store_true")
     remove = actions.add_parser("remove", help="remove a tenant (its token stops working)")
@@ -115,6 +123,7 @@ def _add(path: Path, args: argparse.Namespace) -> str:
         raise ConfigCommandError(f"tenant {args.name} already exists (remove it first)")
     token = secrets.token_urlsafe(32)
     table, _ = _parent_table(document, ["tenants", args.name, "token_sha256"])
+    table["id"] = uuid.uuid4().hex
     table["token_sha256"] = hash_token(token)
     if args.admin:
         table["admin"] = True
@@ -122,6 +131,8 @@ def _add(path: Path, args: argparse.Namespace) -> str:
         table["max_sessions"] = args.max_sessions
     if args.workspace_root is not None:
         table["workspace_root"] = str(Path(args.workspace_root).expanduser().absolute())
+    if args.no_network:
+        table["sandbox_network"] = False
     _check(path, document)
     _save(path, document)
     return token
@@ -135,17 +146,20 @@ def _tenants(document: Mapping[str, object]) -> Mapping[str, Mapping[str, object
 
 
 def _list(path: Path, *, as_json: bool) -> None:
-    rows = [{"name": name, "admin": bool(section.get("admin", False)),
+    rows = [{"name": name, "id": str(section.get("id", name)),
+             "admin": bool(section.get("admin", False)),
              "maxSessions": section.get("max_sessions"),
-             "workspaceRoot": section.get("workspace_root")}
+             "workspaceRoot": section.get("workspace_root"),
+             "sandboxNetwork": section.get("sandbox_network", True) is not False}
             for name, section in _tenants(_load(path)).items()]
     if as_json:
         print(json.dumps(rows))
         return
     for row in rows:
         extras = [f"max_sessions={row['maxSessions']}" if row["maxSessions"] else "",
-                  f"workspace_root={row['workspaceRoot']}" if row["workspaceRoot"] else ""]
-        print(" ".join([str(row["name"]), "admin" if row["admin"] else "-"]
+                  f"workspace_root={row['workspaceRoot']}" if row["workspaceRoot"] else "",
+                  "" if row["sandboxNetwork"] else "sandbox_network=false"]
+        print(" ".join([str(row["name"]), str(row["id"]), "admin" if row["admin"] else "-"]
                        + [e for e in extras if e]))
 
 
@@ -154,6 +168,11 @@ def _remove(path: Path, name: str) -> None:
     tenants = _tenants(document)
     if name not in tenants:
         raise ConfigCommandError(f"no tenant {name}")
+    tenant_id = str(tenants[name].get("id", name))
     del tenants[name]  # type: ignore[attr-defined]
+    gateway, _ = _parent_table(document, ["gateway", "retired_tenant_ids"])
+    retired = gateway.get("retired_tenant_ids", [])
+    if isinstance(retired, list) and tenant_id not in retired:
+        gateway["retired_tenant_ids"] = [*retired, tenant_id]
     _check(path, document)
     _save(path, document)

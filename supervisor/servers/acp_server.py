@@ -392,12 +392,12 @@ class AcpServer:
 
     async def _restore(self, params: Any, endpoint: Endpoint, replay: bool) -> dict[str, Any]:
         sid = await self._visible(params, endpoint)
-        if isinstance(params, Mapping):
-            acp.optional_str(params, "cwd")
+        cwd = acp.optional_str(params, "cwd") if isinstance(params, Mapping) else None
         sessions = await self.sessions()
         peer = endpoint.state["peer"]
         scope: TenantScope | None = endpoint.state.get("scope")
         if scope is not None:
+            scope.check_cwd(sessions, cwd)
             scope.check_capacity(sessions, sid)
         route = await sessions.restore(peer, sid, replay=replay)
         self.host.owners.join(sid, peer)  # a no-op if the client left meanwhile
@@ -418,7 +418,7 @@ class AcpServer:
         cursor = acp.optional_str(params, "cursor")
         sessions = await self.sessions()
         scope: TenantScope | None = endpoint.state.get("scope")
-        rows, next_cursor = sessions.list(cwd, cursor, tenant=scope.name if scope else None)
+        rows, next_cursor = sessions.list(cwd, cursor, tenant=scope.id if scope else None)
         result: dict[str, Any] = {"sessions": [acp.session_entry(row) for row in rows]}
         if next_cursor:
             result["nextCursor"] = next_cursor

@@ -203,6 +203,7 @@ class Daemon:
             tenants = load_settings(str(self.settings.config_dir)).tenants
         except ConfigError as error:
             raise InvalidParams(f"configuration error: {error}") from None
+        self.host.reload_tenants(tenants)
         revoked = self.gateway.reload_tenants(tenants) if self.gateway is not None else 0
         log.info("%s: tenants reloaded: %d tenant(s), %d connection(s) revoked",
                  endpoint.name, len(tenants), revoked)

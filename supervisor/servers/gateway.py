@@ -314,9 +314,10 @@ class Gateway:
             share()
 
     def _revoked(self, scope: TenantScope) -> bool:
-        """The scope's tenant was removed, or its token replaced, since it was checked."""
+        """The scope's tenant was removed, or its token or id replaced, since it was checked."""
         now = self.tenants.get(scope.name)
-        return now is None or now.token_sha256 != scope.tenant.token_sha256
+        return (now is None or now.token_sha256 != scope.tenant.token_sha256
+                or now.id != scope.tenant.id)
 
     async def close(self, flush_timeout: float = 5.0) -> None:
         """Let every client take the frames queued for it (bounded), then close every

@@ -68,6 +68,18 @@ class GatewayDaemon:
         self.http = match.group(1)
         self.ws = "ws" + self.http.removeprefix("http")
 
+    @property
+    def data_dir(self) -> Path:
+        return self.daemon.socket_path.parent
+
+    def root(self, tenant: str = "alice") -> Path:
+        """The default root of a tenant of :func:`gateway_config` (whose id is its name),
+        made as the daemon makes it, for a test that names it as a cwd before its first
+        ``session/new``."""
+        root = self.data_dir / "tenants" / tenant
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return root
+
     def client(self, tenant: str = "alice", *, query: str = "", **kwargs: Any) -> WsClient:
         return WsClient(f"{self.ws}/acp{query}", token=TOKENS[tenant], **kwargs)
 

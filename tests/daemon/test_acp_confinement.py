@@ -165,20 +165,54 @@ def test_a_stored_tenant_session_is_refused_its_agent_once_no_sandbox_is_left(
 
 
 @pytest.mark.skipif(not detect("auto").confines, reason="no sandbox backend here")
-def test_a_tenant_without_a_workspace_root_gets_a_process_per_cwd(
+def test_a_tenant_without_a_workspace_root_gets_its_default_root_as_the_jail(
         daemons: Any, scratch_dir: Path) -> None:
-    """bob has no workspace root: a process writes only its first session's cwd, so a
-    session in another directory gets a process of its own."""
+    """bob has no workspace root: his processes write only ``<data_dir>/tenants/bob``,
+    whatever the session's cwd inside it (one process for them all), and a cwd outside
+    it is refused."""
     _hosted(scratch_dir, "auto")
-    one, two = scratch_dir / "bob-one", scratch_dir / "bob-two"
-    for directory in (one, two):
-        directory.mkdir()
-    gateway = GatewayDaemon(daemons(scratch_dir, "--gateway", "127.0.0.1:0"))
+    daemon = daemons(scratch_dir, "--gateway", "127.0.0.1:0")
+    gateway = GatewayDaemon(daemon)
+    root = gateway.root("bob")
+    (root / "one").mkdir()
+    outside = scratch_dir / "bob-outside"
+    outside.mkdir()
     with gateway.client("bob") as bob:
-        first = bob.request("session/new", {"cwd": str(one)})["sessionId"]
-        second = bob.request("session/new", {"cwd": str(two)})["sessionId"]
-        again = bob.request("session/new", {"cwd": str(one)})["sessionId"]
-        idents = [_said_over(bob, sid, "ident") for sid in (first, second, again)]
-        assert idents[0] == idents[2] != idents[1]
-        assert _said_over(bob, first, f"put {two}/from-one.txt x").startswith("put failed")
-        assert _said_over(bob, second, f"put {two}/own.txt x") == "put"
+        with pytest.raises(RpcFailure) as refused:
+            bob.request("session/new", {"cwd": str(outside)})
+        assert refused.value.code == -32602
+        first = bob.request("session/new", {})["sessionId"]
+        second = bob.request("session/new", {"cwd": str(root / "one")})["sessionId"]
+        idents = [_said_over(bob, sid, "ident") for sid in (first, second)]
+        assert idents[0] == idents[1]
+        assert _said_over(bob, second, f"put {root}/from-one.txt x") == "put"
+        assert _said_over(bob, first, f"put {outside}/x.txt x").startswith("put failed")
+        said = _runs(bob, second, f"echo child > {root}/child.txt; echo no > {outside}/y.txt")
+        assert not said.startswith("exit=0"), said
+    assert (root / "from-one.txt").read_text() == "x"
+    assert (root / "child.txt").read_text() == "child\n"
+    assert list(outside.iterdir()) == []
+
+
+@pytest.mark.skipif(not detect("bwrap").confines, reason="bwrap: no usable bubblewrap")
+def test_a_tenants_agent_process_without_network_has_only_its_loopback(
+        daemons: Any, scratch_dir: Path) -> None:
+    import socket
+
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    _hosted(scratch_dir, "bwrap")
+    text = (scratch_dir / "config.toml").read_text()
+    (scratch_dir / "config.toml").write_text(text.replace(
+        "[tenants.bob]", "[tenants.bob]\nsandbox_network = false"))
+    gateway = GatewayDaemon(daemons(scratch_dir, "--gateway", "127.0.0.1:0"))
+    dial = (f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), 5)\""
+            " && echo CONNECTED")
+    try:
+        with gateway.client("bob") as bob, gateway.client("alice") as alice:
+            bob_sid = bob.request("session/new", {})["sessionId"]
+            assert "CONNECTED" not in _runs(bob, bob_sid, dial)
+            alice_sid = alice.request("session/new", {})["sessionId"]
+            assert "CONNECTED" in _runs(alice, alice_sid, dial)
+    finally:
+        server.close()

@@ -18,7 +18,7 @@ from tests.e2e.sdkhost import RecordingClient
 from tests.e2e.test_acp_client_relay import OFFERING
 from tests.e2e.test_acp_hosting import _toml_list, fixture_command
 
-from .helpers import DaemonProc, wait_session_idle, work_dir
+from .helpers import DaemonProc, wait_session_idle
 from .test_acp_hosted_daemon import sdk_editor, text_block
 
 
@@ -117,9 +117,9 @@ def test_tenants_never_share_a_hosted_agent_process(daemons: Any, scratch_dir: P
     gateway_config(scratch_dir, hosted)
     gateway = GatewayDaemon(daemons(scratch_dir, "--gateway", "127.0.0.1:0"))
     with gateway.client("alice") as alice, gateway.client("bob") as bob:
-        alice_sid = alice.request("session/new", {"cwd": str(work_dir(scratch_dir))})["sessionId"]
-        bob_sid = bob.request("session/new", {"cwd": str(work_dir(scratch_dir))})["sessionId"]
-        again = alice.request("session/new", {"cwd": str(work_dir(scratch_dir))})["sessionId"]
+        alice_sid = alice.request("session/new", {})["sessionId"]
+        bob_sid = bob.request("session/new", {})["sessionId"]
+        again = alice.request("session/new", {})["sessionId"]
         alice_pid, bob_pid = _agent_pid(alice, alice_sid), _agent_pid(bob, bob_sid)
         assert len(alice_pid) == len(bob_pid) == 32
         assert alice_pid != bob_pid

@@ -67,7 +67,7 @@ def error_of(client: RpcClient, method: str, params: dict[str, Any]) -> tuple[An
 def test_acp_session_flows_over_the_websocket(gateway: GatewayDaemon) -> None:
     """new, a streamed prompt, cancel, a permission request, list, and load from a
     second connection, all in the acp.sock dialect, one message per text frame."""
-    cwd = str(gateway.daemon.work_dir)
+    cwd = str(gateway.root("alice"))
     with gateway.client() as editor:
         sid = editor.request("session/new", {"cwd": cwd, "mcpServers": []})["sessionId"]
         result = editor.request("session/prompt", {"sessionId": sid, "prompt": "one two three"})
@@ -124,7 +124,7 @@ async def test_the_official_acp_sdk_client_over_the_websocket(gateway: GatewayDa
         conn = ClientSideConnection(client, WebSocketTransport(ws))
         init = await conn.initialize(protocol_version=1)
         assert init.protocol_version == 1 and init.agent_capabilities.load_session
-        session = await conn.new_session(cwd=str(gateway.daemon.work_dir), mcp_servers=[])
+        session = await conn.new_session(cwd=str(gateway.root("alice")), mcp_servers=[])
         response = await conn.prompt(session_id=session.session_id,
                                      prompt=[text_block("hello over websocket")])
         assert response.stop_reason == "end_turn"
@@ -202,14 +202,14 @@ CROSS_TENANT = [
 
 
 def test_tenants_cannot_see_or_touch_each_others_sessions(gateway: GatewayDaemon) -> None:
-    cwd = str(gateway.daemon.work_dir)
+    cwd = str(gateway.root("alice"))
     alice = gateway.client("alice")
     sid = alice.request("session/new", {"cwd": cwd})["sessionId"]
     alice.request("session/prompt", {"sessionId": sid, "prompt": "alice's secret title"})
     with gateway.client("bob") as bob:
-        bob_sid = bob.request("session/new", {"cwd": cwd})["sessionId"]
+        bob_sid = bob.request("session/new", {})["sessionId"]
         assert bob.request("session/list", {})["sessions"][0]["sessionId"] == bob_sid
-        assert len(bob.request("session/list", {"cwd": cwd})["sessions"]) == 1
+        assert bob.request("session/list", {"cwd": cwd})["sessions"] == []
         ghost = str(uuid.uuid4())
         for method, extra in CROSS_TENANT:
             real = error_of(bob, method, {"sessionId": sid, "cwd": cwd, **extra})
@@ -246,11 +246,12 @@ def test_a_tenants_session_cap_and_workspace_root(daemons: Any, scratch_dir: Pat
         slow = alice.send("session/prompt", {"sessionId": made["sessionId"],
                                              "prompt": "!sleep 30"})
         assert error_of(alice, "session/new", {"cwd": str(root / "project")})[0] == -32001
-        bob.request("session/new", {"cwd": "/tmp"})  # bob has neither rule
+        bob.request("session/new", {})  # bob has no cap
+        bob.request("session/new", {})
         alice.send("session/cancel", {"sessionId": made["sessionId"]}, notify=True)
         assert slow is not None and "result" in alice.wait_response(slow)
         inside = alice.request("session/new", {"cwd": str(root / "project")})  # evicts `made`
-        assert inside["workspaceDir"] == str((root / "project").resolve())
+        assert inside["workspaceDir"] == str(root.resolve())  # the root: its only workspace
         alice.request("session/resume", {"sessionId": made["sessionId"]})  # evicts `inside`
 
 
@@ -336,7 +337,10 @@ def test_tenant_add_list_remove(scratch_dir: Path) -> None:
     assert token not in text and "token_sha256" in text
     assert tenant("add", "carol").returncode == 1
     listed = json.loads(tenant("list", "--json").stdout)
-    assert listed == [{"name": "carol", "admin": True, "maxSessions": 3, "workspaceRoot": None}]
+    carol_id = listed[0].pop("id")
+    assert len(carol_id) == 32 and f'id = "{carol_id}"' in text
+    assert listed == [{"name": "carol", "admin": True, "maxSessions": 3, "workspaceRoot": None,
+                       "sandboxNetwork": True}]
     assert token not in tenant("list").stdout
     assert tenant("remove", "carol").returncode == 0
     assert tenant("remove", "carol").returncode == 1

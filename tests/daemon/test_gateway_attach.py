@@ -52,7 +52,7 @@ def remote_editor(gateway: GatewayDaemon, editor_dir: Path, *options: str,
 
 def test_an_editor_attached_over_the_websocket_shares_the_daemons_sessions(
         gateway: GatewayDaemon, editor_dir: Path) -> None:
-    cwd = str(gateway.daemon.work_dir)
+    cwd = str(gateway.root("alice"))
     one = remote_editor(gateway, editor_dir)
     assert one.request("initialize", {"protocolVersion": 1})["agentInfo"]["name"] == "zeroclaw-acp"
     sid = one.request("session/new", {"cwd": cwd})["sessionId"]
@@ -126,14 +126,14 @@ def test_a_permission_question_after_the_editor_closed_its_input_is_refused(
     once the editor's prompt was answered."""
     editor = remote_editor(gateway, editor_dir)
     editor.request("initialize", {"protocolVersion": 1})
-    sid = editor.request("session/new", {"cwd": str(editor_dir)})["sessionId"]
+    sid = editor.request("session/new", {})["sessionId"]
     write = '!tool file_write {"path": "denied.txt", "content": "no"}'
     prompt = editor.send("session/prompt", {"sessionId": sid, "prompt": write})
     assert editor.proc.stdin is not None
     editor.proc.stdin.close()
     answer = editor.answer(prompt)
     assert answer["result"]["stopReason"] == "end_turn", answer
-    assert not (editor_dir / "denied.txt").exists()
+    assert not (gateway.root("alice") / "denied.txt").exists()
     assert editor.proc.wait(20) == 0, editor.stderr_text()
     editor.stderr.close()
 
@@ -157,7 +157,7 @@ def test_a_gateway_that_dies_mid_turn_fails_the_pending_prompt(
         gateway: GatewayDaemon, editor_dir: Path) -> None:
     editor = remote_editor(gateway, editor_dir)
     editor.request("initialize", {"protocolVersion": 1})
-    sid = editor.request("session/new", {"cwd": str(editor_dir)})["sessionId"]
+    sid = editor.request("session/new", {})["sessionId"]
     daemon = psutil.Process(gateway.daemon.pid)
     family = [daemon, *daemon.children(recursive=True)]
     prompt = editor.send("session/prompt", {"sessionId": sid, "prompt": "!sleep 30"})

@@ -35,7 +35,7 @@ def refused_status(url: str, token: str) -> int:
 
 def test_a_removed_tenants_connections_are_closed_and_its_token_refused(
         gateway: GatewayDaemon) -> None:
-    cwd = str(gateway.daemon.work_dir)
+    cwd = str(gateway.root("bob"))
     with gateway.client("bob") as bob, gateway.client("alice") as alice:
         sid = bob.request("session/new", {"cwd": cwd})["sessionId"]
         bob.request("session/prompt", {"sessionId": sid, "prompt": "a completed turn"})
@@ -43,7 +43,7 @@ def test_a_removed_tenants_connections_are_closed_and_its_token_refused(
         while bob.read_frame().get("params", {}).get("update", {}).get(
                 "sessionUpdate") != "agent_message_chunk":
             pass  # until the turn is under way
-        kept = alice.request("session/new", {"cwd": cwd})["sessionId"]
+        kept = alice.request("session/new", {})["sessionId"]
 
         removed = tenant(gateway, "remove", "bob")
         assert removed.returncode == 0, removed.stderr

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .gateway_helpers import GatewayDaemon, WsClient, gateway_config
-from .helpers import FRAME_TIMEOUT, RpcFailure, work_dir
+from .helpers import FRAME_TIMEOUT, RpcFailure
 
 
 def live_sessions(client: WsClient) -> set[str]:
@@ -38,9 +38,9 @@ def test_a_tenant_at_its_cap_evicts_its_own_least_recently_used_idle_session(
         daemons: Any, scratch_dir: Path) -> None:
     gateway_config(scratch_dir, alice="max_sessions = 2")
     gateway = GatewayDaemon(daemons(scratch_dir, "--gateway", "127.0.0.1:0"))
-    cwd = str(work_dir(scratch_dir))
+    cwd = str(gateway.root("alice"))  # each tenant opens in its own root
     with gateway.client("bob") as bob:  # bob's session is the host's least recently used
-        bob_sid = bob.request("session/new", {"cwd": cwd})["sessionId"]
+        bob_sid = bob.request("session/new", {})["sessionId"]
         with gateway.client("alice") as first:
             old = first.request("session/new", {"cwd": cwd})["sessionId"]
             first.request("session/prompt", {"sessionId": old, "prompt": "the oldest turn"})
@@ -64,7 +64,7 @@ def test_a_tenant_at_its_cap_evicts_its_own_least_recently_used_idle_session(
                     -32001, "Maximum session limit reached (2)")
             else:
                 raise AssertionError("session/new past a cap of busy sessions succeeded")
-            bob.request("session/new", {"cwd": cwd})  # bob has no cap: unaffected
+            bob.request("session/new", {})  # bob has no cap: unaffected
             for sid in (made, old):
                 second.send("session/cancel", {"sessionId": sid}, notify=True)
             for turn in turns:

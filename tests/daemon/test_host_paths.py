@@ -30,7 +30,7 @@ needs_sandbox = pytest.mark.skipif(not detect("auto").confines, reason="no sandb
 
 def _configure(scratch_dir: Path, mode: str) -> Path:
     """The echo agent as the default, the fixture ACP agent as ``hosted``; alice has a
-    workspace root (returned), bob none."""
+    workspace root (returned), bob none (his default root, inside the host's data dir)."""
     root = scratch_dir / "roots" / "alice"
     gateway_config(scratch_dir, f"""
 [acp]
@@ -125,17 +125,29 @@ def _attack_through_a_hosted_agent(client: Any, sid: str, targets: Targets) -> N
     targets.check_untouched()
 
 
-def _refused_cwds(client: Any, targets: Targets) -> None:
+def _refused_cwds(client: Any, targets: Targets, why: str = "host's own",
+                  more: tuple[Path, ...] = ()) -> None:
+    """``session/new`` in each of the host's directories (and ``more``): -32602 saying
+    ``why`` (a tenant's: its cwd must be inside its root)."""
     for cwd in (targets.config_dir, targets.data, targets.data / "sessions",
-                targets.data / "run"):
+                targets.data / "run", *more):
         with pytest.raises(RpcFailure) as refused:
             client.request("session/new", {"cwd": str(cwd), "mcpServers": []})
-        assert refused.value.code == -32602 and "host's own" in refused.value.message, cwd
+        assert refused.value.code == -32602 and why in refused.value.message, cwd
+
+
+def _open(client: Any, cwd: Path | None) -> str:
+    """A new session in ``cwd`` (None: the tenant's default root)."""
+    params: dict[str, Any] = {"mcpServers": []}
+    if cwd is not None:
+        cwd.mkdir(parents=True, exist_ok=True)
+        params["cwd"] = str(cwd)
+    return str(client.request("session/new", params)["sessionId"])
 
 
 def _secret_said_by_ops(gateway: GatewayDaemon) -> None:
     with gateway.client("ops") as ops:
-        sid = ops.request("session/new", {"cwd": "/", "mcpServers": []})["sessionId"]
+        sid = ops.request("session/new", {"mcpServers": []})["sessionId"]
         _turn(ops, sid, SECRET)
 
 
@@ -148,11 +160,9 @@ def test_a_tenant_cannot_reach_the_hosts_files_through_zeroclaws_tools(
     targets = Targets(gateway.daemon)
     _secret_said_by_ops(gateway)
     with gateway.client("alice") as alice, gateway.client("bob") as bob:
-        _refused_cwds(bob, targets)
-        for client, cwd in ((alice, root), (bob, Path("/")), (bob, scratch_dir / "roots")):
-            cwd.mkdir(parents=True, exist_ok=True)
-            sid = client.request("session/new", {"cwd": str(cwd), "mcpServers": []})
-            _attack_with_zeroclaws_tools(client, sid["sessionId"], targets)
+        _refused_cwds(bob, targets, "workspace root", (Path("/"), scratch_dir / "roots"))
+        for client, cwd in ((alice, root), (bob, None)):  # bob: <data_dir>/tenants/bob
+            _attack_with_zeroclaws_tools(client, _open(client, cwd), targets)
 
 
 @needs_sandbox
@@ -165,10 +175,8 @@ def test_a_tenant_cannot_reach_the_hosts_files_through_a_hosted_agent(
     _secret_said_by_ops(gateway)
     with gateway.client("alice", query="?agent=hosted") as alice, \
             gateway.client("bob", query="?agent=hosted") as bob:
-        for client, cwd in ((alice, root), (bob, Path("/"))):
-            cwd.mkdir(parents=True, exist_ok=True)
-            sid = client.request("session/new", {"cwd": str(cwd), "mcpServers": []})
-            _attack_through_a_hosted_agent(client, sid["sessionId"], targets)
+        for client, cwd in ((alice, root), (bob, None)):
+            _attack_through_a_hosted_agent(client, _open(client, cwd), targets)
 
 
 @needs_sandbox

@@ -23,9 +23,8 @@ def gateway(daemons: Any, scratch_dir: Path) -> GatewayDaemon:
 
 def test_the_page_is_static_needs_no_token_and_forbids_inline_script(
         gateway: GatewayDaemon) -> None:
-    cwd = str(gateway.daemon.work_dir)
     with gateway.client("alice") as alice:
-        sid = alice.request("session/new", {"cwd": cwd})["sessionId"]
+        sid = alice.request("session/new", {})["sessionId"]
         alice.request("session/prompt", {"sessionId": sid, "prompt": "a private title"})
     status, body, headers = http_get(f"{gateway.http}/?token={TOKENS['alice']}")
     assert status == 200 and headers["Content-Type"] == "text/html; charset=utf-8"
@@ -54,12 +53,12 @@ def test_answers_that_hold_a_tenants_data_are_never_stored_by_a_cache(
 def test_status_has_what_the_page_shows(gateway: GatewayDaemon) -> None:
     """Each session's cwd and title; the turns committed (a tenant: its own only); the
     host's RSS for an admin only."""
-    cwd = str(gateway.daemon.work_dir)
+    cwd = str(gateway.root("alice").resolve())
     with gateway.client("alice") as alice, gateway.client("bob") as bob:
         sid = alice.request("session/new", {"cwd": cwd})["sessionId"]
         for text in ("first line\nsecond line", "another turn"):
             alice.request("session/prompt", {"sessionId": sid, "prompt": text})
-        bob_sid = bob.request("session/new", {"cwd": cwd})["sessionId"]
+        bob_sid = bob.request("session/new", {})["sessionId"]
         bob.request("session/prompt", {"sessionId": bob_sid, "prompt": "bob's"})
     alice_view = json.loads(gateway.get("/status", "alice")[1])
     assert [(s["sessionId"], s["title"], s["cwd"], s["turns"])
@@ -103,13 +102,12 @@ def test_the_page_in_headless_chromium(chromium: str, gateway: GatewayDaemon,
                                        tmp_path: Path) -> None:
     """A tenant's page shows its own sessions (the hostile title as text), its chart
     grows with more turns; an admin's shows every session, the workers and RSS."""
-    cwd = str(gateway.daemon.work_dir)
     with gateway.client("alice") as alice, gateway.client("bob") as bob:
-        hostile = alice.request("session/new", {"cwd": cwd})["sessionId"]
+        hostile = alice.request("session/new", {})["sessionId"]
         alice.request("session/prompt", {"sessionId": hostile, "prompt": HOSTILE_TITLE})
-        plain = alice.request("session/new", {"cwd": cwd})["sessionId"]
+        plain = alice.request("session/new", {})["sessionId"]
         alice.request("session/prompt", {"sessionId": plain, "prompt": "refactor the parser"})
-        bobs = bob.request("session/new", {"cwd": cwd})["sessionId"]
+        bobs = bob.request("session/new", {})["sessionId"]
         bob.request("session/prompt", {"sessionId": bobs, "prompt": "bob's own work"})
 
         with Browser(chromium, tmp_path / "profile") as browser:

@@ -34,10 +34,12 @@ from .test_acpx import (
 
 
 @pytest.fixture
-def gateway() -> Iterator[GatewayDaemon]:
-    """A daemon (its own short config dir: the remote machine) with a gateway."""
+def gateway(workspace: Path) -> Iterator[GatewayDaemon]:
+    """A daemon (its own short config dir: the remote machine) with a gateway; alice's
+    root is the editor's workspace (acpx opens its sessions in its cwd, and a tenant's
+    cwd must be inside its root)."""
     config_dir = short_dir()
-    gateway_config(config_dir)
+    gateway_config(config_dir, alice=f'workspace_root = "{workspace}"')
     daemon = DaemonProc(config_dir, "--gateway", "127.0.0.1:0")
     try:
         yield GatewayDaemon(daemon)

@@ -3,10 +3,10 @@ there with the shell's backend (:mod:`actors.worker.tools.sandbox`).
 
 A process serves several sessions, so its writable roots are what all of them share:
 
-- a gateway tenant's process (always confined): the tenant's ``workspace_root`` (the
-  session's cwd when the tenant has none, so sessions in other directories get their
-  own process), a state dir of its own as its HOME
-  (``<data_dir>/agent-homes/<tenant>/<alias>``), and a private tmp;
+- a gateway tenant's process (always confined): the tenant's root (its
+  ``workspace_root``, else ``<data_dir>/tenants/<tenant id>``; the host sends it in
+  the session's meta), a state dir of its own as its HOME
+  (``<data_dir>/agent-homes/<tenant id>/<alias>``), and a private tmp;
 - the owner's process with ``[agents.NAME] sandbox = "auto"``: the user's HOME, the
   agent's workspace and the session's cwd when it is elsewhere (then its own process),
   and a private tmp. ``sandbox = "off"`` (the default for the owner) runs it unconfined.
@@ -14,8 +14,10 @@ A process serves several sessions, so its writable roots are what all of them sh
 Masked in both: the session policy's protected paths (zeroclaw's config dir with the
 config file, tenants' token hashes and agents' env; its data dir with store, sockets and
 logs; the sockets, TLS key) and its forbidden paths; a root the policy sanctions inside
-a protected directory stays reachable. The network stays open. Everything the agent
-starts (its MCP servers too) inherits the confinement.
+a protected directory stays reachable. The network stays open, unless the session says
+``sandbox_network = false`` (:attr:`PathPolicy.network`): then the confined process gets
+a network namespace with only loopback (bubblewrap only; refused under Landlock).
+Everything the agent starts (its MCP servers too) inherits the confinement.
 
 Without a backend a tenant's process is refused, whatever ``[agents.NAME]
 allow_unconfined_tenants`` says (a tenant never gets unconfined file access); the
@@ -43,6 +45,7 @@ __all__ = [
     "TENANT_ROOT_META_KEY",
     "AgentJail",
     "jail_for",
+    "path_component",
     "setting_problem",
     "tenant_may_use",
     "unconfined_refusal",
@@ -73,7 +76,8 @@ class AgentJail:
         """What tells processes apart besides alias and tenant: their writable roots."""
         if self.backend == "none":
             return ""
-        return "|" + os.pathsep.join(str(root) for root in self.policy.roots)
+        offline = "" if self.policy.network else "|offline"
+        return "|" + os.pathsep.join(str(root) for root in self.policy.roots) + offline
 
     def command(self, argv: list[str], private_tmp: Path) -> Confined:
         """``argv`` confined (unchanged when unconfined); ``private_tmp`` the caller's."""
@@ -117,26 +121,37 @@ def jail_for(config: Mapping[str, Any], setup: SessionSetup,
     if not info.confines:
         log.warning("agent %s runs unconfined: no sandbox here (%s)", alias, info.reason)
         return AgentJail("none", info, policy)
-    return AgentJail(info.backend, info, policy)
+    return _confined_jail(info, policy)
+
+
+def _confined_jail(info: SandboxInfo, policy: PathPolicy, home: Path | None = None) -> AgentJail:
+    """The jail of ``info``'s backend; AgentFailure when it cannot take the network away."""
+    if not policy.network and info.backend != "bwrap":
+        raise AgentFailure(f"sandbox_network = false needs the bubblewrap sandbox; agent "
+                           f"processes run under {info.backend} here, which cannot take "
+                           "the network away")
+    return AgentJail(info.backend, info, policy, home)
 
 
 def _tenant_jail(config: Mapping[str, Any], setup: SessionSetup, info: SandboxInfo,
                  tenant: str, env: Mapping[str, str]) -> AgentJail:
     alias = str(config.get("alias", "acp"))
     root_text = setup.meta.get(TENANT_ROOT_META_KEY)
-    root = canonical(root_text) if isinstance(root_text, str) and root_text else setup.paths.cwd
+    if not isinstance(root_text, str) or not os.path.isabs(root_text):
+        raise AgentFailure(f"agent {alias}: the host sent no root for the tenant's session")
+    root = canonical(root_text)
     state_dir = env.get(AGENT_STATE_VARIABLE) or ""
     if not os.path.isabs(state_dir):
         raise AgentFailure(f"agent {alias}: no state dir for tenants' agent processes")
-    home = Path(state_dir, _dir_name(tenant), _dir_name(alias))
+    home = Path(state_dir, path_component(tenant), path_component(alias))
     home.mkdir(mode=0o700, parents=True, exist_ok=True)
     policy = setup.paths.with_roots(root, (root, canonical(str(home))))
     if info.confines:
-        return AgentJail(info.backend, info, policy, home)
+        return _confined_jail(info, policy, home)
     raise AgentFailure(unconfined_refusal(alias, info.reason))
 
 
-def _dir_name(name: str) -> str:
+def path_component(name: str) -> str:
     """``name`` as one path component ("." and ".." and odd characters hashed)."""
     if name not in (".", "..") and _PLAIN_NAME.fullmatch(name):
         return name

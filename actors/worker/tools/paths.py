@@ -112,7 +112,8 @@ class PathPolicy:
     ``cwd`` is where relative paths start; ``roots`` are the canonical directories
     a file tool may touch; ``forbidden`` wins over ``roots``; ``protected`` (the
     host's own paths) wins over both, but for a root it sanctions. ``tenant``: a
-    gateway tenant's session, whose commands never run unconfined.
+    gateway tenant's session, whose commands never run unconfined. ``network`` False:
+    the session's confined commands get no network but loopback (:mod:`.sandbox`).
     """
 
     cwd: Path
@@ -120,23 +121,28 @@ class PathPolicy:
     forbidden: tuple[Path, ...]
     protected: ProtectedPaths = NOTHING_PROTECTED
     tenant: bool = False
+    network: bool = True
 
     @classmethod
     def build(cls, cwd: str, workspace_dir: str, forbidden_paths: Iterable[str], *,
-              protected: ProtectedPaths | None = None, tenant: bool = False) -> PathPolicy:
+              protected: ProtectedPaths | None = None, tenant: bool = False,
+              network: bool = True) -> PathPolicy:
         """Canonicalise everything once, when the session opens; ``protected``
-        defaults to what the host told this process."""
-        cwd_path = canonical(cwd)
-        roots = tuple(dict.fromkeys((cwd_path, canonical(workspace_dir))))
+        defaults to what the host told this process. A cwd inside the workspace is no
+        root of its own (were it replaced by a symlink later, a sandbox binding it
+        would follow the link)."""
+        cwd_path, workspace = canonical(cwd), canonical(workspace_dir)
+        roots = (workspace,) if _within(cwd_path, workspace) else (cwd_path, workspace)
         forbidden = tuple(_forbidden_entry(p) for p in forbidden_paths if str(p).strip())
         return cls(cwd=cwd_path, roots=roots, forbidden=forbidden,
                    protected=ProtectedPaths.from_env() if protected is None else protected,
-                   tenant=tenant)
+                   tenant=tenant, network=network)
 
     def with_roots(self, cwd: Path, roots: Iterable[Path]) -> PathPolicy:
-        """The same forbidden and protected paths with other roots (an agent's jail)."""
+        """The same forbidden and protected paths and network with other roots (an
+        agent's jail)."""
         return PathPolicy(cwd=cwd, roots=tuple(dict.fromkeys(roots)), forbidden=self.forbidden,
-                          protected=self.protected, tenant=self.tenant)
+                          protected=self.protected, tenant=self.tenant, network=self.network)
 
     @property
     def sanctioned(self) -> tuple[Path, ...]:

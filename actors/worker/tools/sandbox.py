@@ -23,8 +23,14 @@ data dirs, store, sockets, TLS key) are masked like forbidden paths, but for a r
 the policy sanctions inside a protected directory (:mod:`actors.worker.protected`).
 Landlock cannot subtract a path from an allowed tree, so a directory that contains a
 forbidden path is allowed entry by entry (minus the forbidden one): such a directory
-cannot be listed, and nothing can be created directly in it. Neither backend confines
-the network.
+cannot be listed, and nothing can be created directly in it. The network stays open
+unless the policy says ``network = False`` (``sandbox_network = false``): then bubblewrap
+gives the command a network namespace of its own, with only loopback; Landlock has no
+such thing, so such a command is refused there (the host refuses the session first).
+
+An interpreter installed under ``/tmp`` or ``/var/tmp`` (a venv or checkout there) is
+bound back read-only over bubblewrap's fresh ``/tmp``, so a confined hosted agent run by
+it still starts.
 
 :mod:`actors.worker.sandbox` detects the backend; :func:`confined` builds one call's command
 line here. Safe from any thread (a session actor's thread runs it).
@@ -44,11 +50,16 @@ from pathlib import Path
 from typing import Any
 
 from actors.worker.sandbox import BWRAP_ISOLATION, SandboxInfo
+from actors.worker.tools.base import ToolError
 from actors.worker.tools.paths import PathDenied, PathPolicy
 
 __all__ = ["Confined", "confined", "confined_argv", "landlock_rules"]
 
 _LAUNCHER = Path(__file__).with_name("landlock_exec.py")
+#: The directory zeroclaw's packages are imported from (an editable install's checkout).
+_PACKAGE_ROOT = Path(__file__).resolve().parents[3]
+#: Directories bubblewrap replaces with a fresh tmpfs.
+_PRIVATE_TMP_DIRS = (Path("/tmp"), Path("/var/tmp"))
 _SHELL = "/bin/sh"
 #: Never writable beneath a root (a session rooted at ``/`` still cannot write them).
 _KERNEL_INTERFACES = (Path("/dev"), Path("/proc"), Path("/sys"))
@@ -99,6 +110,9 @@ def confined_argv(info: SandboxInfo, policy: PathPolicy, argv: list[str],
                          "sandbox can mask; commands are refused until it is removed")
     if info.backend == "bwrap":
         return Confined(_bwrap_argv(policy, argv), {"TMPDIR": "/tmp"})
+    if not policy.network:
+        raise ToolError(f"sandbox_network = false needs the bubblewrap sandbox; commands run "
+                        f"under {info.backend} here, which cannot take the network away")
     if info.backend != "landlock":
         return Confined(list(argv))
     rules = landlock_rules(policy, private_tmp, info.landlock_abi)
@@ -118,6 +132,8 @@ def _bwrap_argv(policy: PathPolicy, command: list[str]) -> list[str]:
     argv = [shutil.which("bwrap") or "bwrap", "--ro-bind", "/", "/", "--tmpfs", "/tmp"]
     if os.path.isdir("/var/tmp"):
         argv += ["--tmpfs", "/var/tmp"]
+    for installed in _installed_under_tmp():
+        argv += ["--ro-bind", installed, installed]
     roots = [root for root in policy.roots if root.is_dir()]  # a workspace may not exist yet
     for root in roots:
         argv += ["--bind", str(root), str(root)]
@@ -141,7 +157,21 @@ def _bwrap_argv(policy: PathPolicy, command: list[str]) -> list[str]:
             argv += ["--remount-ro", str(forbidden)]
         elif forbidden.exists():
             argv += ["--ro-bind", "/dev/null", str(forbidden)]
-    return [*argv, *BWRAP_ISOLATION, "--chdir", str(policy.cwd), "--", *command]
+    network = () if policy.network else ("--unshare-net",)
+    return [*argv, *BWRAP_ISOLATION, *network, "--chdir", str(policy.cwd), "--", *command]
+
+
+def _installed_under_tmp() -> list[str]:
+    """The interpreter's prefixes and zeroclaw's own source dir that lie under a
+    directory bubblewrap hides with a fresh tmpfs (outermost first, no duplicates)."""
+    found: list[str] = []
+    for place in sorted({os.path.realpath(p) for p in
+                         (sys.prefix, sys.base_prefix, str(_PACKAGE_ROOT))}):
+        path = Path(place)
+        if (any(path.is_relative_to(tmp) and path != tmp for tmp in _PRIVATE_TMP_DIRS)
+                and path.is_dir() and not any(path.is_relative_to(f) for f in found)):
+            found.append(place)
+    return found
 
 
 def landlock_rules(policy: PathPolicy, private_tmp: Path, abi: int) -> list[list[Any]]:
