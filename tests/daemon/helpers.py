@@ -114,6 +114,11 @@ class RpcClient:
         return line
 
     def wait_response(self, request_id: int, timeout: float = FRAME_TIMEOUT) -> dict[str, Any]:
+        """The answer to ``request_id``: one already read (while waiting for another's:
+        two requests in flight may be answered in either order), else the next."""
+        for frame in self.frames:
+            if frame.get("id") == request_id and "method" not in frame:
+                return frame
         deadline = time.monotonic() + timeout
         while True:
             frame = self.read_frame(max(0.01, deadline - time.monotonic()))

@@ -18,15 +18,17 @@ def live_sessions(client: WsClient) -> set[str]:
     return {s["sessionId"] for s in client.request("status")["sessions"]}
 
 
-def wait_streaming(client: WsClient, sid: str, timeout: float = FRAME_TIMEOUT) -> None:
-    """Until ``sid``'s running turn has streamed its first chunk (it is busy)."""
+def wait_streaming(client: WsClient, sids: set[str], timeout: float = FRAME_TIMEOUT) -> None:
+    """Until each of ``sids``' running turns has streamed its first chunk (they are
+    busy), in whatever order they come."""
     deadline = time.monotonic() + timeout
-    while True:
+    waiting = set(sids)
+    while waiting:
         frame = client.read_frame(max(0.01, deadline - time.monotonic()))
         params: dict[str, Any] = frame.get("params") or {}
-        if (frame.get("method") == "session/update" and params.get("sessionId") == sid
+        if (frame.get("method") == "session/update"
                 and params["update"]["sessionUpdate"] == "agent_message_chunk"):
-            return
+            waiting.discard(params.get("sessionId"))
 
 
 def user_text(client: WsClient) -> str:
@@ -55,8 +57,7 @@ def test_a_tenant_at_its_cap_evicts_its_own_least_recently_used_idle_session(
             assert live_sessions(second) == {made, old}
             turns = [second.send("session/prompt", {"sessionId": sid, "prompt": "busy\n!sleep 30"})
                      for sid in (made, old)]
-            for sid in (made, old):
-                wait_streaming(second, sid)
+            wait_streaming(second, {made, old})
             try:
                 second.request("session/new", {"cwd": cwd})
             except RpcFailure as failure:
