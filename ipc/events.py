@@ -3,7 +3,9 @@
 A session actor (in a worker process) produces these events once; the host
 renders them for each connection in its dialect (ACP v1 in :mod:`ipc.acp`, the
 daemon RPC dialect later). Between processes they travel as plain dicts made by
-:func:`event_to_wire` and read back by :func:`event_from_wire`.
+:func:`event_to_wire` and read back by :func:`event_from_wire`; a run of one kind's
+text chunks may travel as one dict (``texts``: a list), read back by
+:func:`events_from_wire` as one event per chunk.
 
 The same module defines the items of a finished turn (:class:`TurnRecord`),
 which is what the persistence actor writes and what ``session/load`` replays.
@@ -48,6 +50,7 @@ __all__ = [
     "content_to_wire",
     "event_from_wire",
     "event_to_wire",
+    "events_from_wire",
     "iso_utc",
     "item_from_wire",
     "item_to_wire",
@@ -305,6 +308,19 @@ def content_from_wire(wire: dict[str, Any]) -> ToolContent:
     data = dict(wire)
     content: ToolContent = _CONTENT_TYPES[data.pop("type")](**data)
     return content
+
+
+def events_from_wire(wire: dict[str, Any]) -> list[Event]:
+    """The events of one wire dict: a chunk run's (``{"k": kind, "texts": [...]}``,
+    made by :func:`ipc.worker_wire.encode_chunk_run`), one chunk each, else the one
+    of :func:`event_from_wire`; raises ``KeyError``/``TypeError`` on bad input."""
+    texts = wire.get("texts")
+    if texts is None:
+        return [event_from_wire(wire)]
+    chunk = _CHUNK_TYPES[wire["k"]]
+    if len(wire) != 2 or type(texts) is not list or not all(type(t) is str for t in texts):
+        raise TypeError("a chunk run's texts must be a list of strings")
+    return [chunk(text) for text in texts]
 
 
 def event_from_wire(wire: dict[str, Any]) -> Event:

@@ -59,6 +59,7 @@ __all__ = [
     "decode_all",
     "encode",
     "encode_chunk",
+    "encode_chunk_run",
     "join_envelopes",
     "split_envelopes",
     "stored_tool_rules",
@@ -494,12 +495,14 @@ def encode(message: HostMessage | WorkerMessage) -> bytes:
         raise EncodeError(f"{type(message).__name__} cannot be encoded: {exc}") from None
 
 
-def chunk_frame_prefix(sid: str, turn_id: str, kind: str) -> bytes:
+def chunk_frame_prefix(sid: str, turn_id: str, kind: str, *, run: bool = False) -> bytes:
     """What :func:`encode` makes of a :class:`TurnEvent` of ``sid``'s turn ``turn_id``
     whose event is a text chunk of ``kind``, up to the chunk's text (see
-    :func:`encode_chunk`): a turn builds it once, not per chunk."""
-    head = orjson.dumps({"sid": sid, "turn_id": turn_id, "event": {"k": kind, "text": ""}})
-    return head[: -len(b'""}}')]
+    :func:`encode_chunk`; ``run``: a run of such chunks, up to their texts, see
+    :func:`encode_chunk_run`): a turn builds it once, not per chunk."""
+    key, empty = ("texts", []) if run else ("text", "")
+    head = orjson.dumps({"sid": sid, "turn_id": turn_id, "event": {"k": kind, key: empty}})
+    return head[: -len(orjson.dumps(empty)) - 2]
 
 
 _CHUNK_FRAME_END: Final = b'},"t":"' + TurnEvent.T.encode() + b'"}'
@@ -512,6 +515,17 @@ def encode_chunk(prefix: bytes, text: str) -> bytes:
     try:
         return prefix + orjson.dumps(text) + _CHUNK_FRAME_END
     except TypeError as exc:  # e.g. a lone surrogate
+        raise EncodeError(f"TurnEvent cannot be encoded: {exc}") from None
+
+
+def encode_chunk_run(prefix: bytes, texts: list[str]) -> bytes:
+    """One frame for a run of text chunks of one kind (``prefix`` from
+    :func:`chunk_frame_prefix` with ``run``): the host reads it back as one event per
+    chunk (:func:`ipc.events.events_from_wire`), so a burst of thousands of chunks is
+    one envelope to decode, not thousands. Raises :class:`EncodeError`."""
+    try:
+        return prefix + orjson.dumps(texts) + _CHUNK_FRAME_END
+    except TypeError as exc:
         raise EncodeError(f"TurnEvent cannot be encoded: {exc}") from None
 
 

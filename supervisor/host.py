@@ -35,7 +35,7 @@ from actors.worker.agents import agent_config_problem
 from actors.worker.sandbox import SandboxInfo, worker_sandbox_environment
 from actors.worker.sandbox import detect as detect_sandbox
 from ipc.errors import InternalError, relayed_error
-from ipc.events import Event, SessionInfo, TurnRecord, event_from_wire, iso_utc
+from ipc.events import Event, SessionInfo, TurnRecord, events_from_wire, iso_utc
 from ipc.transports import held_writes
 from ipc.worker_wire import (
     TOOL_RULES_META,
@@ -470,7 +470,7 @@ def _events_from_wire(messages: list[TurnEvent]) -> list[Event]:
     events = []
     for message in messages:
         try:
-            events.append(event_from_wire(message.event))
+            events += events_from_wire(message.event)
         except (KeyError, TypeError, AttributeError) as exc:
             log.warning("session %s: dropped a malformed event: %r", message.sid, exc)
     return events

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 __all__ = ["RecordingStream"]
 
 
@@ -13,6 +15,6 @@ class RecordingStream:
         self.events: list[object] = []
         self.room = room
 
-    def emit_nowait(self, event: object) -> bool:
-        self.events.append(event)
+    def emit_all_nowait(self, events: Sequence[object]) -> bool:
+        self.events += events
         return len(self.events) < self.room

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +26,9 @@ class _Client:
         self.spoke = threading.Event()
         self.events: list[Any] = []
 
-    def emit_nowait(self, event: Any) -> bool:
-        self.emit(event)
+    def emit_all_nowait(self, events: Sequence[Any]) -> bool:
+        for event in events:
+            self.emit(event)
         return True
 
     def emit(self, event: Any) -> None:

@@ -12,6 +12,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -328,8 +329,8 @@ class _LaggingClient:
         self.window = threading.Event()
         self.events: list[Any] = []
 
-    def emit_nowait(self, event: Any) -> bool:
-        self.events.append(event)
+    def emit_all_nowait(self, events: Sequence[Any]) -> bool:
+        self.events += events
         return False
 
     def emit(self, event: Any) -> None:

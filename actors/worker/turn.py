@@ -50,6 +50,7 @@ from ipc.worker_wire import (
     WorkerMessage,
     chunk_frame_prefix,
     encode_chunk,
+    encode_chunk_run,
 )
 
 __all__ = [
@@ -64,6 +65,11 @@ QUIET_SECONDS = 0.0005
 thread at once: the stream was quiet (the agent waited on a model, a process), so
 nothing would join the event if it waited for the IO thread's tick. A short turn's
 burst (the echo agent's) comes faster and leaves with the turn's end, unwoken."""
+
+CHUNK_RUN_LIMIT = 512
+"""The most text chunks one frame to the host carries (:meth:`ActorTurnContext.emit_all_nowait`):
+a burst's frames stay small beside the stream window, and the host passes each on
+without holding up the others' turns for long."""
 
 def failure_marker(message: str) -> str:
     """What ends the text of a failed turn that is kept for its partial output."""
@@ -363,6 +369,8 @@ class ActorTurnContext:
             kind: chunk_frame_prefix(self._sid, turn_id, kind.KIND)
             for kind in (MessageChunk, ThoughtChunk)
         }
+        #: The same for a run of chunks (:func:`encode_chunk_run`), made when first needed.
+        self._run_prefixes: dict[type[Any], bytes] = {}
         self.failure: str | None = None
         """Set when a message of the turn could not be sent: the turn then fails,
         even if the agent caught the :class:`TurnAborted` it got."""
@@ -393,20 +401,62 @@ class ActorTurnContext:
         if size:
             self._window.spend(size)
 
-    def emit_nowait(self, event: Event) -> bool:
-        """:meth:`emit` without waiting for credit: whether the stream window still has
-        room. Any thread, while the turn's thread does not emit (a hosted agent's
-        loop thread relays its updates so)."""
-        self._recorder.add(event)
-        size = self._stream(event)
-        return self._window.spend_nowait(size) if size else True
+    def emit_all_nowait(self, events: Sequence[Event]) -> bool:
+        """:meth:`emit` of each of ``events`` without waiting for credit: whether the
+        stream window still has room. Consecutive text chunks of one kind go to the
+        host as one frame (:func:`encode_chunk_run`; up to :data:`CHUNK_RUN_LIMIT`
+        each), which it still sends on one update per chunk. Any thread, while the
+        turn's thread does not emit (a hosted agent's loop thread relays its updates
+        so)."""
+        spent = 0
+        run: list[str] = []
+        run_kind: type[Any] | None = None
+        for event in events:
+            self._recorder.add(event)
+            kind = type(event)
+            if kind is run_kind and len(run) < CHUNK_RUN_LIMIT:
+                run.append(event.text)  # type: ignore[union-attr]
+                continue
+            if run_kind is not None:
+                spent += self._stream_run(run_kind, run) or 0
+                run, run_kind = [], None
+            if kind in self._chunk_prefixes and self._send_frame is not None:
+                run, run_kind = [event.text], kind  # type: ignore[union-attr]
+            else:
+                spent += self._stream(event) or 0
+        if run_kind is not None:
+            spent += self._stream_run(run_kind, run) or 0
+        return self._window.spend_nowait(spent) if spent else True
+
+    def _stream_run(self, kind: type[Any], texts: list[str]) -> int | None:
+        """Send a run of ``kind`` chunks: as one chunk's frame when it is one."""
+        if len(texts) == 1:
+            return self._stream(kind(texts[0]))
+        prefix = self._run_prefixes.get(kind)
+        if prefix is None:
+            prefix = self._run_prefixes[kind] = chunk_frame_prefix(
+                self._sid, self._turn_id, kind.KIND, run=True)
+        assert self._send_frame is not None
+        quiet = self._note_event()
+        try:
+            size = self._send_frame(encode_chunk_run(prefix, texts))
+        except EncodeError as exc:
+            raise self._unstreamable(exc) from None
+        if quiet:
+            self._session.wake()
+        return size
+
+    def _note_event(self) -> bool:
+        """Note an event sent now; whether it is the first after a quiet spell."""
+        now = time.monotonic()
+        quiet = now - self._last_event >= QUIET_SECONDS
+        self._last_event = now
+        return quiet
 
     def _stream(self, event: Event) -> int | None:
         """Send ``event``; the first after a quiet spell (see :data:`QUIET_SECONDS`)
         wakes the IO thread, which otherwise may wait for its tick to send it."""
-        now = time.monotonic()
-        quiet = now - self._last_event >= QUIET_SECONDS
-        self._last_event = now
+        quiet = self._note_event()
         prefix = self._chunk_prefixes.get(type(event))
         if prefix is not None and self._send_frame is not None:  # the way of every chunk
             size = self._send_chunk(prefix, event.text)  # type: ignore[union-attr]

@@ -124,7 +124,12 @@ def diff_records(expected: Sequence[dict[str, Any]], actual: Sequence[dict[str, 
 #: (after ``session/new``, when a title is ready), so their place among the turn's
 #: updates is timing, not content.
 SESSION_LEVEL_UPDATES = frozenset({"available_commands_update", "session_info_update",
-                                   "current_mode_update", "config_option_update"})
+                                   "current_mode_update", "config_option_update",
+                                   "usage_update"})
+"""Updates about the session, not the turn's content. Where a ``usage_update`` falls
+among a tool call's updates is the agent's timing: it moved by one between two runs
+of Claude Code's adapter (it comes from the model stream's task, the tool's updates
+from another)."""
 
 
 @dataclass(frozen=True)

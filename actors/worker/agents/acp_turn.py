@@ -371,10 +371,8 @@ class UpdateRelay:
         if self._queued:
             self._queue(burst)
             return
-        room = True
         try:
-            for event in relayed_events(burst):
-                room = self._ctx.emit_nowait(event) and room
+            room = self._ctx.emit_all_nowait(relayed_events(burst))
         except AgentFailure as exc:  # it cannot be streamed: the turn fails on it
             self._open = False
             self._inbox.put(("aborted", str(exc)))

@@ -140,10 +140,10 @@ class TurnContext(Protocol):
         """Stream one event to the client (and into the turn's record)."""
         ...
 
-    def emit_nowait(self, event: Event) -> bool:
-        """:meth:`emit` without waiting while the client lags: whether it may go on
-        so (False: the stream window is used up, the next events go through
-        :meth:`emit`). Any thread, never while another emits for the turn."""
+    def emit_all_nowait(self, events: Sequence[Event]) -> bool:
+        """:meth:`emit` of each of ``events`` without waiting while the client lags:
+        whether it may go on so (False: the stream window is used up, the next events
+        go through :meth:`emit`). Any thread, never while another emits for the turn."""
         ...
 
     def ask_permission(
