@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import ClassVar
 
+import pytest
+
 from actors.worker.agents.base import Agent, TurnContext
 from actors.worker.main import Outbox
 from actors.worker.session import (
@@ -18,7 +20,7 @@ from actors.worker.session import (
     SessionConfig,
     SessionState,
 )
-from ipc.events import MessageChunk
+from ipc.events import MessageChunk, ThoughtChunk, events_from_wire
 from ipc.worker_wire import (
     OpenSession,
     SessionClosed,
@@ -31,6 +33,7 @@ from ipc.worker_wire import (
     decode_all,
     encode,
     encode_chunk,
+    encode_chunk_run,
 )
 
 WAIT = 10.0
@@ -194,6 +197,24 @@ def test_a_chunk_encoded_straight_to_its_frame_is_the_frame_of_its_turn_event() 
         message = TurnEvent(sid=sid, turn_id=turn_id, event={"k": kind, "text": text})
         assert frame == encode(message)
         assert decode(frame) == message
+
+
+def test_a_run_of_chunks_is_one_frame_read_back_as_one_event_per_chunk() -> None:
+    """A hosted agent's burst goes to the host as one frame per run of one kind's
+    chunks; the host gets every chunk back as it was (boundaries, escapes)."""
+    texts = ["a", 'é\n"\u2028', "", "x " * 3]
+    for kind, chunk in (("message", MessageChunk), ("thought", ThoughtChunk)):
+        frame = encode_chunk_run(chunk_frame_prefix("s", "t1", kind, run=True), texts)
+        message = decode(frame)
+        assert isinstance(message, TurnEvent) and (message.sid, message.turn_id) == ("s", "t1")
+        assert events_from_wire(message.event) == [chunk(text) for text in texts]
+    assert events_from_wire({"k": "message", "text": "one"}) == [MessageChunk("one")]
+    for bad in ({"k": "message", "texts": "no list"}, {"k": "message", "texts": [1]},
+                {"k": "message", "texts": [], "extra": 1}):
+        with pytest.raises(TypeError):
+            events_from_wire(bad)
+    with pytest.raises(KeyError):
+        events_from_wire({"k": "tool_call", "texts": ["a"]})
 
 
 class _SayingAgent(Agent):
