@@ -33,8 +33,8 @@ from tests.e2e.model_server import ModelServer, Recorded, Reply
 
 from .anthropic_api import ANSWER, BUGGY_CALC, FIXED_CALC, PROMPT
 
-__all__ = ["ANSWER", "BUGGY_CALC", "FIXED_CALC", "GREETING", "HELLO", "PROMPT",
-           "GeminiTask", "Kind", "function_responses", "kind_of"]
+__all__ = ["ANSWER", "BUGGY_CALC", "EDIT_ID", "FIXED_CALC", "GREETING", "HELLO", "PROMPT",
+           "READ_ID", "SHELL_ID", "GeminiTask", "Kind", "function_responses", "kind_of"]
 
 GREETING = "Hi! In one sentence: what can you do here?"
 HELLO = "I can read, edit and run the files of this workspace for you."

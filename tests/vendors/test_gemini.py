@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,7 @@ from .gemini_api import (
     GREETING,
     HELLO,
     PROMPT,
+    READ_ID,
     SHELL_ID,
     GeminiTask,
     function_responses,
@@ -200,6 +202,22 @@ def test_through_zeroclaw_acp_the_editor_gets_what_gemini_cli_sent(
     differences = streams(direct.records).diff(streams(run.records))
     assert not differences, differences
     assert FAKE_KEY not in (bench.root / "hosted.stderr").read_text(encoding="utf-8")
+
+
+def stored_tool_calls(config_dir: Path) -> list[tuple[str, str | None, str]]:
+    """The store's tool call rows (id, arguments as stored, outcome), read-only."""
+    store = config_dir / "data" / "sessions" / "acp-sessions.db"
+    with sqlite3.connect(f"file:{store}?mode=ro", uri=True) as db:
+        rows = db.execute("SELECT tool_call_id, arguments, outcome FROM tool_calls"
+                          " ORDER BY seq").fetchall()
+    return [(str(row[0]), row[1], str(row[2])) for row in rows]
+
+
+def test_the_store_keeps_gemini_tool_calls_without_raw_input(hosted: Hosted) -> None:
+    assert stored_tool_calls(hosted.config_dir) == [
+        (f"read_file__{READ_ID}", "null", "completed"),
+        (f"replace__{EDIT_ID}", "null", "completed"),
+        (f"run_shell_command__{SHELL_ID}", "null", "completed")]
 
 
 def test_load_from_a_new_zeroclaw_replays_what_the_editor_saw_live(
