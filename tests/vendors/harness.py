@@ -39,8 +39,12 @@ __all__ = [
     "EditorClient",
     "Received",
     "Streams",
+    "closed_cleanly",
     "diff_records",
+    "live_as_replayed",
     "normalised",
+    "replayed",
+    "said",
     "streams",
 ]
 
@@ -171,6 +175,30 @@ def streams(records: Iterable[Received]) -> Streams:
             turn.append(entry)
     session.sort(key=lambda entry: entry["params"]["update"]["sessionUpdate"])  # stable
     return Streams(turn, session, permissions)
+
+
+def said(records: Iterable[Received]) -> str:
+    """The agent's message text in ``records`` (its ``agent_message_chunk`` texts)."""
+    return "".join(r.update.get("content", {}).get("text", "") for r in records
+                   if r.update.get("sessionUpdate") == "agent_message_chunk")
+
+
+def replayed(records: Iterable[Received]) -> tuple[str, Streams]:
+    """A ``session/load`` replay: the user's text, and the rest as :class:`Streams`
+    without ``available_commands_update`` (the agent's state, not the turn)."""
+    records = list(records)
+    user = "".join(r.update["content"].get("text", "") for r in records
+                   if r.update.get("sessionUpdate") == "user_message_chunk")
+    rest = [r for r in records if r.update.get("sessionUpdate")
+            not in ("user_message_chunk", "available_commands_update")]
+    return user, streams(rest)
+
+
+def live_as_replayed(records: Iterable[Received]) -> Streams:
+    """What a replay of a live run's ``records`` must hold: its updates (no permission
+    requests: those were answered live)."""
+    _, live = replayed(records)
+    return Streams(live.turn, live.session, [])
 
 
 # --- answering the agent's requests ----------------------------------------------------
@@ -552,3 +580,8 @@ class EditorClient:
         stderr = tail(self.stderr_path) if self.stderr_path else "(no stderr: a socket)"
         return f"--- {self.label}: last frames ---\n{wire}\n--- stderr tail ---\n{stderr}"
 
+
+def closed_cleanly(*clients: EditorClient) -> None:
+    """Close ``clients``; fail on any problem one saw (see :meth:`EditorClient.close`)."""
+    problems = [p for client in clients for p in client.close()]
+    assert not problems, "\n".join(problems)

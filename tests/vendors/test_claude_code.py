@@ -28,7 +28,15 @@ from tests.e2e.procs import host_argv, host_env
 
 from .anthropic_api import ANSWER, FIXED_CALC, PROMPT, TITLE, CodingTask, kind_of, tool_results
 from .claude import adapter, claude_env, fresh_home, hosting_config
-from .harness import EditorClient, Received, Streams, streams
+from .harness import (
+    EditorClient,
+    Received,
+    closed_cleanly,
+    live_as_replayed,
+    replayed,
+    said,
+    streams,
+)
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -72,11 +80,6 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
     server = task.start_server()
     yield Bench(command, root, task, server, root / "home")
     server.close()
-
-
-def closed_cleanly(*clients: EditorClient) -> None:
-    problems = [p for client in clients for p in client.close()]
-    assert not problems, "\n".join(problems)
 
 
 def has_title(records: list[Received]) -> bool:
@@ -138,28 +141,6 @@ def command_output_reached_the_model(run: Run) -> bool:
                for block in tool_results(request.body))
 
 
-def said(records: list[Received]) -> str:
-    return "".join(r.update["content"].get("text", "") for r in records
-                   if r.update.get("sessionUpdate") == "agent_message_chunk")
-
-
-def replayed(records: list[Received]) -> tuple[str, Streams]:
-    """A ``session/load`` replay: the user's text, and the rest as :class:`Streams`
-    without ``available_commands_update`` (the agent's state, not the turn)."""
-    user = "".join(r.update["content"].get("text", "") for r in records
-                   if r.update.get("sessionUpdate") == "user_message_chunk")
-    rest = [r for r in records if r.update.get("sessionUpdate")
-            not in ("user_message_chunk", "available_commands_update")]
-    return user, streams(rest)
-
-
-def live_as_replayed(run: Run) -> Streams:
-    """What a replay of ``run`` must hold: its updates (no permission requests: those
-    were answered live)."""
-    _, live = replayed(run.records)
-    return Streams(live.turn, live.session, [])
-
-
 # --- the direct run: what Claude Code does without zeroclaw ---------------------------
 
 
@@ -206,7 +187,7 @@ def test_load_from_a_new_zeroclaw_replays_what_the_editor_saw_live(
     user, replay = replayed(records)
     assert user == PROMPT
     assert ANSWER in said(records)
-    differences = live_as_replayed(direct).diff(replay, ("direct live", "replayed"))
+    differences = live_as_replayed(direct.records).diff(replay, ("direct live", "replayed"))
     assert not differences, differences
 
 
@@ -231,7 +212,7 @@ def test_two_editors_on_the_daemon_acp_sock_see_what_claude_code_sent(
         user, replay = replayed(second.records)
         assert user == PROMPT
         live = streams(direct.records).diff(streams(run.records), ("direct", "editor 1"))
-        loaded = live_as_replayed(direct).diff(replay, ("direct live", "editor 2 load"))
+        loaded = live_as_replayed(direct.records).diff(replay, ("direct live", "editor 2 load"))
         assert not (live or loaded), f"{live}\n{loaded}"
     finally:
         closed_cleanly(*(c for c in (first, second) if c is not None))

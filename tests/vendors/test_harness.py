@@ -15,7 +15,7 @@ import pytest
 
 from tests.e2e.procs import REPO_ROOT, host_argv, host_env
 
-from .harness import EditorClient, Received, diff_records, normalised
+from .harness import EditorClient, Received, diff_records, normalised, said
 
 FIXTURE_AGENT = REPO_ROOT / "tests" / "fixtures" / "acp_fixture_agent.py"
 
@@ -33,11 +33,6 @@ def workspace(tmp_path: Path) -> Path:
     path = tmp_path / "ws"
     path.mkdir()
     return Path(os.path.realpath(path))
-
-
-def said(records: list[Received]) -> str:
-    return "".join(r.update.get("content", {}).get("text", "") for r in records
-                   if r.update.get("sessionUpdate") == "agent_message_chunk")
 
 
 def test_fixture_agent_requests_are_answered_for_real_and_recorded_in_order(
