@@ -15,16 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from actors.worker.agents.acp_process import NETWORK_ENV
 from actors.worker.tools.shell import command_environment
 from supervisor.config import AgentConfig
 
 __all__ = ["agent_variables", "worker_environment"]
 
 _KEPT_PREFIXES = ("PYTHON", "ZEROCLAW_", "XDG_")
-_NETWORK_VARIABLES = frozenset({
-    "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY",
-    "http_proxy", "https_proxy", "all_proxy", "no_proxy",
-    "SSL_CERT_FILE", "SSL_CERT_DIR"})
+_NETWORK_VARIABLES = frozenset(NETWORK_ENV)
 
 
 def agent_variables(agents: Iterable[AgentConfig]) -> frozenset[str]:

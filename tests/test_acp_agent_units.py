@@ -55,6 +55,17 @@ def test_clean_env_keeps_only_the_basics_plus_the_agents_own() -> None:
         "PATH": "/bin", "HOME": "/h", "LANG": "C", "TERM": "xterm", "AGENT_KEY": "z"}
 
 
+def test_clean_env_passes_what_reaches_the_network_unless_told_not_to() -> None:
+    """Proxy and trust variables (both cases) go to the agent by default: behind a TLS
+    proxy ``npx`` needs them to fetch the agent at all."""
+    network = {"HTTPS_PROXY": "http://proxy:3128", "no_proxy": "localhost",
+               "NODE_EXTRA_CA_CERTS": "/etc/ca.pem", "REQUESTS_CA_BUNDLE": "/etc/ca.pem",
+               "SSL_CERT_DIR": "/etc/ssl/certs"}
+    host = {"PATH": "/bin", "OPENAI_API_KEY": "y", **network}
+    assert clean_env({}, host) == {"PATH": "/bin", **network}
+    assert clean_env({}, host, network=False) == {"PATH": "/bin"}
+
+
 def _text(kind: str, text: str) -> dict[str, object]:
     return {"sessionUpdate": kind, "content": {"type": "text", "text": text}}
 

@@ -278,6 +278,24 @@ async def test_agent_env_is_clean_and_stop_reason_is_carried(
         assert outcome.stop_reason == "max_tokens"
 
 
+@pytest.mark.parametrize("passed", [True, False])
+async def test_proxy_and_trust_variables_reach_the_agent_unless_turned_off(
+    sdk_hosts: SdkHostFactory, config_dir: Path, workspace: Path, passed: bool
+) -> None:
+    """From the host's environment through its worker to the agent, by default; none
+    with ``pass_network_env = false``."""
+    network = {"HTTPS_PROXY": "http://127.0.0.1:9", "no_proxy": "localhost",
+               "NODE_EXTRA_CA_CERTS": "/nonexistent/ca.pem"}
+    acp_config(config_dir, fixture_command(),
+               extra="" if passed else "pass_network_env = false")
+    async with sdk_hosts(env_extra=network) as host:
+        await host.initialize()
+        sid = await host.new_session(workspace)
+        text, _ = await prompt_text(host, sid, "env")
+    names = set(text.split())
+    assert (names & set(network)) == (set(network) if passed else set()), names
+
+
 async def test_agent_killed_mid_turn_fails_that_prompt_and_restarts(
     sdk_hosts: SdkHostFactory, config_dir: Path, workspace: Path
 ) -> None:

@@ -104,6 +104,8 @@ def command_problem(config: Mapping[str, Any]) -> str | None:
         isinstance(name, str) and _VARIABLE_NAME.fullmatch(name) for name in passed
     ):
         return "pass_env must be an array of environment variable names"
+    if not isinstance(config.get("pass_network_env", True), bool):
+        return "pass_network_env must be true or false"
     for key, default in (("agent_start_timeout_secs", DEFAULT_START_TIMEOUT),
                          ("cancel_grace_secs", DEFAULT_CANCEL_GRACE)):
         value = config.get(key, default)
@@ -140,7 +142,8 @@ def _launch_spec(config: Mapping[str, Any], jail: AgentJail | None = None) -> La
     cwd = str(jail.policy.cwd) if jail is not None else str(config.get("workspace")
                                                             or os.getcwd())
     return LaunchSpec(
-        alias=alias, argv=tuple(argv), env=clean_env(env), cwd=cwd,
+        alias=alias, argv=tuple(argv), cwd=cwd,
+        env=clean_env(env, network=config.get("pass_network_env", True) is not False),
         start_timeout=float(config.get("agent_start_timeout_secs", DEFAULT_START_TIMEOUT)),
         jail=jail,
         stderr_level=STDERR_LOG_LEVELS[str(config.get("stderr_log_level", "info"))],

@@ -59,11 +59,20 @@ from ipc.extensions import ExtensionMethods
 from ipc.framing import OVERSIZED
 from ipc.jsonrpc import ConnectionLost, Endpoint, RemoteError
 
-__all__ = ["AgentProcess", "LaunchSpec", "SessionLink", "TurnInbox", "clean_env"]
+__all__ = [
+    "NETWORK_ENV", "AgentProcess", "LaunchSpec", "SessionLink", "TurnInbox", "clean_env"]
 
 log = logging.getLogger("zeroclaw.agent")
 
 KEPT_ENV = ("PATH", "HOME", "LANG", "TERM")
+NETWORK_ENV = (
+    "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY",
+    "http_proxy", "https_proxy", "all_proxy", "no_proxy",
+    "SSL_CERT_FILE", "SSL_CERT_DIR", "NODE_EXTRA_CA_CERTS", "REQUESTS_CA_BUNDLE",
+)
+"""What a program needs to reach the network where the host does (a proxy, a company
+CA): passed to hosted agents by default (``[agents.NAME] pass_network_env = false``
+turns it off), and to the workers, which start them."""
 FRAME_LIMIT = 32 * 1024 * 1024
 STDERR_TAIL_LINES = 12
 STOP_GRACE_SECS = 1.0
@@ -89,10 +98,13 @@ AUTH_REQUIRED = -32000
 _AGENT_REQUESTS = object()  # what holds the stdout for them (no session id is it)
 
 
-def clean_env(extra: Mapping[str, str], base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The agent's environment: only :data:`KEPT_ENV` from ``base``, plus ``extra``."""
+def clean_env(extra: Mapping[str, str], base: Mapping[str, str] | None = None, *,
+              network: bool = True) -> dict[str, str]:
+    """The agent's environment: only :data:`KEPT_ENV` (and :data:`NETWORK_ENV` unless
+    ``network`` is false) from ``base``, plus ``extra``."""
     base = os.environ if base is None else base
-    env = {name: base[name] for name in KEPT_ENV if name in base}
+    kept = (*KEPT_ENV, *NETWORK_ENV) if network else KEPT_ENV
+    env = {name: base[name] for name in kept if name in base}
     env.update(extra)
     return env
 
