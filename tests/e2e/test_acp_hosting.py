@@ -339,13 +339,18 @@ async def test_garbage_on_agent_stdout_is_logged_and_survived(
 async def test_agent_hanging_at_initialize_fails_within_the_start_timeout(
     sdk_hosts: SdkHostFactory, config_dir: Path, workspace: Path
 ) -> None:
-    acp_config(config_dir, fixture_command(),
-               extra='agent_start_timeout_secs = 1\nenv = {FIXTURE_MODE = "hang_init"}')
+    """The error quotes the agent's last stderr lines and names (never shows) the
+    variables it got, so a user can tell a missing proxy or key from a hung agent."""
+    acp_config(config_dir, fixture_command(), extra='agent_start_timeout_secs = 1\n'
+               'env = {FIXTURE_MODE = "hang_init", FIXTURE_SECRET = "value-not-shown"}')
     async with sdk_hosts() as host:
         await host.initialize()
         sid = await host.new_session(workspace)
         exc = await expect_error(host.prompt(sid, "hello"), -32603)
-        assert "did not answer initialize within 1s" in str(exc.data or exc)
+        said = str(exc.data or exc)
+        assert "did not answer initialize within 1s" in said
+        assert "request initialize" in said  # the fixture's stderr line
+        assert "FIXTURE_SECRET" in said and "PATH" in said and "value-not-shown" not in said
         exc = await expect_error(host.prompt(sid, "hello again"), -32603)
         assert "did not answer initialize within 1s" in str(exc.data or exc)
 

@@ -329,6 +329,17 @@ class AgentProcess:
         tail = "\n".join(self._stderr_tail)
         return f"{text}; last stderr lines:\n{tail}" if tail else text
 
+    def _timeout_text(self, what: str, timeout: float) -> str:
+        """Why ``what`` was not answered, as far as zeroclaw can tell: the names (never
+        the values) of the variables the agent got, and its last stderr lines (an
+        ``npx`` that cannot reach its registry says so there)."""
+        names = ", ".join(sorted(self.spec.env)) or "none"
+        text = (f"agent {self.alias} did not answer {what} within {timeout:g}s; its "
+                f"environment had {names} (the agent's own variables come from env, "
+                "pass_env and pass_network_env)")
+        tail = "\n".join(self._stderr_tail)
+        return f"{text}; last stderr lines:\n{tail}" if tail else f"{text}; no stderr output"
+
     def refusal(self, what: str, error: RemoteError) -> str:
         """Why the agent refused ``what``; for ACP's "authentication required" also how
         to log in (zeroclaw relays no ``authenticate``: see the README)."""
@@ -349,8 +360,7 @@ class AgentProcess:
             return future.result(timeout)
         except TimeoutError:
             future.cancel()
-            raise AgentFailure(f"agent {self.alias} did not answer {what} within "
-                               f"{timeout:g}s") from None
+            raise AgentFailure(self._timeout_text(what, timeout)) from None
         except RemoteError as exc:
             raise AgentFailure(self.refusal(what, exc)) from None
         except (ConnectionLost, OSError):
