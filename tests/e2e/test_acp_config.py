@@ -5,6 +5,8 @@ Each test starts real ``zeroclaw acp`` processes with its own config dir.
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 from .conftest import RawHostFactory, SdkHostFactory
@@ -235,3 +237,31 @@ def test_sessions_of_a_disabled_or_removed_agent_fall_back_to_the_default(
         assert exc.code == -32602 and "agent other is no longer configured" in exc.message
     else:
         raise AssertionError("resumed with no agent to run it")
+
+
+def _readme_zed_entries() -> dict[str, dict[str, object]]:
+    """The README's Zed entries for one zeroclaw serving three agents."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```json\n(.*?)```", readme, flags=re.S)
+    servers = [json.loads(b)["agent_servers"] for b in blocks if "Codex (zeroclaw)" in b]
+    assert len(servers) == 1, "the README's three-agent Zed entries are gone"
+    entries: dict[str, dict[str, object]] = servers[0]
+    return entries
+
+
+def test_the_readmes_three_zed_entries_each_open_their_own_agent(
+    raw_hosts: RawHostFactory, config_dir: Path, workspace: Path
+) -> None:
+    """Each entry's env alone picks its agent from one config of three (echo agents
+    here, standing in for the hosted ones the README configures)."""
+    write_config(config_dir, "[agents.claude]\n[agents.codex]\n[agents.gemini]\n")
+    chosen = []
+    for entry in _readme_zed_entries().values():
+        assert entry["command"] == "/path/to/zeroclaw/scripts/run" and entry["args"] == ["acp"]
+        env = entry["env"]
+        assert isinstance(env, dict)
+        raw = raw_hosts(env_extra=env)
+        raw.initialize()
+        chosen.append(agent_of(raw, raw.new_session(workspace)))
+        raw.close()
+    assert chosen == ["claude", "codex", "gemini"]
