@@ -19,11 +19,9 @@ from typing import Any, cast
 
 import orjson
 import psutil
-import pytest
 
 from actors.worker.agents import TurnContext
 from actors.worker.agents.acp_calls import AgentCalls, AgentInput
-from actors.worker.agents.acp_chunks import chunk_params
 from actors.worker.agents.acp_client import HANDLERS, NOTIFICATIONS, on_updates
 from actors.worker.agents.acp_process import AgentProcess, LaunchSpec, SessionLink, clean_env
 from actors.worker.agents.acp_stdout import Line, LinesProtocol, enlarge_pipe
@@ -155,32 +153,6 @@ def test_the_updates_of_a_read_go_to_their_turns_in_runs_and_the_rest_to_the_end
     # endpoint's handler takes it as the agent wrote it and answers it
     assert [orjson.loads(frame).get("id") for frame in sent] == [None, 7]
     assert orjson.loads(sent[0])["error"]["code"] == -32700
-
-
-def test_a_plain_text_chunks_line_is_read_by_its_bytes_as_its_full_decode_reads_it() -> None:
-    taken = [_note("s1", _chunk(text)) for text in (
-        "a", "", "héllo ✓ 🎉", "\u2028 \x7f / '", "x " * 500)]
-    taken += [_note("séance-1", _chunk("b"))]
-    for line in taken:
-        assert chunk_params(line) == orjson.loads(line)["params"], line
-    decoded_otherwise = [
-        _note("s1", _chunk('say "hi"')), _note("s1", _chunk("a\\b")),
-        _note("s1", _chunk("two\nlines")), _note("s\"1", _chunk("a")),
-        _note("s1", _chunk("a", "agent_thought_chunk")), _note("s1", _chunk("a"), id=7),
-        _note("s1", {"sessionUpdate": "agent_message_chunk",
-                     "content": {"type": "text", "text": "a", "annotations": None}}),
-        orjson.dumps({"method": "session/update", "jsonrpc": "2.0",
-                      "params": {"sessionId": "s1", "update": _chunk("a")}}),
-        _note("s1", _chunk("a")).replace(b":", b": "),
-        _note("s1", _chunk("\u00e9")).replace("é".encode(), b"\\u00e9"),
-    ]
-    for line in decoded_otherwise:
-        assert chunk_params(line) is None, line
-    for text in (b"\xff", b"\xed\xa0\x80", b"\x01", b"\xc3"):  # the full decode refuses
-        line = _note("s1", _chunk("<>")).replace(b"<>", text)
-        assert chunk_params(line) is None, line
-        with pytest.raises(orjson.JSONDecodeError):
-            orjson.loads(line)
 
 
 def test_a_streaming_turn_has_its_agents_output_read_in_pauses() -> None:

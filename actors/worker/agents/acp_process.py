@@ -48,7 +48,6 @@ import orjson
 
 from actors.worker import process_tree
 from actors.worker.agents.acp_calls import AgentCalls, AgentInput
-from actors.worker.agents.acp_chunks import chunk_params
 from actors.worker.agents.acp_confine import AgentJail
 from actors.worker.agents.acp_stdout import Line, LinesProtocol, enlarge_pipe
 from actors.worker.agents.acp_terminals import Terminals
@@ -457,9 +456,9 @@ class AgentProcess:
 
     def _receive(self, lines: list[Line]) -> None:
         """The lines of one read of the agent's stdout, in order (the loop thread): its
-        well-formed ``session/update`` notifications, decoded once (a plain text
-        chunk's read by its bytes), in runs to the ``updates`` handler; the answers to
-        :meth:`call` to their futures; any other JSON line to the endpoint (which
+        well-formed ``session/update`` notifications, decoded once (orjson beats any
+        match of a chunk line's bytes in Python), in runs to the ``updates`` handler;
+        the answers to :meth:`call` to their futures; any other JSON line to the endpoint (which
         answers what it cannot parse); an oversized or non-JSON line is logged and
         dropped. A read that ends with the updates of a turn that streams on is
         followed by a pause (:data:`STREAM_READ_PAUSE_SECS`): not one that ends with
@@ -468,13 +467,9 @@ class AgentProcess:
         assert endpoint is not None
         run: list[Any] = []
         streaming = False
-        in_runs = self._updates is not None
         for line in lines:
             if line is OVERSIZED:
                 log.warning("agent %s: dropped an oversized line on stdout", self.alias)
-                continue
-            if in_runs and (chunk := chunk_params(line)) is not None:
-                run.append(chunk)
                 continue
             if line[:1] not in (b"{", b"["):
                 if line.strip():  # blank lines are skipped
