@@ -113,6 +113,7 @@ class WsClient(RpcClient):
         self.notifications = []
         self.frames = []
         self._next_id = 1
+        self._sent_at: dict[int, int] = {}
         if initialize:
             self.request("initialize", {"protocolVersion": 1})
 

@@ -63,6 +63,7 @@ class RpcClient:
         self.frames: list[dict[str, Any]] = []  # everything, in arrival order
         self._buffer = b""
         self._next_id = 1
+        self._sent_at: dict[int, int] = {}  # a request's id: len(frames) when it was sent
         if initialize:
             self.request("initialize", {"protocolVersion": 1})
 
@@ -84,6 +85,7 @@ class RpcClient:
             request_id = self._next_id
             self._next_id += 1
             frame["id"] = request_id
+            self._sent_at[request_id] = len(self.frames)
         self._write(json.dumps(frame))
         return request_id
 
@@ -114,9 +116,10 @@ class RpcClient:
         return line
 
     def wait_response(self, request_id: int, timeout: float = FRAME_TIMEOUT) -> dict[str, Any]:
-        """The answer to ``request_id``: one already read (while waiting for another's:
-        two requests in flight may be answered in either order), else the next."""
-        for frame in self.frames:
+        """The answer to ``request_id``: one read since it was sent (while waiting for
+        another's: two requests in flight may be answered in either order), else the
+        next. An answer to a line written by hand with the same id, before, is not it."""
+        for frame in self.frames[self._sent_at.pop(request_id, len(self.frames)):]:
             if frame.get("id") == request_id and "method" not in frame:
                 return frame
         deadline = time.monotonic() + timeout
