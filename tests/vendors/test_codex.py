@@ -280,4 +280,4 @@ def test_through_zeroclaw_codex_missing_key_error_reaches_the_editor(bench: Benc
         error = prompt_error(bench, client)
     finally:
         closed_cleanly(client)
-    assert MISSING_KEY in f"{error.message} {error.data}", error
+    assert isinstance(error.data, dict) and error.data.get("message") == MISSING_KEY, error
