@@ -67,9 +67,10 @@ nothing would join the event if it waited for the IO thread's tick. A short turn
 burst (the echo agent's) comes faster and leaves with the turn's end, unwoken."""
 
 CHUNK_RUN_LIMIT = 512
-"""The most text chunks one frame to the host carries (:meth:`ActorTurnContext.emit_all_nowait`):
-a burst's frames stay small beside the stream window, and the host passes each on
-without holding up the others' turns for long."""
+"""The most text chunks one frame to the host carries
+(:meth:`ActorTurnContext.emit_all_nowait`): a burst's frames stay small beside the
+stream window, and the host passes each on without holding up other turns for long."""
+
 
 def failure_marker(message: str) -> str:
     """What ends the text of a failed turn that is kept for its partial output."""
