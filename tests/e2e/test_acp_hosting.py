@@ -434,6 +434,14 @@ provider = "echo"
 # --- reopening the agent's own session; an agent that ignores cancel ---------------------
 
 
+async def _stderr_says(host: SdkHost, text: str, timeout: float = 10.0) -> None:
+    """Until the host's log (the agent's stderr lines in it) holds ``text``."""
+    deadline = time.monotonic() + timeout
+    while text not in host.stderr_path.read_text():
+        assert time.monotonic() < deadline, f"the log never said {text!r}"
+        await asyncio.sleep(0.02)
+
+
 async def _agent_status(host: SdkHost, pid: int, timeout: float = 10.0) -> dict[str, Any]:
     """The ``status`` entry of the agent process ``pid`` (workers report them each beat)."""
     deadline = time.monotonic() + timeout
@@ -446,13 +454,16 @@ async def _agent_status(host: SdkHost, pid: int, timeout: float = 10.0) -> dict[
         await asyncio.sleep(0.1)
 
 
-@pytest.mark.parametrize("method", ["load", "resume"])
+@pytest.mark.parametrize("mode", ["load", "load_late", "resume"])
 async def test_agent_session_is_reopened_by_the_agents_own_load_or_resume(
-    sdk_hosts: SdkHostFactory, config_dir: Path, workspace: Path, tmp_path: Path, method: str
+    sdk_hosts: SdkHostFactory, config_dir: Path, workspace: Path, tmp_path: Path, mode: str
 ) -> None:
+    """``load_late``: the agent replays its history after answering its load; that
+    replay reaches the client no more than one sent before the answer."""
+    method = mode.removesuffix("_late")
     state = tmp_path / "agent-state.json"
     acp_config(config_dir, fixture_command(),
-               extra=f'env = {{FIXTURE_MODE = "{method}", FIXTURE_STATE = "{state}"}}\n'
+               extra=f'env = {{FIXTURE_MODE = "{mode}", FIXTURE_STATE = "{state}"}}\n'
                + LOUD_STDERR)
     async with sdk_hosts() as host:
         await host.initialize()
@@ -465,11 +476,15 @@ async def test_agent_session_is_reopened_by_the_agents_own_load_or_resume(
     async with sdk_hosts() as second:
         await second.initialize()
         await second.conn.resume_session(cwd=str(workspace), session_id=sid)
+        if mode == "load_late":  # its replay, done before the prompt goes
+            await _stderr_says(second, "late")
         text, outcome = await prompt_text(second, sid, "recall")
         assert text == "first words | second words" and outcome.stop_reason == "end_turn"
         assert "_meta" not in second.last_result("session/prompt", sid)
         kinds = {u.session_update for u in second.client.of(sid)}
         assert "user_message_chunk" not in kinds  # the agent's replay was not passed on
+        if mode == "load_late":
+            return  # reopened at a prompt, a late replay is not told from the turn's output
         pid = int((await prompt_text(second, sid, "pid"))[0])
         os.kill(pid, signal.SIGKILL)  # a crashed agent's session is reopened the same way
         assert not await asyncio.to_thread(reap_leaks, [psutil.Process(pid)], 10.0)

@@ -428,6 +428,8 @@ class AcpAgent(Agent):
             self._key = self._base_key + jail.key  # other writable roots: another process
         process = _PROCESSES.acquire(self._key, _launch_spec(self.config, jail))
         agent_sid = self._reopen(process, setup)
+        replayed = agent_sid is not None and (
+            _restore_method(process.initialize_result) == "session/load")
         if agent_sid is None:
             agent_sid = self._new_session(process, setup)
             self._new_agent_session = True
@@ -436,7 +438,7 @@ class AcpAgent(Agent):
                 log.warning("session %s: agent %s has a fresh session %s; the context of the "
                             "earlier turns was not restored", setup.sid, self.alias, agent_sid)
         link = SessionLink(agent_sid, setup.paths, setup.mode, setup.sid, setup.client,
-                           self._mode_switched)
+                           self._mode_switched, replayed=replayed)
         added, early = process.add_link(link)
         if not added:  # it is another's
             raise AgentFailure(

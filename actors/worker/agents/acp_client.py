@@ -94,6 +94,11 @@ def _to_turn(process: AgentProcess, link: SessionLink | None, updates: list[Any]
     return turn.updates(updates)
 
 
+#: What an agent's ``session/load`` replays of a session's history.
+HISTORY_UPDATES = frozenset({"user_message_chunk", "agent_message_chunk",
+                             "agent_thought_chunk", "tool_call", "tool_call_update", "plan"})
+
+
 def between_turns(process: AgentProcess, link: SessionLink, updates: list[Any]) -> None:
     """Updates the agent sent between turns (its commands after ``session/new``, a
     title, a mode it switched to) go to the client that holds the session as they
@@ -103,6 +108,9 @@ def between_turns(process: AgentProcess, link: SessionLink, updates: list[Any]) 
                   process.alias)
         return
     for update in updates:
+        if link.replayed and isinstance(update, dict) and (
+                update.get("sessionUpdate") in HISTORY_UPDATES):
+            continue  # the agent's own replay of a reopened session: the store has it
         try:
             link.client.notify("session/update", {"sessionId": link.sid, "update": update})
         except EncodeError as exc:

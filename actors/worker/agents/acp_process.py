@@ -155,6 +155,9 @@ class SessionLink:
     requests go to the session's client through ``client`` (zeroclaw's session
     ``sid``), or are served here under ``paths`` and ``mode``, with ``terminals``.
     ``mode_switched`` hears each ``current_mode_update`` of the agent, in a turn or not.
+    ``replayed``: the session was reopened by the agent's ``session/load``, whose
+    history (messages, thoughts, tool calls, plans) may trail its answer; until the
+    next turn that history is not the client's (zeroclaw replays its own store).
     """
 
     agent_session_id: str
@@ -165,6 +168,7 @@ class SessionLink:
     mode_switched: Callable[[str], None] | None = None
     inbox: queue.SimpleQueue[tuple[str, Any]] = field(default_factory=queue.SimpleQueue)
     turn: TurnInbox | None = None
+    replayed: bool = False
     terminals: Terminals = field(init=False)
 
     def __post_init__(self) -> None:

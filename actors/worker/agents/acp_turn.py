@@ -72,6 +72,7 @@ class AcpTurn:
         self._answer_leftovers()  # from before this turn
         if self.ctx.cancelled.is_set():
             return None  # cancelled before it reached the agent
+        link.replayed = False  # what the agent sends now is this turn's
         relay = link.turn = UpdateRelay(self.ctx, link.inbox,
                                         functools.partial(self.process.hold_reading,
                                                           link.agent_session_id))
