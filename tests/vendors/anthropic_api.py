@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from tests.e2e.model_server import ModelServer, Recorded, Reply
+from tests.e2e.model_server import Recorded, Reply
 from tests.e2e.model_streams import (
     anthropic_reply,
     anthropic_text,
@@ -31,12 +30,10 @@ from tests.e2e.model_streams import (
     anthropic_tool_use,
 )
 
-__all__ = ["BUGGY_CALC", "FIXED_CALC", "CodingTask", "Kind", "kind_of", "tool_results"]
+from .bench import ANSWER, CalcTask
 
-BUGGY_CALC = 'def add(a, b):\n    return a - b\n\n\nprint("add(2, 3) =", add(2, 3))\n'
-FIXED_CALC = BUGGY_CALC.replace("a - b", "a + b")
-PROMPT = "calc.py prints the wrong sum: read it, fix the bug, run it and tell me the result."
-ANSWER = "Fixed: `add` subtracted instead of adding. `python3 calc.py` now prints add(2, 3) = 5."
+__all__ = ["CodingTask", "Kind", "kind_of", "tool_results"]
+
 TITLE = "Fix calc.py sum"
 
 Kind = str  # "turn" | "title" | "count_tokens" | "other"
@@ -72,21 +69,8 @@ def _json_parts(value: dict[str, Any]) -> list[str]:
 
 
 @dataclass(frozen=True)
-class CodingTask:
+class CodingTask(CalcTask):
     """The coding task on ``cwd/calc.py``; :meth:`responder` answers the server."""
-
-    cwd: Path
-
-    @property
-    def calc(self) -> Path:
-        return self.cwd / "calc.py"
-
-    def reset(self) -> None:
-        """The workspace as the task starts: the buggy ``calc.py`` only."""
-        self.calc.write_text(BUGGY_CALC, encoding="utf-8")
-
-    def start_server(self) -> ModelServer:
-        return ModelServer(self.responder)
 
     def responder(self, recorded: Recorded) -> Reply:
         """Runs on a server thread: the reply to one request."""

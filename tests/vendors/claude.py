@@ -21,14 +21,12 @@ import os
 import shutil
 from pathlib import Path
 
-import pytest
+from .bench import fake_key, hosting_config, installed
 
-from tests.e2e.procs import write_config
+__all__ = ["FAKE_KEY", "PASSED_VARIABLES", "adapter", "claude_env", "claude_hosting",
+           "fresh_home"]
 
-__all__ = ["FAKE_KEY", "PASSED_VARIABLES", "adapter", "claude_env", "fresh_home",
-           "hosting_config"]
-
-FAKE_KEY = "sk-ant-test-0000-not-a-real-key"
+FAKE_KEY = fake_key("sk-ant-api03-")
 #: The variables zeroclaw must hand the adapter (``pass_env``); PATH and HOME pass anyway.
 PASSED_VARIABLES = (
     "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "IS_SANDBOX",
@@ -39,11 +37,7 @@ PASSED_VARIABLES = (
 
 def adapter() -> str:
     """The adapter's bin, or skip with scripts/test's reason."""
-    found = os.environ.get("ZEROCLAW_CLAUDE_ACP")
-    if not found or shutil.which("node") is None:
-        pytest.skip(os.environ.get("ZEROCLAW_CLAUDE_ACP_SKIP")
-                    or "ZEROCLAW_CLAUDE_ACP or node is missing (scripts/test sets them)")
-    return found
+    return installed("ZEROCLAW_CLAUDE_ACP")
 
 
 def fresh_home(home: Path) -> Path:
@@ -56,9 +50,10 @@ def fresh_home(home: Path) -> Path:
 
 
 def claude_env(base_url: str, home: Path) -> dict[str, str]:
-    """The variables the adapter needs (see the module docstring), beside PATH."""
+    """The variables the adapter needs (see the module docstring), beside PATH, with
+    ``home`` made fresh."""
     return {
-        "PATH": os.environ["PATH"], "HOME": str(home), "LANG": "C.UTF-8",
+        "PATH": os.environ["PATH"], "HOME": str(fresh_home(home)), "LANG": "C.UTF-8",
         "ANTHROPIC_BASE_URL": base_url, "ANTHROPIC_API_KEY": FAKE_KEY, "IS_SANDBOX": "1",
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1",
         "DISABLE_TELEMETRY": "1", "DISABLE_ERROR_REPORTING": "1",
@@ -66,16 +61,6 @@ def claude_env(base_url: str, home: Path) -> dict[str, str]:
     }
 
 
-def hosting_config(config_dir: Path, command: list[str], extra: str = "") -> None:
-    """``config_dir/config.toml`` hosting ``command`` as agent ``claude`` (the default),
-    the adapter's variables passed from zeroclaw's environment."""
-    write_config(config_dir, f"""
-[acp]
-default_agent = "claude"
-[agents.claude]
-provider = "acp"
-command = {json.dumps(command)}
-pass_env = {json.dumps(list(PASSED_VARIABLES))}
-agent_start_timeout_secs = 60
-{extra}
-""")
+def claude_hosting(config_dir: Path, command: list[str]) -> None:
+    """zeroclaw's config hosting ``command`` as agent ``claude``, its variables passed."""
+    hosting_config(config_dir, "claude", command, PASSED_VARIABLES)

@@ -23,7 +23,6 @@ the test's thread.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 import shutil
@@ -31,17 +30,14 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from tests.e2e.procs import write_config
-
+from .bench import fake_key, hosting_config, installed
 from .harness import EditorClient, Received
 from .openai_responses import MODEL
 
 __all__ = ["FAKE_KEY", "PASSED_VARIABLES", "adapter", "closed_cleanly", "codex_env",
-           "comparable", "fresh_codex_home", "hosting_config"]
+           "codex_hosting", "comparable", "fresh_codex_home"]
 
-FAKE_KEY = "sk-proj-test-0000-not-a-real-key"
+FAKE_KEY = fake_key("sk-proj-")
 #: The variables zeroclaw must hand the adapter (``pass_env``); PATH and HOME pass anyway.
 PASSED_VARIABLES = ("OPENAI_API_KEY", "CODEX_HOME")
 #: Keys whose values are Codex's clock or process ids, not what it did.
@@ -52,11 +48,7 @@ _CHUNK_ID = re.compile(r"(Chunk ID: )[0-9a-f]+|(Wall time: )[0-9.]+( seconds)")
 
 def adapter() -> str:
     """The adapter's native binary, or skip with scripts/test's reason."""
-    found = os.environ.get("ZEROCLAW_CODEX_ACP")
-    if not found:
-        pytest.skip(os.environ.get("ZEROCLAW_CODEX_ACP_SKIP")
-                    or "ZEROCLAW_CODEX_ACP is missing (scripts/test sets it)")
-    return found
+    return installed("ZEROCLAW_CODEX_ACP", node=False)
 
 
 def provider_config(base_url: str) -> str:
@@ -94,19 +86,9 @@ def codex_env(base_url: str, home: Path, *, key: bool = True) -> dict[str, str]:
     return env
 
 
-def hosting_config(config_dir: Path, command: list[str], extra: str = "") -> None:
-    """``config_dir/config.toml`` hosting ``command`` as agent ``codex`` (the default),
-    the adapter's variables passed from zeroclaw's environment."""
-    write_config(config_dir, f"""
-[acp]
-default_agent = "codex"
-[agents.codex]
-provider = "acp"
-command = {json.dumps(command)}
-pass_env = {json.dumps(list(PASSED_VARIABLES))}
-agent_start_timeout_secs = 60
-{extra}
-""")
+def codex_hosting(config_dir: Path, command: list[str]) -> None:
+    """zeroclaw's config hosting ``command`` as agent ``codex``, its variables passed."""
+    hosting_config(config_dir, "codex", command, PASSED_VARIABLES)
 
 
 def _masked(value: Any) -> Any:
@@ -131,7 +113,7 @@ def closed_cleanly(*clients: EditorClient) -> None:
     (module docstring: it is then killed, and what it left behind still counts)."""
     problems = []
     for client in clients:
-        direct = client.label == "direct"
+        direct = client.label.startswith("direct")
         timeout = 5.0 if direct else 15.0
         stays = f"{client.label} pid {client.pid} did not exit within {timeout}s of EOF"
         problems += [p for p in client.close(timeout) if not (direct and p == stays)]

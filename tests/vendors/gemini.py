@@ -17,14 +17,12 @@ import os
 import shutil
 from pathlib import Path
 
-import pytest
-
-from tests.e2e.procs import write_config
+from .bench import fake_key, hosting_config, installed
 
 __all__ = ["FAKE_KEY", "OFFLINE_SETTINGS", "PASSED_VARIABLES", "cli", "fresh_home",
-           "gemini_env", "hosting_config"]
+           "gemini_env", "gemini_hosting"]
 
-FAKE_KEY = "AIzaSy-test-0000-not-a-real-key"
+FAKE_KEY = fake_key("AIza")
 #: The variables zeroclaw must hand the CLI (``pass_env``); PATH and HOME pass anyway.
 PASSED_VARIABLES = ("GEMINI_API_KEY", "GOOGLE_GEMINI_BASE_URL")
 #: ``~/.gemini/settings.json``: nothing but the API is called.
@@ -37,11 +35,7 @@ OFFLINE_SETTINGS = {
 
 def cli() -> str:
     """The CLI's bin, or skip with scripts/test's reason."""
-    found = os.environ.get("ZEROCLAW_GEMINI_CLI")
-    if not found or shutil.which("node") is None:
-        pytest.skip(os.environ.get("ZEROCLAW_GEMINI_CLI_SKIP")
-                    or "ZEROCLAW_GEMINI_CLI or node is missing (scripts/test sets them)")
-    return found
+    return installed("ZEROCLAW_GEMINI_CLI")
 
 
 def fresh_home(home: Path) -> Path:
@@ -54,21 +48,12 @@ def fresh_home(home: Path) -> Path:
 
 
 def gemini_env(base_url: str, home: Path) -> dict[str, str]:
-    """The variables the CLI needs (see the module docstring), beside PATH."""
-    return {"PATH": os.environ["PATH"], "HOME": str(home), "LANG": "C.UTF-8",
+    """The variables the CLI needs (see the module docstring), beside PATH, with
+    ``home`` made fresh."""
+    return {"PATH": os.environ["PATH"], "HOME": str(fresh_home(home)), "LANG": "C.UTF-8",
             "GOOGLE_GEMINI_BASE_URL": base_url, "GEMINI_API_KEY": FAKE_KEY}
 
 
-def hosting_config(config_dir: Path, command: list[str], extra: str = "") -> None:
-    """``config_dir/config.toml`` hosting ``command`` as agent ``gemini`` (the default),
-    the CLI's variables passed from zeroclaw's environment."""
-    write_config(config_dir, f"""
-[acp]
-default_agent = "gemini"
-[agents.gemini]
-provider = "acp"
-command = {json.dumps(command)}
-pass_env = {json.dumps(list(PASSED_VARIABLES))}
-agent_start_timeout_secs = 60
-{extra}
-""")
+def gemini_hosting(config_dir: Path, command: list[str], extra: str = "") -> None:
+    """zeroclaw's config hosting ``command`` as agent ``gemini``, its variables passed."""
+    hosting_config(config_dir, "gemini", command, PASSED_VARIABLES, extra)

@@ -26,15 +26,14 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from tests.e2e.model_server import ModelServer, Recorded, Reply
+from tests.e2e.model_server import Recorded, Reply
 
-from .anthropic_api import ANSWER, BUGGY_CALC, FIXED_CALC, PROMPT
+from .bench import ANSWER, PROMPT, CalcTask
 
-__all__ = ["ANSWER", "BUGGY_CALC", "EDIT_ID", "FIXED_CALC", "GREETING", "HELLO", "PROMPT",
-           "READ_ID", "SHELL_ID", "GeminiTask", "Kind", "function_responses", "kind_of"]
+__all__ = ["EDIT_ID", "GREETING", "HELLO", "READ_ID", "SHELL_ID", "GeminiTask", "Kind",
+           "function_responses", "kind_of"]
 
 GREETING = "Hi! In one sentence: what can you do here?"
 HELLO = "I can read, edit and run the files of this workspace for you."
@@ -159,22 +158,9 @@ def _not_found(path: str) -> Reply:
 
 
 @dataclass(frozen=True)
-class GeminiTask:
+class GeminiTask(CalcTask):
     """The greeting and the coding task on ``cwd/calc.py``; :meth:`responder` answers
     the server."""
-
-    cwd: Path
-
-    @property
-    def calc(self) -> Path:
-        return self.cwd / "calc.py"
-
-    def reset(self) -> None:
-        """The workspace as the task starts: the buggy ``calc.py`` only."""
-        self.calc.write_text(BUGGY_CALC, encoding="utf-8")
-
-    def start_server(self) -> ModelServer:
-        return ModelServer(self.responder)
 
     def responder(self, recorded: Recorded) -> Reply:
         """Runs on a server thread: the reply to one request."""

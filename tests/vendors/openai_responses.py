@@ -25,16 +25,15 @@ from __future__ import annotations
 import itertools
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from tests.e2e.model_server import ModelServer, Recorded, Reply
+from tests.e2e.model_server import Recorded, Reply
 from tests.e2e.model_streams import sse
 
-from .anthropic_api import ANSWER, BUGGY_CALC, FIXED_CALC, PROMPT
+from .bench import ANSWER, CalcTask
 
-__all__ = ["ANSWER", "BUGGY_CALC", "FIXED_CALC", "HELLO", "HELLO_PROMPT", "MODEL", "PROMPT",
-           "CodexTask", "is_turn", "last_user_text", "tool_outputs"]
+__all__ = ["HELLO", "HELLO_PROMPT", "MODEL", "CodexTask", "is_turn", "last_user_text",
+           "tool_outputs"]
 
 MODEL = "gpt-5.3-codex"
 HELLO_PROMPT = "Say hello in five words."
@@ -95,8 +94,11 @@ class _Stream:
 
 
 def _empty(kind: str) -> dict[str, Any]:
-    return {"message": {"content": []}, "reasoning": {"summary": []},
-            "function_call": {"arguments": ""}, "custom_tool_call": {"input": ""}}[kind]
+    """An output item of ``kind`` as it is added, before its deltas (made anew)."""
+    empty: dict[str, dict[str, Any]] = {
+        "message": {"content": []}, "reasoning": {"summary": []},
+        "function_call": {"arguments": ""}, "custom_tool_call": {"input": ""}}
+    return empty[kind]
 
 
 def reasoning(stream: _Stream, item_id: str, *parts: str) -> None:
@@ -170,21 +172,8 @@ PATCH = ("*** Begin Patch\n*** Update File: calc.py\n@@\n def add(a, b):\n"
 
 
 @dataclass(frozen=True)
-class CodexTask:
+class CodexTask(CalcTask):
     """The script on ``cwd/calc.py``; :meth:`responder` answers the server."""
-
-    cwd: Path
-
-    @property
-    def calc(self) -> Path:
-        return self.cwd / "calc.py"
-
-    def reset(self) -> None:
-        """The workspace as the task starts: the buggy ``calc.py`` only."""
-        self.calc.write_text(BUGGY_CALC, encoding="utf-8")
-
-    def start_server(self) -> ModelServer:
-        return ModelServer(self.responder)
 
     def responder(self, recorded: Recorded) -> Reply:
         """Runs on a server thread: the reply to one request."""

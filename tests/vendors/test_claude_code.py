@@ -14,125 +14,45 @@ request must be the same as direct apart from ``sessionId`` and ``_meta``
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.daemon.helpers import DaemonProc, short_dir
-from tests.e2e.model_server import ModelServer
-from tests.e2e.procs import host_argv, host_env
-
-from .anthropic_api import ANSWER, FIXED_CALC, PROMPT, TITLE, CodingTask, kind_of, tool_results
-from .claude import adapter, claude_env, fresh_home, hosting_config
-from .harness import (
-    EditorClient,
-    Received,
-    closed_cleanly,
-    live_as_replayed,
-    replayed,
-    said,
-    streams,
+from .anthropic_api import TITLE, CodingTask, kind_of, tool_results
+from .bench import (
+    ANSWER,
+    FIXED_CALC,
+    PROMPT,
+    Bench,
+    Hosted,
+    Run,
+    open_bench,
+    reloaded,
+    replay_differences,
+    two_editors,
 )
+from .claude import adapter, claude_env, claude_hosting
+from .harness import Received, said, streams
 
 pytestmark = pytest.mark.timeout(240)
 
 EDIT_ID, BASH_ID = "toolu_01EditCalc00000000002", "toolu_01BashCalc00000000003"
-TURN_WAIT = 120.0
-
-
-@dataclass
-class Bench:
-    """What every run shares: the adapter, one model server, one cwd path, one HOME."""
-
-    command: list[str]
-    root: Path
-    task: CodingTask
-    server: ModelServer
-    home: Path
-
-    def reset(self) -> dict[str, str]:
-        """The files as the task starts and a fresh HOME; the adapter's variables."""
-        self.task.reset()
-        for extra in self.task.cwd.iterdir():
-            if extra.name != "calc.py":
-                shutil.rmtree(extra) if extra.is_dir() else extra.unlink()
-        return claude_env(self.server.url, fresh_home(self.home))
-
-
-@dataclass(frozen=True)
-class Run:
-    session_id: str
-    records: list[Received]
-    calc_after: str
-    model_requests: list[Any]
-
-
-@pytest.fixture(scope="module")
-def bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
-    command = [adapter()]
-    root = Path(os.path.realpath(tmp_path_factory.mktemp("claude")))
-    (root / "ws").mkdir()
-    task = CodingTask(root / "ws")
-    server = task.start_server()
-    yield Bench(command, root, task, server, root / "home")
-    server.close()
 
 
 def has_title(records: list[Received]) -> bool:
     return any(r.update.get("sessionUpdate") == "session_info_update" for r in records)
 
 
-def run_task(bench: Bench, client: EditorClient) -> Run:
-    """The coding task in a new session of ``client``; the title is waited for (bounded)
-    as it may come after the turn."""
-    before = len(bench.server.requests)
-    client.initialize(timeout=60)
-    sid = client.new_session(bench.task.cwd, timeout=60)
-    result = client.prompt(sid, PROMPT, timeout=TURN_WAIT)
-    assert result["stopReason"] == "end_turn", result
-    client.settle(has_title)
-    return Run(sid, client.records, bench.task.calc.read_text(),
-               bench.server.requests[before:])
-
-
 @pytest.fixture(scope="module")
-def direct(bench: Bench) -> Run:
-    env = bench.reset()
-    client = EditorClient.spawn(bench.command, env=env, cwd=bench.task.cwd,
-                                stderr_path=bench.root / "direct.stderr", label="direct")
-    try:
-        return run_task(bench, client)
-    finally:
-        closed_cleanly(client)
-
-
-@dataclass(frozen=True)
-class Hosted:
-    run: Run
-    config_dir: Path
-    env: dict[str, str]
-
-
-def zeroclaw(bench: Bench, config_dir: Path, env: dict[str, str], label: str
-             ) -> EditorClient:
-    return EditorClient.spawn(host_argv(config_dir), env=host_env(env), cwd=bench.task.cwd,
-                              stderr_path=bench.root / f"{label}.stderr", label=label)
-
-
-@pytest.fixture(scope="module")
-def hosted(bench: Bench, direct: Run) -> Hosted:
-    env = bench.reset()
-    config_dir = bench.root / "cfg"
-    hosting_config(config_dir, bench.command)
-    client = zeroclaw(bench, config_dir, env, "hosted")
-    try:
-        return Hosted(run_task(bench, client), config_dir, env)
-    finally:
-        closed_cleanly(client)
+def bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
+    """The title is waited for (bounded) after each run: it may come after the turn."""
+    command = [adapter()]
+    root = Path(os.path.realpath(tmp_path_factory.mktemp("claude")))
+    (root / "ws").mkdir()
+    yield from open_bench(root, CodingTask(root / "ws"), command=command, env=claude_env,
+                          config=lambda config_dir: claude_hosting(config_dir, command),
+                          prompts=(PROMPT,), settled=has_title)
 
 
 def command_output_reached_the_model(run: Run) -> bool:
@@ -177,46 +97,22 @@ def test_through_zeroclaw_acp_the_editor_gets_what_claude_code_sent(
 def test_load_from_a_new_zeroclaw_replays_what_the_editor_saw_live(
     bench: Bench, direct: Run, hosted: Hosted
 ) -> None:
-    client = zeroclaw(bench, hosted.config_dir, hosted.env, "reloaded")
-    try:
-        client.initialize(timeout=60)
-        client.load_session(hosted.run.session_id, bench.task.cwd, timeout=60)
-        records = client.records
-    finally:
-        closed_cleanly(client)
-    user, replay = replayed(records)
+    records = reloaded(bench, hosted)
+    user, differences = replay_differences(direct, records, "replayed")
     assert user == PROMPT
     assert ANSWER in said(records)
-    differences = live_as_replayed(direct.records).diff(replay, ("direct live", "replayed"))
     assert not differences, differences
 
 
 def test_two_editors_on_the_daemon_acp_sock_see_what_claude_code_sent(
     bench: Bench, direct: Run
 ) -> None:
-    env = bench.reset()
-    config_dir = short_dir()
-    hosting_config(config_dir, bench.command)
-    daemon = DaemonProc(config_dir, env_extra=env)
-    first = second = None
-    try:
-        daemon.wait_listening()
-        acp_sock = daemon.socket_path.parent / "acp.sock"
-        first = EditorClient.connect(acp_sock, label="editor-1")
-        run = run_task(bench, first)
+    def did_the_task(run: Run) -> None:
         assert run.calc_after == FIXED_CALC
         assert command_output_reached_the_model(run)
-        second = EditorClient.connect(acp_sock, label="editor-2")
-        second.initialize()
-        second.load_session(run.session_id, bench.task.cwd, timeout=60)
-        user, replay = replayed(second.records)
-        assert user == PROMPT
-        live = streams(direct.records).diff(streams(run.records), ("direct", "editor 1"))
-        loaded = live_as_replayed(direct.records).diff(replay, ("direct live", "editor 2 load"))
-        assert not (live or loaded), f"{live}\n{loaded}"
-    finally:
-        closed_cleanly(*(c for c in (first, second) if c is not None))
-        daemon.terminate()
-        leaks = daemon.cleanup()
-        shutil.rmtree(config_dir, ignore_errors=True)
-        assert not leaks, leaks
+
+    run, loaded_records = two_editors(bench, did_the_task)
+    user, loaded = replay_differences(direct, loaded_records, "editor 2 load")
+    assert user == PROMPT
+    live = streams(direct.records).diff(streams(run.records), ("direct", "editor 1"))
+    assert not (live or loaded), f"{live}\n{loaded}"

@@ -16,138 +16,53 @@ request must be the same as direct apart from ``sessionId`` and ``_meta``
 from __future__ import annotations
 
 import os
-import shutil
 import sqlite3
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.daemon.helpers import DaemonProc, short_dir
-from tests.e2e.model_server import ModelServer, Recorded
-from tests.e2e.procs import host_argv, host_env
-
-from .gemini import FAKE_KEY, cli, fresh_home, gemini_env, hosting_config
-from .gemini_api import (
+from .bench import (
     ANSWER,
-    EDIT_ID,
     FIXED_CALC,
+    PROMPT,
+    Bench,
+    Hosted,
+    Run,
+    open_bench,
+    reloaded,
+    replay_differences,
+    two_editors,
+)
+from .gemini import FAKE_KEY, cli, gemini_env, gemini_hosting
+from .gemini_api import (
+    EDIT_ID,
     GREETING,
     HELLO,
-    PROMPT,
     READ_ID,
     SHELL_ID,
     GeminiTask,
     function_responses,
     kind_of,
 )
-from .harness import (
-    EditorClient,
-    Received,
-    closed_cleanly,
-    live_as_replayed,
-    replayed,
-    said,
-    streams,
-)
+from .harness import Received, said, streams
 
 pytestmark = pytest.mark.timeout(240)
-
-TURN_WAIT = 120.0
-
-
-@dataclass
-class Bench:
-    """What every run shares: the CLI, one model server, one cwd path, one HOME."""
-
-    command: list[str]
-    root: Path
-    task: GeminiTask
-    server: ModelServer
-    home: Path
-
-    def reset(self) -> dict[str, str]:
-        """The files as the task starts and a fresh HOME; the CLI's variables."""
-        self.task.reset()
-        for extra in self.task.cwd.iterdir():
-            if extra.name != "calc.py":
-                shutil.rmtree(extra) if extra.is_dir() else extra.unlink()
-        return gemini_env(self.server.url, fresh_home(self.home))
-
-
-@dataclass(frozen=True)
-class Run:
-    session_id: str
-    records: list[Received]
-    calc_after: str
-    model_requests: list[Recorded]
 
 
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bench]:
+    """zeroclaw starts the CLI in its agent ``workspace``: the cwd its direct run had
+    (as an editor starts it in the project). Gemini CLI names its own process's cwd in
+    a shell command's permission request (the command runs in the session's cwd all
+    the same)."""
     command = [cli(), "--acp"]
     root = Path(os.path.realpath(tmp_path_factory.mktemp("gemini")))
-    (root / "ws").mkdir()
-    task = GeminiTask(root / "ws")
-    server = task.start_server()
-    yield Bench(command, root, task, server, root / "home")
-    server.close()
-
-
-def run_task(bench: Bench, client: EditorClient) -> Run:
-    """The greeting, then the coding task, in a new session of ``client``."""
-    before = len(bench.server.requests)
-    client.initialize(timeout=60)
-    sid = client.new_session(bench.task.cwd, timeout=60)
-    for prompt in (GREETING, PROMPT):
-        result = client.prompt(sid, prompt, timeout=TURN_WAIT)
-        assert result["stopReason"] == "end_turn", result
-    return Run(sid, client.records, bench.task.calc.read_text(),
-               bench.server.requests[before:])
-
-
-@pytest.fixture(scope="module")
-def direct(bench: Bench) -> Run:
-    env = bench.reset()
-    client = EditorClient.spawn(bench.command, env=env, cwd=bench.task.cwd,
-                                stderr_path=bench.root / "direct.stderr", label="direct")
-    try:
-        return run_task(bench, client)
-    finally:
-        closed_cleanly(client)
-
-
-@dataclass(frozen=True)
-class Hosted:
-    run: Run
-    config_dir: Path
-    env: dict[str, str]
-
-
-def same_process_cwd(bench: Bench) -> str:
-    """The agent's ``workspace``: the cwd its direct run had (as an editor starts it in
-    the project). Gemini CLI names its own process's cwd in a shell command's permission
-    request (the command runs in the session's cwd all the same)."""
-    return f'workspace = "{bench.task.cwd}"'
-
-
-def zeroclaw(bench: Bench, config_dir: Path, env: dict[str, str], label: str
-             ) -> EditorClient:
-    return EditorClient.spawn(host_argv(config_dir), env=host_env(env), cwd=bench.task.cwd,
-                              stderr_path=bench.root / f"{label}.stderr", label=label)
-
-
-@pytest.fixture(scope="module")
-def hosted(bench: Bench, direct: Run) -> Hosted:
-    env = bench.reset()
-    config_dir = bench.root / "cfg"
-    hosting_config(config_dir, bench.command, same_process_cwd(bench))
-    client = zeroclaw(bench, config_dir, env, "hosted")
-    try:
-        return Hosted(run_task(bench, client), config_dir, env)
-    finally:
-        closed_cleanly(client)
+    cwd = root / "ws"
+    cwd.mkdir()
+    yield from open_bench(
+        root, GeminiTask(cwd), command=command, env=gemini_env, prompts=(GREETING, PROMPT),
+        config=lambda config_dir: gemini_hosting(config_dir, command, f'workspace = "{cwd}"'))
 
 
 def did_the_task(run: Run) -> None:
@@ -223,46 +138,18 @@ def test_the_store_keeps_gemini_tool_calls_without_raw_input(hosted: Hosted) -> 
 def test_load_from_a_new_zeroclaw_replays_what_the_editor_saw_live(
     bench: Bench, direct: Run, hosted: Hosted
 ) -> None:
-    client = zeroclaw(bench, hosted.config_dir, hosted.env, "reloaded")
-    try:
-        client.initialize(timeout=60)
-        client.load_session(hosted.run.session_id, bench.task.cwd, timeout=60)
-        records = client.records
-    finally:
-        closed_cleanly(client)
-    user, replay = replayed(records)
+    records = reloaded(bench, hosted)
+    user, differences = replay_differences(direct, records, "replayed")
     assert user == GREETING + PROMPT
     assert said(records) == said(direct.records)
-    differences = live_as_replayed(direct.records).diff(replay, ("direct live", "replayed"))
     assert not differences, differences
 
 
 def test_two_editors_on_the_daemon_acp_sock_see_what_gemini_cli_sent(
     bench: Bench, direct: Run
 ) -> None:
-    env = bench.reset()
-    config_dir = short_dir()
-    hosting_config(config_dir, bench.command, same_process_cwd(bench))
-    daemon = DaemonProc(config_dir, env_extra=env)
-    first = second = None
-    try:
-        daemon.wait_listening()
-        acp_sock = daemon.socket_path.parent / "acp.sock"
-        first = EditorClient.connect(acp_sock, label="editor-1")
-        run = run_task(bench, first)
-        did_the_task(run)
-        second = EditorClient.connect(acp_sock, label="editor-2")
-        second.initialize()
-        second.load_session(run.session_id, bench.task.cwd, timeout=60)
-        user, replay = replayed(second.records)
-        assert user == GREETING + PROMPT
-        live = streams(direct.records).diff(streams(run.records), ("direct", "editor 1"))
-        loaded = live_as_replayed(direct.records).diff(replay,
-                                                       ("direct live", "editor 2 load"))
-        assert not (live or loaded), f"{live}\n{loaded}"
-    finally:
-        closed_cleanly(*(c for c in (first, second) if c is not None))
-        daemon.terminate()
-        leaks = daemon.cleanup()
-        shutil.rmtree(config_dir, ignore_errors=True)
-        assert not leaks, leaks
+    run, loaded_records = two_editors(bench, did_the_task)
+    user, loaded = replay_differences(direct, loaded_records, "editor 2 load")
+    assert user == GREETING + PROMPT
+    live = streams(direct.records).diff(streams(run.records), ("direct", "editor 1"))
+    assert not (live or loaded), f"{live}\n{loaded}"

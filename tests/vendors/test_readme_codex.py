@@ -13,18 +13,17 @@ environment, which the snippet's ``pass_env`` hands on.
 
 from __future__ import annotations
 
-import os
-import re
 import tomllib
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.procs import REPO_ROOT, host_argv, host_env, write_config
+from tests.e2e.model_server import ModelServer
 
+from .bench import ANSWER, FIXED_CALC, PROMPT, pinned_version, readme_run, readme_snippet
 from .codex import FAKE_KEY, adapter
-from .harness import EditorClient
-from .openai_responses import ANSWER, FIXED_CALC, PROMPT, CodexTask, is_turn
+from .harness import said
+from .openai_responses import CodexTask, is_turn
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -32,19 +31,10 @@ OFFLINE_ENV = 'env = { npm_config_offline = "true", npm_config_update_notifier =
 GATEWAY_URL = "http://localhost:4000/v1"
 
 
-def readme_snippet(name: str) -> str:
-    pattern = re.compile(rf"<!-- snippet: {name} [^>]*-->\s*```toml\n(.*?)```\s*"
-                         rf"<!-- /snippet: {name} -->", re.S)
-    [snippet] = pattern.findall((REPO_ROOT / "README.md").read_text(encoding="utf-8"))
-    return str(snippet)
-
-
 def test_the_snippets_name_the_pinned_adapter_the_key_and_a_gateway() -> None:
     agent = tomllib.loads(readme_snippet("codex"))["agents"]["codex"]
-    pinned = re.search(r'CODEX_ACP_VERSION="([^"]+)"', (REPO_ROOT / "scripts" / "test")
-                       .read_text(encoding="utf-8"))
-    assert pinned is not None
-    assert agent["command"] == ["npx", "-y", f"@zed-industries/codex-acp@{pinned[1]}"]
+    pinned = pinned_version("CODEX_ACP_VERSION")
+    assert agent["command"] == ["npx", "-y", f"@zed-industries/codex-acp@{pinned}"]
     assert {"OPENAI_API_KEY", "CODEX_HOME"} <= set(agent["pass_env"])
     codex = tomllib.loads(readme_snippet("codex-config"))
     provider = codex["model_providers"][codex["model_provider"]]
@@ -56,38 +46,26 @@ def test_the_readme_codex_snippets_do_a_coding_task_through_zeroclaw(tmp_path: P
     tools_dir = Path(adapter()).parents[4]  # .tools/node_modules/@zed-industries/*/bin/
     snippet = readme_snippet("codex")
     assert not {"env", "workspace"} & set(tomllib.loads(snippet)["agents"]["codex"])
-    workspace = Path(os.path.realpath(tmp_path)) / "ws"
-    workspace.mkdir()
-    task = CodexTask(workspace)
-    task.reset()
-    config_dir = tmp_path / "cfg"
-    write_config(config_dir, f'{snippet}workspace = "{tools_dir}"\n{OFFLINE_ENV}\n'
-                             "agent_start_timeout_secs = 90\n")
-    server = task.start_server()
+    config = f'{snippet}workspace = "{tools_dir}"\n{OFFLINE_ENV}\n'
     codex_home = tmp_path / "codex-home"
     codex_home.mkdir()
-    codex_config = readme_snippet("codex-config").replace(GATEWAY_URL, f"{server.url}/v1")
-    (codex_home / "config.toml").write_text(
-        f'sandbox_mode = "danger-full-access"\n{codex_config}', encoding="utf-8")
-    env = host_env({"HOME": str(tmp_path), "OPENAI_API_KEY": FAKE_KEY,
-                    "CODEX_HOME": str(codex_home)})
-    client = EditorClient.spawn(host_argv(config_dir), env=env, cwd=workspace,
-                                stderr_path=tmp_path / "zeroclaw.stderr", label="zeroclaw")
-    try:
-        client.initialize()
-        sid = client.new_session(workspace, timeout=90)
+
+    def env(server: ModelServer) -> dict[str, str]:
+        """The key and a CODEX_HOME whose config.toml is the README's, at ``server``."""
+        codex_config = readme_snippet("codex-config").replace(GATEWAY_URL,
+                                                              f"{server.url}/v1")
+        (codex_home / "config.toml").write_text(
+            f'sandbox_mode = "danger-full-access"\n{codex_config}', encoding="utf-8")
+        return {"HOME": str(tmp_path), "OPENAI_API_KEY": FAKE_KEY,
+                "CODEX_HOME": str(codex_home)}
+
+    with readme_run(tmp_path, CodexTask, config, env, FAKE_KEY) as (client, task, server):
+        sid = client.new_session(task.cwd, timeout=90)
         result = client.prompt(sid, PROMPT, timeout=120)
         assert result["stopReason"] == "end_turn", result
         assert task.calc.read_text() == FIXED_CALC
-        text = "".join(r.update["content"].get("text", "") for r in client.updates()
-                       if r.update.get("sessionUpdate") == "agent_message_chunk")
-        assert text.endswith(ANSWER)
+        assert said(client.updates()).endswith(ANSWER)
         assert len(client.requests("session/request_permission")) == 2
         turns = [r for r in server.requests if is_turn(r)]
         assert turns and all(r.headers.get("authorization") == f"Bearer {FAKE_KEY}"
                              for r in turns)
-    finally:
-        problems = client.close()
-        server.close()
-    assert not problems, problems
-    assert FAKE_KEY not in (tmp_path / "zeroclaw.stderr").read_text(encoding="utf-8")
