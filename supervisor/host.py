@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import subprocess
 import time
 from collections.abc import Awaitable, Callable
@@ -489,15 +488,3 @@ def _log_write_failure(future: asyncio.Future[Any]) -> None:
         log.warning("%s", future.exception())  # the error says "store write failed: ..."
 
 
-def canonical_dir(path: str, base: str | None = None) -> str | None:
-    """``path`` resolved (symlinks, ``..``) when it is a usable directory, else None.
-
-    Plain ``os.path`` strings: this is on the way of every ``session/new``.
-    """
-    candidate = path if os.path.isabs(path) else os.path.join(base or os.getcwd(), path)
-    try:
-        resolved = os.path.realpath(candidate)
-        usable = os.path.isdir(resolved) and os.access(resolved, os.R_OK | os.X_OK)
-    except (ValueError, OSError):  # an embedded NUL, a name too long
-        return None
-    return resolved if usable else None

@@ -20,7 +20,7 @@ from actors.worker.protected import ProtectedPaths
 from supervisor.config import Settings
 from supervisor.servers.daemon_socket import socket_lock_path
 
-__all__ = ["acp_socket_path", "cwd_refusal", "host_protected_paths"]
+__all__ = ["acp_socket_path", "canonical_dir", "cwd_refusal", "host_protected_paths"]
 
 #: Beside the store: SQLite's write-ahead log, its shared memory, a rollback journal.
 _STORE_SIDECARS = ("-wal", "-shm", "-journal")
@@ -59,3 +59,17 @@ def cwd_refusal(cwd: str, protected: ProtectedPaths) -> str | None:
         return None
     return (f"cwd {cwd[:200]} is, or lies inside, one of the host's own directories "
             "(config, data, sockets), which no session may use")
+
+
+def canonical_dir(path: str, base: str | None = None) -> str | None:
+    """``path`` resolved (symlinks, ``..``) when it is a usable directory, else None.
+
+    Plain ``os.path`` strings: this is on the way of every ``session/new``.
+    """
+    candidate = path if os.path.isabs(path) else os.path.join(base or os.getcwd(), path)
+    try:
+        resolved = os.path.realpath(candidate)
+        usable = os.path.isdir(resolved) and os.access(resolved, os.R_OK | os.X_OK)
+    except (ValueError, OSError):  # an embedded NUL, a name too long
+        return None
+    return resolved if usable else None

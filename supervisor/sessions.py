@@ -47,9 +47,9 @@ from storage.models import StoredSession
 from storage.prepared_writes import title_of
 from supervisor.config import AUTONOMY_LEVELS, AgentConfig
 from supervisor.gateway_config import TenantConfig
-from supervisor.host import Host, canonical_dir
+from supervisor.host import Host
 from supervisor.live import Eviction, LiveSession
-from supervisor.protected import cwd_refusal
+from supervisor.protected import canonical_dir, cwd_refusal
 from supervisor.routes import Peer, Route, RunningTurn
 from supervisor.slash_commands import agent_history, parse, run_host_command
 from supervisor.tenants import TENANT_META_KEY, TENANT_NAME_META_KEY, confine_cwd, tenant_root

@@ -30,7 +30,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from actors.worker.protected import path_component, within
 from ipc.errors import InvalidParams, SessionLimitReached, SessionNotFound
+from supervisor.protected import canonical_dir
 
 if TYPE_CHECKING:
     from ipc.acp import NewSessionRequest
@@ -61,8 +63,6 @@ def tenant_root(data_dir: Path, tenant_id: str, tenant: TenantConfig | None) -> 
     ``workspace_root``, else ``<data_dir>/tenants/<id>`` (``tenant`` None: a removed
     tenant's sessions, opened by the owner, keep the default root of their id).
     Runs on the loop thread (a few ``mkdir`` at most)."""
-    from actors.worker.agents.acp_confine import path_component  # off initialize's way
-
     if tenant is not None and tenant.workspace_root is not None:
         root = Path(os.path.realpath(tenant.workspace_root))
     else:
@@ -86,24 +86,18 @@ def confine_cwd(cwd: str | None, root: str) -> str:
     """The canonical cwd of a tenant's session under its ``root`` (the root itself when
     omitted); -32602 for a relative cwd, one outside the root once ``..`` and symlinks
     are resolved, or one that is no directory."""
-    from supervisor.host import canonical_dir  # off the way to initialize
-
     if cwd is None or cwd.strip() in ("", "."):
         return root
     if not os.path.isabs(cwd):
         raise InvalidParams("cwd must be an absolute path inside the tenant's workspace root")
     resolved = canonical_dir(cwd)
     if resolved is None:
-        if not _within(os.path.realpath(cwd), root):
+        if not within(Path(os.path.realpath(cwd)), Path(root)):
             raise InvalidParams("cwd must be inside the tenant's workspace root")
         raise InvalidParams(f"cwd is not a usable directory: {cwd[:200]}")
-    if not _within(resolved, root):
+    if not within(Path(resolved), Path(root)):
         raise InvalidParams("cwd must be inside the tenant's workspace root")
     return resolved
-
-
-def _within(path: str, root: str) -> bool:
-    return os.path.commonpath([path, root]) == root
 
 
 def hash_token(token: str) -> str:

@@ -11,25 +11,41 @@ the session's roots that is strictly inside that directory and holds no protecte
 itself (a tenant's root under the data dir, the owner's agent workspace under the
 config dir); a root equal to or above a protected path (the config dir, ``/``, HOME)
 unmasks nothing; a protected file is never unmasked. Pure functions over paths (the
-caller canonicalises), safe from any thread; imports only the standard library.
+caller canonicalises), safe from any thread; imports only the standard library. Also
+the two path rules every side shares: :func:`within` and :func:`path_component`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["NOTHING_PROTECTED", "PROTECTED_VARIABLE", "ProtectedPaths"]
+__all__ = ["NOTHING_PROTECTED", "PROTECTED_VARIABLE", "ProtectedPaths", "path_component",
+           "within"]
 
 #: The one variable through which the host gives its workers its own paths
 #: (``os.pathsep``-joined; a directory ends with ``/``).
 PROTECTED_VARIABLE = "ZEROCLAW_PROTECTED_PATHS"
 
 
-def _within(path: Path, root: Path) -> bool:
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def within(path: Path, root: Path) -> bool:
+    """Whether canonical ``path`` is ``root`` or lies beneath it."""
     return path == root or path.is_relative_to(root)
+
+
+def path_component(name: str) -> str:
+    """``name`` as one path component ("." and ".." and odd characters hashed): a
+    tenant's or an agent's directory never leaves the directory it is made in."""
+    if name not in (".", "..") and _PLAIN_NAME.fullmatch(name):
+        return name
+    return "_" + hashlib.sha256(name.encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,18 +67,18 @@ class ProtectedPaths:
         """Whether ``root`` may reach inside a protected directory: it lies strictly
         inside one and contains no protected path itself."""
         return any(root != d and root.is_relative_to(d) for d in self.dirs) and not any(
-            _within(path, root) for path in self.every)
+            within(path, root) for path in self.every)
 
     def holds(self, path: Path) -> bool:
         """Whether ``path`` is or lies inside a protected path (whatever the roots)."""
-        return any(_within(path, protected) for protected in self.every)
+        return any(within(path, protected) for protected in self.every)
 
     def refusal(self, path: Path, roots: Iterable[Path]) -> str | None:
         """Why ``path`` is refused to a session with ``roots``, or None."""
         if path in self.files:
             return "one of the host's own files"
-        inside = [d for d in self.dirs if _within(path, d)]
-        if inside and not any(_within(path, r) for r in roots if self.sanctions(r)):
+        inside = [d for d in self.dirs if within(path, d)]
+        if inside and not any(within(path, r) for r in roots if self.sanctions(r)):
             return f"inside the host's own directory {inside[0]}"
         return None
 

@@ -26,16 +26,15 @@ owner's runs unconfined with a warning. Runs on a session actor's thread.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from actors.worker.agents.base import AgentFailure, SessionSetup
+from actors.worker.protected import path_component
 from actors.worker.sandbox import AGENT_STATE_VARIABLE, SandboxInfo, worker_sandbox_settings
 from actors.worker.tools.paths import PathDenied, PathPolicy, canonical
 from actors.worker.tools.sandbox import Confined, confined_argv
@@ -45,7 +44,6 @@ __all__ = [
     "TENANT_ROOT_META_KEY",
     "AgentJail",
     "jail_for",
-    "path_component",
     "setting_problem",
     "tenant_may_use",
     "unconfined_refusal",
@@ -55,7 +53,6 @@ log = logging.getLogger("zeroclaw.agent")
 
 #: The values of ``[agents.NAME] sandbox`` (for the owner's processes; tenants' are confined).
 SANDBOX_SETTINGS = ("auto", "off")
-_PLAIN_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 #: The key of a session's open ``meta`` that carries its tenant's ``workspace_root``.
 TENANT_ROOT_META_KEY = "tenantWorkspaceRoot"
 
@@ -149,13 +146,6 @@ def _tenant_jail(config: Mapping[str, Any], setup: SessionSetup, info: SandboxIn
     if info.confines:
         return _confined_jail(info, policy, home)
     raise AgentFailure(unconfined_refusal(alias, info.reason))
-
-
-def path_component(name: str) -> str:
-    """``name`` as one path component ("." and ".." and odd characters hashed)."""
-    if name not in (".", "..") and _PLAIN_NAME.fullmatch(name):
-        return name
-    return "_" + hashlib.sha256(name.encode()).hexdigest()[:16]
 
 
 def unconfined_refusal(alias: str, reason: str) -> str:

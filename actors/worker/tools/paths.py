@@ -39,7 +39,12 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-from actors.worker.protected import NOTHING_PROTECTED, PROTECTED_VARIABLE, ProtectedPaths
+from actors.worker.protected import (
+    NOTHING_PROTECTED,
+    PROTECTED_VARIABLE,
+    ProtectedPaths,
+    within,
+)
 
 __all__ = [
     "PROTECTED_VARIABLE",
@@ -71,10 +76,6 @@ def canonical(path: str | Path, base: Path | None = None) -> Path:
     if not os.path.isabs(text):
         text = os.path.join(os.getcwd() if base is None else str(base), text)
     return Path(os.path.realpath(text))
-
-
-def _within(path: Path, root: Path) -> bool:
-    return path == root or path.is_relative_to(root)
 
 
 def _forbidden_entry(entry: str) -> Path:
@@ -132,7 +133,7 @@ class PathPolicy:
         root of its own (were it replaced by a symlink later, a sandbox binding it
         would follow the link)."""
         cwd_path, workspace = canonical(cwd), canonical(workspace_dir)
-        roots = (workspace,) if _within(cwd_path, workspace) else (cwd_path, workspace)
+        roots = (workspace,) if within(cwd_path, workspace) else (cwd_path, workspace)
         forbidden = tuple(_forbidden_entry(p) for p in forbidden_paths if str(p).strip())
         return cls(cwd=cwd_path, roots=roots, forbidden=forbidden,
                    protected=ProtectedPaths.from_env() if protected is None else protected,
@@ -165,7 +166,7 @@ class PathPolicy:
         except OSError:  # realpath met a link that changed under it (lstat, then readlink)
             raise PathDenied(f"path {path!r} changed while it was checked; refused") from None
         self._check_forbidden(path, resolved)
-        if not any(_within(resolved, root) for root in self.roots):
+        if not any(within(resolved, root) for root in self.roots):
             allowed = ", ".join(str(r) for r in self.roots)
             raise PathDenied(
                 f"path {path!r} resolves to {resolved}, outside the allowed directories ({allowed})"
@@ -181,7 +182,7 @@ class PathPolicy:
         changed after the check), ``FileNotFoundError`` or another ``OSError``.
         """
         resolved = self.resolve(path)
-        root = max((r for r in self.roots if _within(resolved, r)), key=lambda r: len(r.parts))
+        root = max((r for r in self.roots if within(resolved, r)), key=lambda r: len(r.parts))
         parts = resolved.relative_to(root).parts
         forbidden = self._forbidden_identities()
         fd = os.open(root, _DIR_FLAGS)
@@ -229,7 +230,7 @@ class PathPolicy:
 
     def _check_forbidden(self, given: str, resolved: Path) -> None:
         for forbidden in self.forbidden:
-            if _within(resolved, forbidden):
+            if within(resolved, forbidden):
                 raise PathDenied(f"path {given!r} is forbidden (inside {forbidden})")
         why = self.protected.refusal(resolved, self.roots)
         if why is not None:
