@@ -88,15 +88,11 @@ class TenantConfig:
 
     name: str
     token_sha256: str
+    id: str
     admin: bool = False
     max_sessions: int | None = None
     workspace_root: Path | None = None
-    id: str = ""
     sandbox_network: bool = True
-
-    def __post_init__(self) -> None:
-        if not self.id:
-            object.__setattr__(self, "id", self.name)
 
 
 def tenant_caps(tenants: Mapping[str, TenantConfig]) -> dict[str, int]:

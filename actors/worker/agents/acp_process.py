@@ -328,20 +328,22 @@ class AgentProcess:
             how = f"was killed by signal {-status}"
         else:
             how = f"exited with status {status}"
-        text = f"agent {self.alias} {how} {doing}"
+        return self._with_stderr(f"agent {self.alias} {how} {doing}")
+
+    def _with_stderr(self, text: str, none: str = "") -> str:
+        """``text`` and the agent's last stderr lines (``none`` added when there are none)."""
         tail = "\n".join(self._stderr_tail)
-        return f"{text}; last stderr lines:\n{tail}" if tail else text
+        return f"{text}; last stderr lines:\n{tail}" if tail else text + none
 
     def _timeout_text(self, what: str, timeout: float) -> str:
         """Why ``what`` was not answered, as far as zeroclaw can tell: the names (never
         the values) of the variables the agent got, and its last stderr lines (an
         ``npx`` that cannot reach its registry says so there)."""
         names = ", ".join(sorted(self.spec.env)) or "none"
-        text = (f"agent {self.alias} did not answer {what} within {timeout:g}s; its "
-                f"environment had {names} (the agent's own variables come from env, "
-                "pass_env and pass_network_env)")
-        tail = "\n".join(self._stderr_tail)
-        return f"{text}; last stderr lines:\n{tail}" if tail else f"{text}; no stderr output"
+        return self._with_stderr(
+            f"agent {self.alias} did not answer {what} within {timeout:g}s; its environment "
+            f"had {names} (the agent's own variables come from env, pass_env and "
+            "pass_network_env)", "; no stderr output")
 
     def refusal(self, what: str, error: RemoteError) -> str:
         """Why the agent refused ``what``; for ACP's "authentication required" also how
@@ -462,8 +464,8 @@ class AgentProcess:
         """The lines of one read of the agent's stdout, in order (the loop thread): its
         well-formed ``session/update`` notifications, decoded once (orjson beats any
         match of a chunk line's bytes in Python), in runs to the ``updates`` handler;
-        the answers to :meth:`call` to their futures; any other JSON line to the endpoint (which
-        answers what it cannot parse); an oversized or non-JSON line is logged and
+        the answers to :meth:`call` to their futures; any other JSON line to the
+        endpoint (which answers what it cannot parse); an oversized or non-JSON line is logged and
         dropped. A read that ends with the updates of a turn that streams on is
         followed by a pause (:data:`STREAM_READ_PAUSE_SECS`): not one that ends with
         a turn's answer."""

@@ -38,6 +38,7 @@ line here. Safe from any thread (a session actor's thread runs it).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -161,9 +162,11 @@ def _bwrap_argv(policy: PathPolicy, command: list[str]) -> list[str]:
     return [*argv, *BWRAP_ISOLATION, *network, "--chdir", str(policy.cwd), "--", *command]
 
 
-def _installed_under_tmp() -> list[str]:
+@functools.cache
+def _installed_under_tmp() -> tuple[str, ...]:
     """The interpreter's prefixes and zeroclaw's own source dir that lie under a
-    directory bubblewrap hides with a fresh tmpfs (outermost first, no duplicates)."""
+    directory bubblewrap hides with a fresh tmpfs (outermost first, no duplicates);
+    found once per process."""
     found: list[str] = []
     for place in sorted({os.path.realpath(p) for p in
                          (sys.prefix, sys.base_prefix, str(_PACKAGE_ROOT))}):
@@ -171,7 +174,7 @@ def _installed_under_tmp() -> list[str]:
         if (any(path.is_relative_to(tmp) and path != tmp for tmp in _PRIVATE_TMP_DIRS)
                 and path.is_dir() and not any(path.is_relative_to(f) for f in found)):
             found.append(place)
-    return found
+    return tuple(found)
 
 
 def landlock_rules(policy: PathPolicy, private_tmp: Path, abi: int) -> list[list[Any]]:
