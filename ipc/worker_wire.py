@@ -15,12 +15,14 @@ data (events, turn records, history) travels as plain dicts made by
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Final, TypeAlias, TypedDict
 
 import orjson
 
 __all__ = [
+    "LARGE_FRAME_BYTES",
     "STREAM_WINDOW_BYTES",
     "TOOL_RULES_META",
     "AgentCall",
@@ -33,6 +35,7 @@ __all__ = [
     "CloseSession",
     "Credit",
     "EncodeError",
+    "Envelope",
     "Heartbeat",
     "HostMessage",
     "OpenFailed",
@@ -534,12 +537,31 @@ def join_envelopes(frames: list[bytes]) -> bytes:
     return frames[0] if len(frames) == 1 else b"\n".join(frames)
 
 
-def split_envelopes(frame: bytes) -> list[bytes]:
-    """The envelopes of a frame made by :func:`join_envelopes`."""
-    return frame.split(b"\n") if b"\n" in frame else [frame]
+LARGE_FRAME_BYTES = 1024 * 1024
+"""A frame this big (a long turn's end: its record and answer) is read in place,
+envelope by envelope: no copy of it is made to split or to join its envelopes."""
+
+Envelope: TypeAlias = bytes | memoryview
 
 
-def decode(frame: bytes) -> HostMessage | WorkerMessage:
+def split_envelopes(frame: Envelope) -> list[Envelope]:
+    """The envelopes of a frame made by :func:`join_envelopes` (views into a large one)."""
+    if len(frame) >= LARGE_FRAME_BYTES:
+        view, start = memoryview(frame), 0
+        envelopes: list[Envelope] = []
+        for newline in _NEWLINE.finditer(view):
+            envelopes.append(view[start:newline.start()])
+            start = newline.end()
+        envelopes.append(view[start:])
+        return envelopes
+    whole = bytes(frame)
+    return list(whole.split(b"\n")) if b"\n" in whole else [whole]
+
+
+_NEWLINE = re.compile(b"\n")
+
+
+def decode(frame: Envelope) -> HostMessage | WorkerMessage:
     """Parse one frame; raises :class:`WireError` for anything unknown or malformed."""
     try:
         return _message(orjson.loads(frame))
@@ -547,10 +569,11 @@ def decode(frame: bytes) -> HostMessage | WorkerMessage:
         raise WireError(f"bad worker envelope: {exc.__class__.__name__}") from None
 
 
-def decode_all(envelopes: list[bytes]) -> list[HostMessage | WorkerMessage | WireError]:
+def decode_all(envelopes: list[Envelope]) -> list[HostMessage | WorkerMessage | WireError]:
     """:func:`decode` of each of ``envelopes`` (those of one frame), the error in
-    place of a message that does not parse: a burst is parsed by one orjson call."""
-    if len(envelopes) > 1:
+    place of a message that does not parse: a burst of small ones is parsed by one
+    orjson call, a large frame's envelopes one by one (no joined copy of it)."""
+    if len(envelopes) > 1 and isinstance(envelopes[0], bytes):
         try:
             payloads = orjson.loads(b"[" + b",".join(envelopes) + b"]")
         except orjson.JSONDecodeError:
@@ -560,7 +583,7 @@ def decode_all(envelopes: list[bytes]) -> list[HostMessage | WorkerMessage | Wir
     return [_decoded_or_error(envelope) for envelope in envelopes]
 
 
-def _decoded_or_error(envelope: bytes) -> HostMessage | WorkerMessage | WireError:
+def _decoded_or_error(envelope: Envelope) -> HostMessage | WorkerMessage | WireError:
     try:
         return decode(envelope)
     except WireError as exc:

@@ -21,9 +21,11 @@ from actors.persistence import (
 )
 from ipc.transports import held_writes
 from ipc.worker_wire import (
+    LARGE_FRAME_BYTES,
     TurnEnded,
     TurnEvent,
     decode,
+    decode_all,
     encode,
     join_envelopes,
     split_envelopes,
@@ -46,6 +48,21 @@ def test_envelopes_joined_in_one_frame_split_back_even_with_newlines_in_their_te
     assert split_envelopes(joined) == frames
     assert [decode(f) for f in split_envelopes(joined)] == messages
     assert join_envelopes(frames[:1]) == frames[0] and split_envelopes(frames[0]) == frames[:1]
+
+
+def test_a_large_frame_is_read_in_place_as_views_of_its_envelopes() -> None:
+    answer = "line\n" * (LARGE_FRAME_BYTES // 4)
+    messages: list[TurnEvent | TurnEnded] = [
+        TurnEvent("s", "t1", {"k": "message", "text": "last"}),
+        TurnEnded("s", "t1", {"content": answer}),
+        TurnEvent("s", "t2", {"k": "message", "text": "next"}),
+    ]
+    joined = join_envelopes([encode(m) for m in messages])
+    for frame in (joined, memoryview(joined)):  # bytes, or a zmq message's buffer
+        envelopes = split_envelopes(frame)
+        assert all(isinstance(e, memoryview) and e.obj is joined for e in envelopes)
+        assert [bytes(e) for e in envelopes] == [encode(m) for m in messages]
+        assert decode_all(envelopes) == messages
 
 
 def test_a_persist_batch_keeps_order_and_group_commits_its_turns(
