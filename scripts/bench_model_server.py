@@ -14,6 +14,11 @@ chunked) shaped like OpenAI's: a role chunk, text deltas, a finish chunk, a usag
   one write). Clients on this machine subtract it from their own ``time.monotonic()``
   when they have that delta: the same clock, so "server's first byte to client's first
   chunk" is measured alike by every client.
+- ``paced <n> <ttft_ms> <gap_ms>``: like a real model: the headers at once, the first
+  delta ``ttft_ms`` later, then one every ``gap_ms`` (on a fixed schedule, so a late
+  write does not shift the rest). Every delta's text is ``@<t> ``, ``t`` being
+  ``time.monotonic()`` just before the write that carries it: a client's delay for each
+  delta is its own clock minus ``t``, whatever the server's own lateness.
 - ``stream <n>``: ``n`` deltas of ``"x "``, written as fast as the connection takes
   them: each event its own HTTP chunk (as servers that flush per token send them),
   pre-encoded and written :data:`BATCH_EVENTS` chunks at a time.
@@ -111,6 +116,8 @@ class _Connection:
     async def _answer(self, words: list[str]) -> None:
         if len(words) == 3 and words[0] == "first":
             await self._first(int(words[1]), float(words[2]) / 1000)
+        elif len(words) == 4 and words[0] == "paced":
+            await self._paced(int(words[1]), float(words[2]) / 1000, float(words[3]) / 1000)
         else:
             count = int(words[1]) if len(words) == 2 and words[1].isdigit() else 1
             await self._flood(count)
@@ -122,6 +129,17 @@ class _Connection:
         for _ in range(count - 1):
             await asyncio.sleep(gap)
             self.writer.write(self._send(h11.Data(_X)))
+        self.writer.write(self._send(h11.Data(_ending(count)), h11.EndOfMessage()))
+        await self.writer.drain()
+
+    async def _paced(self, count: int, first: float, gap: float) -> None:
+        self.writer.write(self._send(_HEAD, h11.Data(_ROLE)))
+        start = time.monotonic() + first
+        for index in range(count):
+            await asyncio.sleep(max(0.0, start + index * gap - time.monotonic()))
+            stamp = time.monotonic()
+            self.writer.write(self._send(h11.Data(openai_event({"content": f"@{stamp:.6f} "}))))
+            await self.writer.drain()
         self.writer.write(self._send(h11.Data(_ending(count)), h11.EndOfMessage()))
         await self.writer.drain()
 
