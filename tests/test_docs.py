@@ -36,6 +36,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import tomllib
 import urllib.request
 from dataclasses import dataclass
@@ -46,7 +47,7 @@ import yaml
 
 from actors.worker.agents import agent_config_problem
 from supervisor.config import load_settings
-from tests.daemon.gateway_helpers import GatewayDaemon
+from tests.daemon.gateway_helpers import GatewayDaemon, http_get
 from tests.daemon.helpers import DaemonProc, short_dir
 from tests.e2e.procs import host_env
 
@@ -181,6 +182,19 @@ def _run_shell(text: str, env: dict[str, str], cwd: Path) -> None:
         f"exit {done.returncode}\n--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}")
 
 
+def _started_gateway(daemon: DaemonProc, timeout: float = 30.0) -> str:
+    """The gateway's ``HOST:PORT`` once ``/health`` answers 200 (the host has started)."""
+    daemon.wait_listening()
+    address = GatewayDaemon(daemon).http.removeprefix("http://")
+    deadline = time.monotonic() + timeout
+    while True:
+        status, body, _ = http_get(f"http://{address}/health")
+        if status == 200:
+            return address
+        assert time.monotonic() < deadline, f"{status} {body}\n{daemon.stderr()}"
+        time.sleep(0.05)
+
+
 def _acpx_dir() -> str:
     acpx = os.environ.get("ZEROCLAW_ACPX")
     if not acpx:
@@ -207,8 +221,7 @@ def test_shell_block_runs(block: Block, tmp_path: Path) -> None:
         return
     daemon = DaemonProc(config_dir, "--gateway", "127.0.0.1:0", env_extra={"HOME": str(home)})
     try:
-        daemon.wait_listening()
-        address = GatewayDaemon(daemon).http.removeprefix("http://")
+        address = _started_gateway(daemon)
         _run_shell(block.text.replace("127.0.0.1:8080", address), env, work)
         assert daemon.terminate() == 0, daemon.stderr()
     finally:
@@ -278,8 +291,7 @@ def test_prometheus_scrape_config_scrapes_the_gateway(block: Block, tmp_path: Pa
                            capture_output=True, text=True, timeout=30, check=True).stdout
     daemon = DaemonProc(config_dir, "--gateway", "127.0.0.1:0", env_extra={"HOME": str(home)})
     try:
-        daemon.wait_listening()
-        address = GatewayDaemon(daemon).http.removeprefix("http://")
+        address = _started_gateway(daemon)
         assert target == "127.0.0.1:8080" and token_file.is_absolute(), job
         request = urllib.request.Request(
             f"{job.get('scheme', 'http')}://{address}{job['metrics_path']}",
