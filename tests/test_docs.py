@@ -56,7 +56,7 @@ DOCS = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
 UNIT = REPO_ROOT / "docs" / "zeroclaw.service"
 KINDS = {"config", "toml", "json", "shell", "daemon", "unit", "prometheus", "skip"}
 SHELL_TIMEOUT = 120.0
-FENCE = re.compile(r"^(```|~~~)\s*([\w+-]*)\s*$")
+FENCE = re.compile(r"^\s*(```+|~~~+)\s*(\S*).*$")  # any info string, indented too
 MARKER = re.compile(r"^<!--\s*test:\s*([\w-]+)((?:\s+[\w-]+)*)\s*(?:\((.*)\))?\s*-->$")
 
 
@@ -78,7 +78,7 @@ class Block:
 def _marker(lines: list[str], fence: int) -> tuple[str | None, tuple[str, ...], str]:
     """The ``test:`` comment among the comment lines right above line ``fence``."""
     above = fence - 1
-    while above >= 0 and lines[above].startswith("<!--"):
+    while above >= 0 and lines[above].strip().startswith("<!--"):
         found = MARKER.match(lines[above].strip())
         if found:
             return found[1], tuple(found[2].split()), (found[3] or "").strip()
@@ -94,7 +94,8 @@ def blocks_of(path: Path) -> list[Block]:
         if not opening:
             index += 1
             continue
-        end = next(i for i in range(index + 1, len(lines)) if lines[i].startswith(opening[1]))
+        end = next(i for i in range(index + 1, len(lines))
+                   if lines[i].strip().startswith(opening[1]))
         kind, options, note = _marker(lines, index)
         found.append(Block(path, index + 1, opening[2], kind, options, note,
                            "\n".join(lines[index + 1:end]) + "\n"))
