@@ -14,7 +14,9 @@ fence: ``<!-- test: KIND [OPTION...] [(note)] -->``. The kinds:
   ``PATH`` and ``/path/to/zeroclaw`` meaning this checkout; it must exit 0.
   Option ``daemon``: a ``zeroclaw daemon --gateway`` runs on that config dir
   meanwhile (``127.0.0.1:8080`` in the block is its real address) and must stop
-  cleanly after. Option ``acpx``: needs the pinned acpx of ``scripts/test``.
+  cleanly after (``localhost:8443`` too). Option ``acpx``: needs the pinned acpx of
+  ``scripts/test``. Option ``continues``: runs after the page's shell block before
+  it, in the same directories (a setup, then its use).
 - ``daemon``: one ``zeroclaw daemon ...`` command line; it is started (port 8080
   becomes a free one), must answer ``zeroclaw status`` and exit 0 on SIGTERM.
 - ``unit``: the text of ``docs/zeroclaw.service``, which is checked on its own below.
@@ -34,10 +36,12 @@ import re
 import shlex
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import time
 import tomllib
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +51,7 @@ import yaml
 
 from actors.worker.agents import agent_config_problem
 from supervisor.config import load_settings
-from tests.daemon.gateway_helpers import GatewayDaemon, http_get
+from tests.daemon.gateway_helpers import GatewayDaemon
 from tests.daemon.helpers import DaemonProc, short_dir
 from tests.e2e.procs import host_env
 
@@ -179,15 +183,20 @@ def _run_shell(text: str, env: dict[str, str], cwd: Path) -> None:
 
 
 def _started_gateway(daemon: DaemonProc, timeout: float = 30.0) -> str:
-    """The gateway's ``HOST:PORT`` once ``/health`` answers 200 (the host has started)."""
+    """The gateway's ``HOST:PORT`` once ``/health`` answers 200 (the host has started).
+    The probe trusts any certificate: it only waits; the blocks verify for themselves."""
     daemon.wait_listening()
-    address = GatewayDaemon(daemon).http.removeprefix("http://")
+    url = GatewayDaemon(daemon).http
+    probe = ssl.create_default_context()
+    probe.check_hostname, probe.verify_mode = False, ssl.CERT_NONE
     deadline = time.monotonic() + timeout
     while True:
-        status, body, _ = http_get(f"http://{address}/health")
-        if status == 200:
-            return address
-        assert time.monotonic() < deadline, f"{status} {body}\n{daemon.stderr()}"
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=10, context=probe) as answer:
+                if answer.status == 200:
+                    return url.split("://", 1)[1]
+        except urllib.error.HTTPError as error:
+            assert time.monotonic() < deadline, f"{error.code}\n{daemon.stderr()}"
         time.sleep(0.05)
 
 
@@ -202,27 +211,48 @@ def _acpx_dir() -> str:
     return str(link.parent)
 
 
-@pytest.mark.parametrize("block", of_kind("shell"))
-def test_shell_block_runs(block: Block, tmp_path: Path) -> None:
+def shell_chains() -> list[pytest.param]:
+    """Each shell block, with the ``continues`` blocks after it on its page (they run in
+    the same scratch and config dirs, in order)."""
+    chains: list[list[Block]] = []
+    for block in (b for b in ALL if b.kind == "shell"):
+        if "continues" in block.options:
+            assert chains and chains[-1][0].path == block.path, block.where
+            chains[-1].append(block)
+        else:
+            chains.append([block])
+    return [pytest.param(chain, id=chain[0].where) for chain in chains]
+
+
+@pytest.mark.parametrize("chain", shell_chains())
+def test_shell_blocks_run(chain: list[Block], tmp_path: Path) -> None:
     config_dir, home, work = short_dir(), tmp_path / "home", tmp_path / "work"
     home.mkdir()
     work.mkdir()
-    extra = _acpx_dir() if "acpx" in block.options else ""
-    env = _shell_env(config_dir, home, extra)
-    if "daemon" not in block.options:
-        try:
-            _run_shell(block.text, env, work)
-        finally:
-            shutil.rmtree(config_dir, ignore_errors=True)
-        return
+    try:
+        for block in chain:
+            extra = _acpx_dir() if "acpx" in block.options else ""
+            env = _shell_env(config_dir, home, extra)
+            if "daemon" in block.options:
+                _run_beside_a_daemon(block, env, config_dir, home, work)
+            else:
+                _run_shell(block.text, env, work)
+    finally:
+        shutil.rmtree(config_dir, ignore_errors=True)
+
+
+def _run_beside_a_daemon(block: Block, env: dict[str, str], config_dir: Path, home: Path,
+                         work: Path) -> None:
+    """``block`` while a gateway daemon serves ``config_dir``; ``127.0.0.1:8080`` or
+    ``localhost:8443`` in it is the daemon's real port."""
     daemon = DaemonProc(config_dir, "--gateway", "127.0.0.1:0", env_extra={"HOME": str(home)})
     try:
-        address = _started_gateway(daemon)
-        _run_shell(block.text.replace("127.0.0.1:8080", address), env, work)
+        port = _started_gateway(daemon).rsplit(":", 1)[1]
+        text = re.sub(r"\b(127\.0\.0\.1|localhost):(8080|8443)\b", rf"\1:{port}", block.text)
+        _run_shell(text, env, work)
         assert daemon.terminate() == 0, daemon.stderr()
     finally:
         assert not daemon.cleanup()
-        shutil.rmtree(config_dir, ignore_errors=True)
 
 
 @pytest.mark.parametrize("block", of_kind("daemon"))
