@@ -241,7 +241,8 @@ def test_sessions_of_a_disabled_or_removed_agent_fall_back_to_the_default(
 
 def _readme_zed_entries() -> dict[str, dict[str, object]]:
     """The README's Zed entries for one zeroclaw serving three agents."""
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "agents.md").read_text(
+        encoding="utf-8")
     blocks = re.findall(r"```json\n(.*?)```", readme, flags=re.S)
     servers = [json.loads(b)["agent_servers"] for b in blocks if "Codex (zeroclaw)" in b]
     assert len(servers) == 1, "the README's three-agent Zed entries are gone"

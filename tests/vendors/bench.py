@@ -251,7 +251,7 @@ agent_start_timeout_secs = 60
 
 
 def readme() -> str:
-    return (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    return (REPO_ROOT / "docs" / "agents.md").read_text(encoding="utf-8")
 
 
 def readme_snippet(name: str) -> str:
