@@ -324,7 +324,7 @@ class SessionActor(SimpleInboxActor):
                 meta=config.meta, client=ClientChannel(self._call_client,
                                                        config.permission_timeout,
                                                        self._notify_client),
-                modes_changed=self._report_agent_modes,
+                modes_changed=self._report_agent_modes, tools=self.tools,
             ))
         except Exception:  # the first turn reports what is wrong
             logger.exception("session %s: agent could not open", config.sid)
