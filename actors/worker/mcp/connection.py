@@ -24,6 +24,7 @@ import logging
 import os
 import tempfile
 import threading
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import IO, Any
@@ -40,6 +41,9 @@ log = logging.getLogger("zeroclaw.mcp")
 
 STDERR_TAIL_CHARS = 800
 _POLL_SECS = 0.05
+#: How long a failed call waits for a server whose pipe closed to be seen gone.
+EXIT_SETTLE_SECS = 1.0
+_CONNECTION_CLOSED = -32000  # the SDK's code for a connection that ended
 
 
 class McpCallFailed(Exception):
@@ -139,9 +143,15 @@ class McpConnection:
                 raise McpCallFailed(self._died())
 
     def _call_problem(self, exc: Exception) -> str:
+        """Why a call failed: the server died (its launcher ends within a moment of its
+        pipe closing), or what it answered."""
+        closed = getattr(exc, "code", None) == _CONNECTION_CLOSED
+        deadline = time.monotonic() + (EXIT_SETTLE_SECS if closed else 0.0)
+        while self._alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
         if not self._alive():
             return self._died()
-        return f"{self.label} failed the call: {exc}"
+        return f"{self.label} failed the call: {getattr(exc, 'message', None) or exc}"
 
     def stop(self, wait: float = 6.0) -> None:
         """:meth:`request_stop`, then :meth:`wait_stopped`."""
