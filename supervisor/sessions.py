@@ -233,9 +233,9 @@ class Sessions:
     async def _create(self, peer: Peer, sid: str, agent: AgentConfig, dirs: tuple[str, str],
                       request: NewSessionRequest, meta: dict[str, Any]) -> Route:
         if request.mcp_servers:
-            log.info("session %s: %d MCP server(s) stored (a hosted ACP agent gets them; "
-                     "zeroclaw's own agents do not use MCP yet)", sid,
-                     len(request.mcp_servers))
+            log.info("session %s: %d MCP server(s) from the client (a hosted ACP agent "
+                     "gets them, zeroclaw's model agents start them; echo ignores them)",
+                     sid, len(request.mcp_servers))
         now = time.time()
         cwd, workspace = dirs
         info = StoredSession(

@@ -277,3 +277,49 @@ async def test_the_reference_git_server(
                                       server, "git__git_status", {"repo_path": str(workspace)})
     assert "tracked.txt" in text
     assert "git__git_log" in names
+
+
+def listening(stderr: Any, port: int) -> None:
+    """Read the server's stderr until it says it listens on ``port``."""
+    for line in stderr:
+        if str(port) in line:
+            return
+    raise AssertionError("the server ended before it listened")
+
+
+@pytest.mark.parametrize(("transport", "path"), [("http", "/mcp"), ("sse", "/sse")])
+async def test_the_reference_everything_server_over_http_and_sse(
+    sdk_hosts: SdkHostFactory, config_dir: Path, tmp_path: Path, workspace: Path,
+    model_server: ModelServer, transport: str, path: str,
+) -> None:
+    binary = installed("ZEROCLAW_MCP_EVERYTHING")
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    mode = "streamableHttp" if transport == "http" else "sse"
+    server = subprocess.Popen([binary, mode], env={**os.environ, "PORT": str(port)},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        assert server.stderr is not None
+        await asyncio.wait_for(asyncio.to_thread(listening, server.stderr, port), 20)
+        model_server.script(call("web__echo", {"message": f"over-{transport}"}, "h1"),
+                            openai_reply({"content": "done"}))
+        async with await start_host(sdk_hosts, config_dir, model_server, tmp_path,
+                                    "supervised") as host:
+            caps = (await host.initialize()).agent_capabilities
+            assert caps is not None and caps.mcp_capabilities is not None
+            assert caps.mcp_capabilities.http and caps.mcp_capabilities.sse
+            entry = {"type": transport, "name": "web", "url": f"http://127.0.0.1:{port}{path}",
+                     "headers": []}
+            sid = (await host.raw("session/new", {"cwd": str(workspace),
+                                                  "mcpServers": [entry]}))["sessionId"]
+            out = await host.prompt(sid, "echo over the network")
+            assert out.content == "done", out.content
+            assert len(host.client.permission_asks) == 1
+    finally:
+        server.terminate()
+        server.wait(10)
+    [result] = tool_results(model_server, 1)
+    assert f"over-{transport}" in result["content"]

@@ -4,9 +4,7 @@
 client, :mod:`.launch` a stdio server's sandboxed command line, :mod:`.tools` a
 server's tool as a session tool, :mod:`.specs` the entries' shape, :mod:`.io` the
 worker's MCP loop thread.
+
+Imports nothing itself: the host reads :mod:`.specs` to check a config without
+loading the clients.
 """
-
-from actors.worker.mcp.session_servers import SessionMcp
-from actors.worker.mcp.specs import McpServerSpec, config_problem, parse_servers
-
-__all__ = ["McpServerSpec", "SessionMcp", "config_problem", "parse_servers"]

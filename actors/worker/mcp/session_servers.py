@@ -67,6 +67,10 @@ class SessionMcp:
         io = mcp_io()
         for spec in self.specs:
             launch = None
+            if spec.transport != "stdio" and not self.paths.network:
+                self.notices.append(f"MCP server {spec.name!r} refused: the session has no "
+                                    "network (sandbox_network = false)")
+                continue
             if spec.transport == "stdio":
                 try:
                     launch = stdio_launch(spec, self.paths, self.agent_env)

@@ -13,7 +13,7 @@ from typing import Any
 
 from actors.worker.agents.base import SessionSetup
 from actors.worker.agents.llm.tool_specs import ToolSpec
-from actors.worker.mcp import SessionMcp
+from actors.worker.mcp.session_servers import SessionMcp
 from actors.worker.mcp.tools import McpTool
 from actors.worker.tools import Tool
 
