@@ -69,6 +69,11 @@ async def wait_for(condition: Callable[[], bool], timeout: float = GONE_SECS) ->
     return condition()
 
 
+def session_status(status: dict[str, Any], sid: str) -> dict[str, Any]:
+    [entry] = [e for e in status["sessions"] if e["sessionId"] == sid]
+    return entry
+
+
 def tool_results(server: ModelServer, index: int) -> list[dict[str, Any]]:
     return [m for m in server.requests[index].body["messages"] if m["role"] == "tool"]
 
@@ -97,7 +102,10 @@ async def test_supervised_a_call_asks_permission_and_the_server_sees_no_host_sec
         assert ask.tool_call.title == "fx: env"
         [started] = host.client.of(sid, "tool_call")
         assert (started.title, started.kind) == ("fx: env", "other")
+        [entry] = session_status(await host.raw("status", {}), sid)["mcpServers"]
+        assert (entry["name"], entry["state"], entry["tools"]) == ("fx", "running", 5)
         procs = server_procs(host, str(FIXTURE))
+        assert entry["pid"] in {p.pid for p in procs}
         assert procs, "the MCP server runs while the session is open"
         for proc in procs:
             environ = Path(f"/proc/{proc.pid}/environ").read_bytes()
@@ -154,6 +162,10 @@ async def test_a_server_that_crashes_mid_call_fails_the_call_and_the_session_goe
         failed = [u for u in host.client.of(sid, "tool_call_update") if u.status == "failed"]
         assert len(failed) == 1
         assert (await host.prompt(sid, "again")).content == "Still here."
+        servers = session_status(await host.raw("status", {}), sid)["mcpServers"]
+        assert [(e["name"], e["state"]) for e in servers] == [("fx", "exited"),
+                                                              ("broken", "failed")]
+        assert "refusing to start" in servers[1]["problem"]
     [crashed] = tool_results(model_server, 1)
     assert "MCP server 'fx' exited" in crashed["content"]
     assert "crashing on purpose" in crashed["content"]

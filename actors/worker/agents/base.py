@@ -91,7 +91,8 @@ class SessionSetup:
     ``modes_changed`` tells the host that :meth:`Agent.own_modes` changed (any thread);
     ``tools`` is the session's tool registry, where an agent may add tools of its own
     (its MCP servers'; the actor thread only) so that :meth:`TurnContext.run_tool`
-    runs them under the session's rules like any other.
+    runs them under the session's rules like any other; ``report_mcp`` tells the
+    host the state of the session's MCP servers for ``status`` (any thread).
     """
 
     sid: str
@@ -103,6 +104,7 @@ class SessionSetup:
     client: ClientChannel | None = None
     modes_changed: Callable[[], None] | None = None
     tools: MutableMapping[str, Tool] | None = None
+    report_mcp: Callable[[list[dict[str, Any]]], None] | None = None
 
 
 @dataclass(frozen=True, slots=True)

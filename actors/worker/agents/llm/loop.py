@@ -144,6 +144,8 @@ class ModelAgent(Agent):
         finally:
             call_off()
             unhook()
+            if self.mcp is not None:
+                self.mcp.report()
         if stopped.is_set() and not ctx.cancelled.is_set():
             ctx.emit(MessageChunk(f"\n[turn stopped: it ran past max_turn_secs "
                                   f"({self.settings.max_turn_secs:g} s)]"))

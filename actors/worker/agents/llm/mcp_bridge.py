@@ -8,7 +8,7 @@ clients run on the worker's MCP loop thread (:mod:`actors.worker.mcp`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any
 
 from actors.worker.agents.base import SessionSetup
@@ -25,10 +25,13 @@ log = logging.getLogger("zeroclaw.mcp")
 class McpBridge:
     """One session's servers and the tools they added to it."""
 
-    def __init__(self, servers: SessionMcp, registry: MutableMapping[str, Tool] | None) -> None:
+    def __init__(self, servers: SessionMcp, registry: MutableMapping[str, Tool] | None,
+                 report: Callable[[list[dict[str, Any]]], None] | None = None) -> None:
         self.servers = servers
         self.registry = registry
         self.tools: dict[str, McpTool] = {}
+        self._report = report
+        self._reported: list[dict[str, Any]] | None = None
 
     @classmethod
     def open(cls, config: Mapping[str, Any], setup: SessionSetup) -> McpBridge | None:
@@ -37,12 +40,26 @@ class McpBridge:
         if servers is None:
             return None
         servers.start()
-        return cls(servers, setup.tools)
+        bridge = cls(servers, setup.tools, setup.report_mcp)
+        bridge.report()
+        return bridge
+
+    def report(self) -> None:
+        """Tell the host the servers' state when it changed since the last time."""
+        status = self.servers.status()
+        if self._report is None or status == self._reported:
+            return
+        self._reported = status
+        try:
+            self._report(status)
+        except Exception:  # status is not worth failing a turn for
+            log.exception("the MCP servers' status could not be sent")
 
     def ready(self) -> tuple[list[ToolSpec], list[str]]:
         """Wait for the servers (the first call only): the specs of their tools, and a
         line for each server (or entry) that cannot be used."""
         notices = self.servers.ready()
+        self.report()
         if not self.tools:
             taken = set(self.registry or ())
             self.tools = self.servers.tools(taken)
