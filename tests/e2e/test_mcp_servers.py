@@ -335,3 +335,47 @@ async def test_the_reference_everything_server_over_http_and_sse(
         server.wait(10)
     [result] = tool_results(model_server, 1)
     assert f"over-{transport}" in result["content"]
+
+
+async def test_a_cancelled_turn_withdraws_a_slow_call_and_a_hung_server_times_out(
+    sdk_hosts: SdkHostFactory, config_dir: Path, tmp_path: Path, workspace: Path,
+    model_server: ModelServer,
+) -> None:
+    model_server.script(call("fx__slow", {"seconds": 60}, "s1"),
+                        call("fx__echo", {"text": "after"}, "s2"),
+                        openai_reply({"content": "fine"}))
+    async with await start_host(sdk_hosts, config_dir, model_server, tmp_path, "full",
+                                "mcp_start_timeout_secs = 2\n") as host:
+        await host.initialize()
+        sid = (await host.conn.new_session(cwd=str(workspace), mcp_servers=[
+            fixture_server(), fixture_server("hung", "--hang-start")])).session_id
+        prompt = asyncio.ensure_future(host.prompt(sid, "sleep"))
+        await host.client.wait_until(lambda: any(
+            u.status == "in_progress" for u in host.client.of(sid, "tool_call_update")),
+            "the slow call to run", timeout=20)
+        started = time.monotonic()
+        await host.conn.cancel(session_id=sid)
+        out = await asyncio.wait_for(prompt, 10)
+        assert out.stop_reason == "cancelled" and time.monotonic() - started < 5
+        assert "MCP server 'hung' could not start: no answer within 2 s" in out.content
+        assert (await host.prompt(sid, "echo")).content == "fine"  # the server still serves
+    assert "echo: after" in tool_results(model_server, 2)[-1]["content"]
+
+
+async def test_without_a_sandbox_servers_are_refused_unless_the_shell_may_run_unconfined(
+    sdk_hosts: SdkHostFactory, config_dir: Path, tmp_path: Path, workspace: Path,
+    model_server: ModelServer,
+) -> None:
+    model_server.script(openai_reply({"content": "no tools"}))
+    text = openai_config(model_server, tmp_path / "aws", level="full").replace(
+        "[autonomy]\n", '[autonomy]\nsandbox = "none"\nallow_unsandboxed_shell = false\n')
+    write_config(config_dir, text)
+    async with sdk_hosts(env_extra={KEY_ENV: KEY}) as host:
+        await host.initialize()
+        sid = (await host.conn.new_session(cwd=str(workspace),
+                                           mcp_servers=[fixture_server()])).session_id
+        out = await host.prompt(sid, "hi")
+        assert "MCP server 'fx' refused: no OS sandbox is available" in out.content
+        assert not server_procs(host, str(FIXTURE))
+    tools = {t["function"]["name"] for t in model_server.requests[0].body["tools"]}
+    assert not any(name.startswith("fx__") for name in tools)

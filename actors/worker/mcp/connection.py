@@ -267,7 +267,7 @@ class McpConnection:
             self._session = None
 
     def _start_problem(self, exc: BaseException) -> str:
-        if isinstance(exc, TimeoutError):
+        if _timed_out(exc):
             why = f"no answer within {self.start_timeout:g} s (mcp_start_timeout_secs)"
         else:
             why = _describe(exc)
@@ -343,6 +343,14 @@ async def _list_tools(session: Any) -> tuple[ListedTool, ...]:
         if not cursor:
             break
     return tuple(found)
+
+
+def _timed_out(exc: BaseException) -> bool:
+    """Whether ``exc`` (or one of an exception group's) is a timeout."""
+    inner = getattr(exc, "exceptions", None)
+    if inner:
+        return any(_timed_out(e) for e in inner)
+    return isinstance(exc, TimeoutError)
 
 
 def _withdraw(future: concurrent.futures.Future[Any]) -> None:
