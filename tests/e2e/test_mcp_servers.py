@@ -379,3 +379,32 @@ async def test_without_a_sandbox_servers_are_refused_unless_the_shell_may_run_un
         assert not server_procs(host, str(FIXTURE))
     tools = {t["function"]["name"] for t in model_server.requests[0].body["tools"]}
     assert not any(name.startswith("fx__") for name in tools)
+
+
+async def test_the_anthropic_agent_lists_and_calls_a_servers_tool_supervised(
+    sdk_hosts: SdkHostFactory, config_dir: Path, tmp_path: Path, workspace: Path,
+    model_server: ModelServer,
+) -> None:
+    from .model_streams import anthropic_reply, anthropic_text, anthropic_tool_use
+    from .test_model_anthropic import KEY as ANTHROPIC_KEY
+    from .test_model_anthropic import start as start_anthropic
+
+    model_server.script(
+        anthropic_reply(anthropic_tool_use(0, "toolu_01", "fx__echo", '{"text": "claude"}'),
+                        stop_reason="tool_use"),
+        anthropic_reply(anthropic_text(0, "Echoed.")))
+    async with start_anthropic(sdk_hosts, config_dir, model_server, tmp_path / "aws") as host:
+        await host.initialize()
+        sid = (await host.conn.new_session(cwd=str(workspace),
+                                           mcp_servers=[fixture_server()])).session_id
+        await host.conn.set_session_mode(session_id=sid, mode_id="supervised")
+        out = await host.prompt(sid, "echo claude")
+        assert out.content == "Echoed."
+        assert [a.tool_call.title for a in host.client.permission_asks] == ["fx: echo"]
+        for proc in server_procs(host, str(FIXTURE)):
+            assert ANTHROPIC_KEY.encode() not in Path(f"/proc/{proc.pid}/environ").read_bytes()
+    first = model_server.requests[0].body
+    schema = {t["name"]: t["input_schema"] for t in first["tools"]}["fx__echo"]
+    assert schema["properties"]["text"]["type"] == "string"
+    result = model_server.requests[1].body["messages"][-1]["content"][0]
+    assert result["tool_use_id"] == "toolu_01" and "echo: claude" in str(result["content"])
