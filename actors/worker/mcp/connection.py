@@ -109,9 +109,10 @@ class McpConnection:
     def call(self, tool: str, arguments: dict[str, Any], cancelled: threading.Event) -> Any:
         """``tools/call``; the SDK's ``CallToolResult``. :class:`McpCallFailed` when the
         server is not running, dies, times out, or the turn is cancelled."""
-        if self.state != "running" or self._session is None:
+        session = self._session
+        if self.state != "running" or session is None:
             raise McpCallFailed(self.problem or f"{self.label} is {self.state}")
-        future = self.io.submit(self._session.call_tool(tool, arguments))
+        future = self.io.submit(session.call_tool(tool, arguments))
         unhook = call_on_cancel(cancelled, lambda: _withdraw(future))
         try:
             return self._wait(future, cancelled)
@@ -265,6 +266,8 @@ class McpConnection:
                 raise
         finally:
             self._session = None
+            if self.state == "running":  # the connection ended by itself: the server went
+                self._died()
 
     def _start_problem(self, exc: BaseException) -> str:
         if _timed_out(exc):
