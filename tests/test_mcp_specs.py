@@ -3,6 +3,8 @@ a model sees (:mod:`actors.worker.mcp.specs`), and the agent config's MCP keys."
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from actors.worker.agents.llm.config import settings_problem
@@ -73,5 +75,22 @@ def test_the_agent_config_checks_its_mcp_keys() -> None:
         settings_problem({**BASE, "mcp_servers": "fs"}, {}, needs_key=False))
     assert "mcp_read_only_tools" in str(
         settings_problem({**BASE, "mcp_read_only_tools": "fs__read"}, {}, needs_key=False))
+    assert "mcp_client_servers" in str(
+        settings_problem({**BASE, "mcp_client_servers": "no"}, {}, needs_key=False))
     assert "mcp_start_timeout_secs" in str(
         settings_problem({**BASE, "mcp_start_timeout_secs": 0}, {}, needs_key=False))
+
+
+def test_mcp_client_servers_false_keeps_only_the_agents_own(tmp_path: Path) -> None:
+    from actors.worker.mcp.session_servers import SessionMcp
+    from actors.worker.tools import PathPolicy
+
+    paths = PathPolicy.build(str(tmp_path), str(tmp_path), [])
+    client = [{"name": "theirs", "command": "x"}]
+    own = [{"name": "mine", "command": "y"}]
+    kept = SessionMcp.from_config({"mcp_servers": own, "mcp_client_servers": False},
+                                  client, paths)
+    assert kept is not None and [s.name for s in kept.specs] == ["mine"]
+    assert SessionMcp.from_config({"mcp_client_servers": False}, client, paths) is None
+    both = SessionMcp.from_config({"mcp_servers": own}, client, paths)
+    assert both is not None and [s.name for s in both.specs] == ["mine", "theirs"]

@@ -42,7 +42,7 @@ log = logging.getLogger("zeroclaw.mcp")
 STDERR_TAIL_CHARS = 800
 _POLL_SECS = 0.05
 #: How long a failed call waits for a server whose pipe closed to be seen gone.
-EXIT_SETTLE_SECS = 1.0
+EXIT_SETTLE_SECS = 3.0
 _CONNECTION_CLOSED = -32000  # the SDK's code for a connection that ended
 
 

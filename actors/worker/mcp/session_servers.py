@@ -51,7 +51,12 @@ class SessionMcp:
     @classmethod
     def from_config(cls, config: Mapping[str, Any], client_entries: Sequence[Any],
                     paths: PathPolicy) -> SessionMcp | None:
-        """The servers the agent config and the client give, or None when there are none."""
+        """The servers the agent config and the client give (unless the config says
+        ``mcp_client_servers = false``), or None when there are none."""
+        if client_entries and config.get("mcp_client_servers", True) is False:
+            log.info("agent %s: the client's %d MCP server(s) are not used "
+                     "(mcp_client_servers = false)", config.get("alias"), len(client_entries))
+            client_entries = ()
         specs, problems = parse_servers(config.get("mcp_servers"), client_entries)
         if not specs and not problems:
             return None

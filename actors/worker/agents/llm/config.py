@@ -8,7 +8,8 @@ past it the turn ends ``cancelled`` with what it streamed), ``max_tool_calls_per
 (the calls of one model reply that run; the others are refused); the MCP keys
 ``mcp_servers`` (the agent's own servers, the shape of ACP's ``McpServer`` entries),
 ``mcp_read_only_tools`` (prefixed tool names that run without asking: zeroclaw's
-allowlist), ``mcp_start_timeout_secs`` and ``mcp_call_timeout_secs``
+allowlist), ``mcp_client_servers`` (false: the client's ``mcpServers`` are not
+used), ``mcp_start_timeout_secs`` and ``mcp_call_timeout_secs``
 (:mod:`actors.worker.mcp`).
 
 Pure functions and frozen data: safe from any thread. :func:`settings_problem`
@@ -122,6 +123,8 @@ def _mcp_problem(config: Mapping[str, Any]) -> str | None:
     allowed = config.get("mcp_read_only_tools", [])
     if not isinstance(allowed, list) or not all(isinstance(n, str) for n in allowed):
         return "mcp_read_only_tools must be a list of tool names (SERVER__tool)"
+    if not isinstance(config.get("mcp_client_servers", True), bool):
+        return "mcp_client_servers must be true or false"
     return config_problem(config.get("mcp_servers"))
 
 
