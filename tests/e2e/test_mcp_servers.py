@@ -180,7 +180,8 @@ async def test_servers_start_again_on_load_and_stop_on_eviction(
     model_server: ModelServer,
 ) -> None:
     model_server.script(call("fx__echo", {"text": "one"}, "l1"), openai_reply({"content": "1"}),
-                        call("fx__echo", {"text": "two"}, "l2"), openai_reply({"content": "2"}),
+                        call("again__echo", {"text": "two"}, "l2"),
+                        openai_reply({"content": "2"}),
                         openai_reply({"content": "other"}))
     async with await start_host(sdk_hosts, config_dir, model_server, tmp_path, "full") as host:
         await host.initialize()
@@ -190,8 +191,8 @@ async def test_servers_start_again_on_load_and_stop_on_eviction(
     async with await start_host(sdk_hosts, config_dir, model_server, tmp_path, "full",
                                 ZEROCLAW_acp__max_sessions="1") as host:
         await host.initialize()
-        await host.conn.load_session(session_id=sid, cwd=str(workspace),
-                                     mcp_servers=[fixture_server()])
+        await host.conn.load_session(session_id=sid, cwd=str(workspace),  # the load's list
+                                     mcp_servers=[fixture_server("again")])
         assert (await host.prompt(sid, "echo two")).content == "2"
         assert server_procs(host, str(FIXTURE))
         other = (await host.conn.new_session(cwd=str(workspace))).session_id  # evicts sid
