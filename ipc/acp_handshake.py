@@ -43,7 +43,7 @@ def initialize_result(
         "agentCapabilities": {
             "loadSession": persistent,
             "promptCapabilities": {"image": False, "audio": False, "embeddedContext": True},
-            "mcpCapabilities": {"http": False, "sse": False},
+            "mcpCapabilities": {"http": True, "sse": True},
             "sessionCapabilities": session_caps,
         },
         "agentInfo": {"name": "zeroclaw-acp", "title": "ZeroClaw ACP", "version": version},

@@ -358,6 +358,17 @@ class AgentOpened:
     modes: dict[str, Any] | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class McpServersStatus:
+    """The MCP servers of a session of zeroclaw's own model agent, for ``status``: one
+    ``{name, transport, state, pid?, tools, problem?}`` each. Sent when the session
+    opens (``starting``) and after each turn when something changed."""
+
+    T: ClassVar[str] = "mcp_servers"
+    sid: str
+    servers: list[dict[str, Any]] = field(default_factory=list)
+
+
 #: Where a stored session's ``meta`` keeps its remembered permission answers.
 TOOL_RULES_META = "toolPermissions"
 _TOOL_RULES = ("allow_always", "reject_always")
@@ -440,6 +451,7 @@ WorkerMessage: TypeAlias = (
     | ClientCall
     | AgentReply
     | AgentOpened
+    | McpServersStatus
     | PermissionRules
     | TurnEnded
     | TurnFailed
@@ -471,6 +483,7 @@ _TYPES: dict[str, type[Any]] = {
         ClientCall,
         AgentReply,
         AgentOpened,
+        McpServersStatus,
         PermissionRules,
         TurnEnded,
         TurnFailed,

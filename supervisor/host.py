@@ -43,6 +43,7 @@ from ipc.worker_wire import (
     ClientCall,
     CloseSession,
     HostMessage,
+    McpServersStatus,
     OpenFailed,
     PermissionAsk,
     PermissionReply,
@@ -330,6 +331,11 @@ class Host:
                 if route is not None:
                     route.agent_modes = modes
                     route.agent_opened.set()
+            case McpServersStatus(sid=sid, servers=servers):
+                route = self.live.route(sid)
+                if route is not None:
+                    route.status["mcpServers"] = servers
+                    route.touch()
             case PermissionRules(sid=sid, rules=rules):
                 self.persist(UpdateMeta(sid, {TOOL_RULES_META: rules})).add_done_callback(
                     _log_write_failure)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import secrets
@@ -233,9 +234,9 @@ class Sessions:
     async def _create(self, peer: Peer, sid: str, agent: AgentConfig, dirs: tuple[str, str],
                       request: NewSessionRequest, meta: dict[str, Any]) -> Route:
         if request.mcp_servers:
-            log.info("session %s: %d MCP server(s) stored (a hosted ACP agent gets them; "
-                     "zeroclaw's own agents do not use MCP yet)", sid,
-                     len(request.mcp_servers))
+            log.info("session %s: %d MCP server(s) from the client (a hosted ACP agent "
+                     "gets them, zeroclaw's model agents start them; echo ignores them)",
+                     sid, len(request.mcp_servers))
         now = time.time()
         cwd, workspace = dirs
         info = StoredSession(
@@ -555,12 +556,14 @@ class Sessions:
 
     # --- load, resume -------------------------------------------------------------------
 
-    async def restore(self, peer: Peer, sid: str, *, replay: bool) -> Route:
+    async def restore(self, peer: Peer, sid: str, *, replay: bool,
+                      mcp_servers: list[Any] | None = None) -> Route:
         """``session/load`` / ``session/resume``. A live session is handed to ``peer``
         as it is, not refused: an editor reopening it from its history (Zed does, on
         the connection that has it open) or another editor on a shared host picks it
         up. A turn running meanwhile goes on, streaming to whoever prompted it; the
-        replay holds the turns completed so far."""
+        replay holds the turns completed so far. ``mcp_servers``: the client's list
+        (None: not sent), which a session opened now uses instead of the stored one."""
         route = await self._held_route(sid)
         if route is not None:
             route.peer = peer
@@ -570,6 +573,8 @@ class Sessions:
             info = self.host.reader.get_session(sid)
             if info is None:
                 raise SessionNotFound(f"Session not found: {sid}")
+            if mcp_servers is not None:
+                info = dataclasses.replace(info, mcp_servers=list(mcp_servers))
             route = await self._open(  # a refused write leaves it not live: a retry
                 peer, info, history=True,  # starts again
                 commit=lambda: self.host.persist(Reopen(sid, time.time())))

@@ -43,6 +43,7 @@ from ipc.worker_wire import (
     Credit,
     Heartbeat,
     HostMessage,
+    McpServersStatus,
     OpenFailed,
     PermissionAsk,
     PermissionRules,
@@ -77,7 +78,8 @@ _DRAIN_BATCH = 1000
 _SHUTDOWN_GRACE_SECS = 1.0
 _PROJECT_ROOT = Path(__file__).resolve().parent.parent
 _FORWARDED = (SessionOpened, OpenFailed, TurnEvent, PermissionAsk, UserAsk, ClientCall,
-              AgentReply, AgentOpened, PermissionRules, TurnEnded, TurnFailed, SessionClosed)
+              AgentReply, AgentOpened, McpServersStatus, PermissionRules, TurnEnded, TurnFailed,
+              SessionClosed)
 
 
 #: ``start_process(argv, env)``: a started worker process, started off the loop.

@@ -42,6 +42,7 @@ from ipc.worker_wire import (
     AgentOpened,
     ClientCall,
     EncodeError,
+    McpServersStatus,
     OpenSession,
     SessionClosed,
     TurnEnded,
@@ -324,7 +325,8 @@ class SessionActor(SimpleInboxActor):
                 meta=config.meta, client=ClientChannel(self._call_client,
                                                        config.permission_timeout,
                                                        self._notify_client),
-                modes_changed=self._report_agent_modes,
+                modes_changed=self._report_agent_modes, tools=self.tools,
+                report_mcp=self._report_mcp,
             ))
         except Exception:  # the first turn reports what is wrong
             logger.exception("session %s: agent could not open", config.sid)
@@ -335,6 +337,10 @@ class SessionActor(SimpleInboxActor):
         """Tell the host the agent's own modes: once open, and whenever the agent
         switches its mode itself (any thread: a hosted agent's loop thread)."""
         self.send(AgentOpened(sid=self.config.sid, modes=self.agent.own_modes()))
+
+    def _report_mcp(self, servers: list[dict[str, Any]]) -> None:
+        """The session's MCP servers, for the host's ``status`` (any thread)."""
+        self.send(McpServersStatus(sid=self.config.sid, servers=servers))
 
     def _call_client(self, method: str, params: dict[str, Any]) -> Future[Any]:
         """Send a :class:`ClientCall` for the host to relay (any thread: a hosted agent's

@@ -399,7 +399,7 @@ class AcpServer:
         if scope is not None:
             scope.check_cwd(sessions, cwd)
             scope.check_capacity(sessions, sid)
-        route = await sessions.restore(peer, sid, replay=replay)
+        route = await sessions.restore(peer, sid, replay=replay, mcp_servers=_mcp_servers(params))
         self.host.owners.join(sid, peer)  # a no-op if the client left meanwhile
         modes = await session_modes(sessions, route)
         _after_answer(peer, route, sessions.hosts_agent(route.agent_alias))
@@ -544,3 +544,11 @@ def _answered(peer: AcpPeer, route: Route, hosted: bool) -> None:
             peer.notify_client(route.sid, "session/update", params)
         except TypeError as exc:  # orjson's encode error
             log.info("session %s: an agent update cannot be sent: %s", route.sid, exc)
+
+
+def _mcp_servers(params: Any) -> list[Any] | None:
+    """The ``mcpServers`` of a ``session/load`` or ``session/resume`` (None: not sent)."""
+    servers = params.get("mcpServers") if isinstance(params, Mapping) else None
+    if servers is not None and not isinstance(servers, list):
+        raise InvalidParams("mcpServers must be an array")
+    return servers

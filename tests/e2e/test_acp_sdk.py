@@ -45,7 +45,7 @@ async def test_initialize_advertises_the_spec_capabilities(host: SdkHost) -> Non
     prompt_caps = caps["promptCapabilities"]
     assert (prompt_caps["image"], prompt_caps["audio"], prompt_caps["embeddedContext"]) == (
         False, False, True)
-    assert caps["mcpCapabilities"]["http"] is False and caps["mcpCapabilities"]["sse"] is False
+    assert caps["mcpCapabilities"] == {"http": True, "sse": True}  # the model agents use them
     for name in ("list", "resume", "close", "delete"):
         assert caps["sessionCapabilities"][name] == {}, name
     assert raw["agentInfo"]["name"] == "zeroclaw-acp"

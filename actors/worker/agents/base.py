@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol, TypeAlias
 
+from actors.worker.tools.base import Tool
 from actors.worker.tools.paths import PathPolicy
 from ipc.events import Event, TextItem, ToolItem, TurnItem
 
@@ -87,7 +88,11 @@ class SessionSetup:
     ``mcp_servers`` is the client's list from ``session/new``, as sent; ``meta`` the
     stored session's meta (what earlier turns' :attr:`TurnResult.session_meta` kept);
     ``client`` reaches the session's client (None: no host to ask, as in unit tests);
-    ``modes_changed`` tells the host that :meth:`Agent.own_modes` changed (any thread).
+    ``modes_changed`` tells the host that :meth:`Agent.own_modes` changed (any thread);
+    ``tools`` is the session's tool registry, where an agent may add tools of its own
+    (its MCP servers'; the actor thread only) so that :meth:`TurnContext.run_tool`
+    runs them under the session's rules like any other; ``report_mcp`` tells the
+    host the state of the session's MCP servers for ``status`` (any thread).
     """
 
     sid: str
@@ -98,6 +103,8 @@ class SessionSetup:
     meta: Mapping[str, Any] = field(default_factory=dict)
     client: ClientChannel | None = None
     modes_changed: Callable[[], None] | None = None
+    tools: MutableMapping[str, Tool] | None = None
+    report_mcp: Callable[[list[dict[str, Any]]], None] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,12 @@ holding the key; the key itself is never in the config), ``headers``,
 ``temperature``, ``max_tokens``, ``context_window``, ``request_timeout_secs``,
 ``max_retries``, ``max_tool_rounds``, ``max_turn_secs`` (the longest a turn may run:
 past it the turn ends ``cancelled`` with what it streamed), ``max_tool_calls_per_reply``
-(the calls of one model reply that run; the others are refused).
+(the calls of one model reply that run; the others are refused); the MCP keys
+``mcp_servers`` (the agent's own servers, the shape of ACP's ``McpServer`` entries),
+``mcp_read_only_tools`` (prefixed tool names that run without asking: zeroclaw's
+allowlist), ``mcp_client_servers`` (false: the client's ``mcpServers`` are not
+used), ``mcp_start_timeout_secs`` and ``mcp_call_timeout_secs``
+(:mod:`actors.worker.mcp`).
 
 Pure functions and frozen data: safe from any thread. :func:`settings_problem`
 runs on the host's loop (``session/new``) and in the worker; :func:`load_settings`
@@ -102,12 +107,25 @@ def settings_problem(
     checks = (("temperature", False, 0), ("max_tokens", True, 1), ("context_window", True, 256),
               ("request_timeout_secs", False, 0.001), ("max_retries", True, 0),
               ("max_tool_rounds", True, 0), ("max_turn_secs", False, 0.001),
-              ("max_tool_calls_per_reply", True, 1))
+              ("max_tool_calls_per_reply", True, 1), ("mcp_start_timeout_secs", False, 0.001),
+              ("mcp_call_timeout_secs", False, 0.001))
     for key, integer, minimum in checks:
         problem = _number(config, key, integer=integer, minimum=minimum)
         if problem is not None:
             return problem
-    return None
+    return _mcp_problem(config)
+
+
+def _mcp_problem(config: Mapping[str, Any]) -> str | None:
+    """What is wrong with the agent's MCP keys, or None."""
+    from actors.worker.mcp.specs import config_problem
+
+    allowed = config.get("mcp_read_only_tools", [])
+    if not isinstance(allowed, list) or not all(isinstance(n, str) for n in allowed):
+        return "mcp_read_only_tools must be a list of tool names (SERVER__tool)"
+    if not isinstance(config.get("mcp_client_servers", True), bool):
+        return "mcp_client_servers must be true or false"
+    return config_problem(config.get("mcp_servers"))
 
 
 def load_settings(

@@ -33,6 +33,7 @@ import orjson
 from actors.worker.agents.base import (
     Agent,
     AgentFailure,
+    SessionSetup,
     ToolCallOutcome,
     TurnContext,
     TurnResult,
@@ -53,6 +54,7 @@ from actors.worker.agents.llm.conversation import (
     system_prompt,
 )
 from actors.worker.agents.llm.http import ModelHttp, StreamEnd, model_failure
+from actors.worker.agents.llm.mcp_bridge import McpBridge
 from actors.worker.agents.llm.model_io import model_io
 from actors.worker.agents.llm.reply import ModelReply, ReplyBuilder
 from actors.worker.agents.llm.tool_specs import ToolSpec, model_tools
@@ -84,6 +86,29 @@ class ModelAgent(Agent):
         self.settings = load_settings(config, default_max_tokens=self.default_max_tokens)
         self.http = ModelHttp(self.settings)
         self.tools: tuple[ToolSpec, ...] = model_tools()
+        self.mcp: McpBridge | None = None
+        self._mcp_pending = False
+
+    def open(self, setup: SessionSetup) -> None:
+        """Start the session's MCP servers (their tools join at the first turn)."""
+        self.mcp = McpBridge.open(self.config, setup)
+        self._mcp_pending = self.mcp is not None
+
+    def close(self) -> None:
+        """Stop the session's MCP servers."""
+        if self.mcp is not None:
+            self.mcp.close()
+
+    def _join_mcp(self, ctx: TurnContext) -> None:
+        """At the first turn: wait for the MCP servers, offer their tools, and say in
+        the turn which of them cannot be used."""
+        if not self._mcp_pending or self.mcp is None:
+            return
+        self._mcp_pending = False
+        specs, notices = self.mcp.ready()
+        self.tools = (*self.tools, *specs)
+        for notice in notices:
+            ctx.emit(MessageChunk(f"[{notice}]\n"))
 
     # --- the wire, per provider ------------------------------------------------------
 
@@ -106,6 +131,7 @@ class ModelAgent(Agent):
     # --- the loop -------------------------------------------------------------------------
 
     def run_turn(self, prompt: str, ctx: TurnContext) -> TurnResult | None:
+        self._join_mcp(ctx)
         stopped = TurnCancel()  # the client's cancel, or the turn's deadline
         unhook = call_on_cancel(ctx.cancelled, stopped.set)
         if unhook is None:  # a plain Event (tests): no deadline, the cancel is polled
@@ -118,6 +144,8 @@ class ModelAgent(Agent):
         finally:
             call_off()
             unhook()
+            if self.mcp is not None:
+                self.mcp.report()
         if stopped.is_set() and not ctx.cancelled.is_set():
             ctx.emit(MessageChunk(f"\n[turn stopped: it ran past max_turn_secs "
                                   f"({self.settings.max_turn_secs:g} s)]"))
