@@ -42,8 +42,9 @@ from actors.worker.agents.acp_confine import (
 from ipc.acp import Blob, NewSessionRequest, PromptRequest, blob_marker, replay_updates
 from ipc.errors import InternalError, InvalidParams, RpcError, SessionNotFound
 from ipc.events import AgentUpdate, CurrentMode, TurnRecord, item_to_wire
+from ipc.session_names import PARENT_META_KEY
 from ipc.worker_wire import OpenSession, SetMode, StartTurn
-from storage.models import StoredSession
+from storage.models import SessionName, StoredSession
 from storage.prepared_writes import title_of
 from supervisor.config import AUTONOMY_LEVELS, AgentConfig
 from supervisor.gateway_config import TenantConfig
@@ -51,6 +52,7 @@ from supervisor.host import Host
 from supervisor.live import Eviction, LiveSession
 from supervisor.protected import canonical_dir, cwd_refusal
 from supervisor.routes import Peer, Route, RunningTurn
+from supervisor.session_keys import NO_NAMES, SessionKeys, SessionNames
 from supervisor.slash_commands import agent_history, parse, run_host_command
 from supervisor.tenants import TENANT_META_KEY, TENANT_NAME_META_KEY, confine_cwd, tenant_root
 
@@ -88,6 +90,8 @@ class Sessions:
         self.live = host.live
         #: The gateway's tenants by name, as last (re)loaded (``tenants/reload`` replaces it).
         self.tenants: Mapping[str, TenantConfig] = host.settings.tenants
+        #: Session keys and labels (``_meta.sessionKey`` on ``session/new``).
+        self.keys = SessionKeys(self)
 
     # --- session/new ------------------------------------------------------------------
 
@@ -161,11 +165,12 @@ class Sessions:
         return resolved
 
     async def new(self, peer: Peer, request: NewSessionRequest, *,
-                  tenant: TenantConfig | None = None) -> Route:
+                  tenant: TenantConfig | None = None, names: SessionNames = NO_NAMES) -> Route:
         """Create a session; its id is ``request.session_id`` when the client chose one
         (only the daemon dialect passes it), else a fresh UUID. ``tenant``: the gateway
         tenant it belongs to, kept in its stored ``meta`` (None: the host's owner); its
-        cwd must be inside the tenant's root, which is its workspace."""
+        cwd must be inside the tenant's root, which is its workspace. ``names``: its key,
+        label and parent session (:mod:`supervisor.session_keys`), stored with it."""
         agent = self.resolve_agent(request.agent_alias)
         if tenant is not None and not tenant_may_use(agent.to_wire(), self.host.sandbox):
             raise InvalidParams(unconfined_refusal(agent.alias, self.host.sandbox.reason))
@@ -177,12 +182,15 @@ class Sessions:
             workspace = tenant_root(self.settings.data_dir, tenant.id, tenant)
             cwd = confine_cwd(request.cwd, workspace)
             meta = {TENANT_META_KEY: tenant.id, TENANT_NAME_META_KEY: tenant.name}
+        if names.parent is not None:
+            meta[PARENT_META_KEY] = names.parent
         sid = request.session_id
         if sid is None:
             sid = str(uuid.uuid4())
         else:
             self.check_unused(sid)
-        return await self._create(peer, sid, agent, (cwd, workspace), request, meta)
+        name = names.row(sid, tenant.id if tenant is not None else "")
+        return await self._create(peer, sid, agent, (cwd, workspace), request, meta, name)
 
     def tenant_by_id(self, tenant_id: str) -> TenantConfig | None:
         """The configured tenant with this id (None: removed since)."""
@@ -231,7 +239,8 @@ class Sessions:
                                 "use session/load or session/prompt to continue it")
 
     async def _create(self, peer: Peer, sid: str, agent: AgentConfig, dirs: tuple[str, str],
-                      request: NewSessionRequest, meta: dict[str, Any]) -> Route:
+                      request: NewSessionRequest, meta: dict[str, Any],
+                      name: SessionName | None = None) -> Route:
         if request.mcp_servers:
             log.info("session %s: %d MCP server(s) stored (a hosted ACP agent gets them; "
                      "zeroclaw's own agents do not use MCP yet)", sid,
@@ -246,7 +255,7 @@ class Sessions:
 
         async def store_row() -> None:
             try:
-                await self.host.persist(CreateSession(info))
+                await self.host.persist(CreateSession(info, name))
             except RpcError:
                 raise
             except Exception as exc:
