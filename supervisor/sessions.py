@@ -321,6 +321,8 @@ class Sessions:
                       workspace if tenant else info.workspace_dir, cwd, info.mode,
                       info.turn_count, info.token_count, fallback_from, tenant, info.title)
         route.answered = history  # a new session's id is not known to its client yet
+        parent = info.meta.get(PARENT_META_KEY)
+        route.parent = parent if isinstance(parent, str) else None
         evicted += self.live.admit(entry, route)  # room is made: nothing more
         self._send_open(worker_id, message, evicted)
         host.scale_workers()
@@ -447,7 +449,9 @@ class Sessions:
         zeroclaw's own agents also tells the client the session's title."""
         if count == 1 and not (turn.route is not None
                                and self.hosts_agent(turn.route.agent_alias)):
-            turn.peer.send_event(turn.sid, self.host.session_info_event(title_of(record)))
+            parent = turn.route.parent if turn.route is not None else None
+            turn.peer.send_event(turn.sid, self.host.session_info_event(title_of(record),
+                                                                        parent))
         if record.extra.get("session_meta"):
             self.host.spawn(self._store_meta(turn.sid, dict(record.extra["session_meta"])))
         meta = dict(record.extra.get("meta") or {})

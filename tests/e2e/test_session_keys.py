@@ -107,6 +107,11 @@ async def test_a_reset_gives_the_key_a_fresh_transcript_and_keeps_the_old(
                         "zeroclaw": {"parentSessionId": old}}
         assert user_texts(host, new) == []
         await host.prompt(new, "the new transcript")
+        [info] = host.client.of(new, "session_info_update")  # the first turn's title
+        assert info.title == "the new transcript"
+        assert info.field_meta == {"zeroclaw": {"parentSessionId": old}}
+        [old_info] = host.client.of(old, "session_info_update")
+        assert old_info.field_meta is None
         again, _ = await new_named(host, workspace, sessionKey="k")
         assert again == new
         entries = await listed(host)
