@@ -70,6 +70,8 @@ class TurnOutcome:
     stop_reason: str
     content: str
     meta: dict[str, Any] = field(default_factory=dict)  # the result's _meta.zeroclaw
+    agent: str = ""  # the alias of the agent that answered
+    model: str = ""  # its ``provider/model``
 
 
 def no_agent_chosen(agents: Mapping[str, AgentConfig]) -> str:
@@ -457,7 +459,10 @@ class Sessions:
         meta = dict(record.extra.get("meta") or {})
         if turn.route is not None and turn.route.agent_fallback is not None:
             meta["agentFallback"] = turn.route.agent_fallback
-        return TurnOutcome(turn.sid, record.stop_reason, record.content, meta)
+        alias = turn.route.agent_alias if turn.route is not None else ""
+        agent = self.settings.agents.get(alias)
+        model = f"{agent.provider}/{agent.model}" if agent is not None else ""
+        return TurnOutcome(turn.sid, record.stop_reason, record.content, meta, alias, model)
 
     async def _store_meta(self, sid: str, changes: dict[str, Any]) -> None:
         """Merge what the agent asked to keep into the session's stored ``meta``

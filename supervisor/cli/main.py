@@ -104,6 +104,9 @@ def _naming_arguments(acp: argparse.ArgumentParser) -> None:
                        help="the editor's new session continues the session with this label")
     acp.add_argument("--require-existing", action="store_true",
                      help="with --session: fail when no session has the key yet")
+    acp.add_argument("--provenance", choices=("off", "meta"), default="off",
+                     help="meta: each prompt result's _meta.provenance names the host, "
+                          "agent and model")
     acp.add_argument("--reset-session", action="store_true",
                      help="give the key (or label) a fresh transcript before its first use; "
                           "the old session stays stored")
@@ -131,8 +134,9 @@ def _run_acp(args: argparse.Namespace) -> int:
     from supervisor.config import ConfigError, load_settings
 
     naming = _naming(args)
-    if naming.named and args.attach is not None:
-        _parser().error("--session and --session-label are not taken with --attach yet "
+    if (naming.named or args.provenance != "off") and args.attach is not None:
+        _parser().error("--session, --session-label and --provenance are not taken with "
+                        "--attach yet "
                         "(the bridge copies bytes as they are): have the editor send "
                         "_meta.sessionKey on session/new instead")
     level = args.log_level or os.environ.get("ZEROCLAW_LOG") or "warning"
@@ -159,7 +163,7 @@ def _run_acp(args: argparse.Namespace) -> int:
         return run_attach(settings, args.attach or None, args.token_file, args.ca_file)
     from supervisor.servers.stdio import serve_acp_stdio
 
-    return _serve_stdio(serve_acp_stdio(settings, naming), 0)
+    return _serve_stdio(serve_acp_stdio(settings, naming, args.provenance == "meta"), 0)
 
 
 def _serve_stdio(serving: Coroutine[Any, Any, None], exit_code: int) -> int:

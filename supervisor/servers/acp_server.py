@@ -40,6 +40,7 @@ from ipc.session_names import (
     naming_of,
 )
 from ipc.transports import BYTE_STREAM
+from supervisor import __version__
 from supervisor.agent_modes import may_be_agent_mode, session_modes, set_agent_mode
 from supervisor.host_handle import HostHandle
 
@@ -237,12 +238,14 @@ class AcpServer:
     """Handler table and lifecycle shared by every ACP connection of one host."""
 
     def __init__(self, settings: Settings, version: str, host: HostHandle | None = None,
-                 default_naming: SessionNaming | None = None) -> None:
+                 default_naming: SessionNaming | None = None, provenance: bool = False) -> None:
         """``host``: a daemon's shared host; without one the server has its own (embedded).
         ``default_naming``: ``zeroclaw acp --session KEY`` (or ``--session-label``), for
         each ``session/new`` that names no session of its own."""
         self.settings = settings
         self.default_naming = default_naming or SessionNaming()
+        #: ``zeroclaw acp --provenance meta``: host, agent and model on each prompt result.
+        self.provenance = provenance
         self.version = version
         self.owns_host = host is None
         self.host = host if host is not None else HostHandle(settings)
@@ -423,9 +426,9 @@ class AcpServer:
         self.host.owners.check(request.session_id, peer, adopt=True)
         turn = sessions.start_now(peer, request.session_id, text)
         answer = LaterAnswer(lambda: sessions.withdraw(turn))
-        turn.on_settled = partial(_answer_turn, sessions, turn, answer)
+        turn.on_settled = partial(_answer_turn, sessions, turn, answer, self.provenance)
         if turn.finished.is_set():  # it could not start
-            _answer_turn(sessions, turn, answer)
+            _answer_turn(sessions, turn, answer, self.provenance)
         return answer
 
     async def _prompt(self, request: acp.PromptRequest, params: Any,
@@ -434,7 +437,7 @@ class AcpServer:
         await self._visible(params, endpoint)
         with self.host.owners.adopting(request.session_id, peer):
             outcome = await (await self.sessions()).prompt(peer, request)
-        return _prompt_result(outcome)
+        return _prompt_result(outcome, self.provenance)
 
     async def cancel(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
         sid = await self._held(params, endpoint)
@@ -592,16 +595,24 @@ def _replay(peer: AcpPeer, sid: str, updates: list[dict[str, Any]]) -> None:
         peer.send_event(sid, AgentUpdate(update))
 
 
-def _prompt_result(outcome: TurnOutcome) -> dict[str, Any]:
-    """The ``session/prompt`` result of a turn's outcome."""
+def _prompt_result(outcome: TurnOutcome, provenance: bool = False) -> dict[str, Any]:
+    """The ``session/prompt`` result of a turn's outcome; ``provenance`` (``zeroclaw acp
+    --provenance meta``): ``_meta.provenance`` names the host, agent and model."""
     result: dict[str, Any] = {"sessionId": outcome.sid, "stopReason": outcome.stop_reason,
                               "content": outcome.content}
+    meta: dict[str, Any] = {}
     if outcome.meta:
-        result["_meta"] = {"zeroclaw": outcome.meta}
+        meta["zeroclaw"] = outcome.meta
+    if provenance:
+        meta["provenance"] = {"host": f"zeroclaw/{__version__}", "agent": outcome.agent,
+                              "model": outcome.model}
+    if meta:
+        result["_meta"] = meta
     return result
 
 
-def _answer_turn(sessions: Sessions, turn: RunningTurn, answer: LaterAnswer) -> None:
+def _answer_turn(sessions: Sessions, turn: RunningTurn, answer: LaterAnswer,
+                 provenance: bool) -> None:
     """Answer a prompt started by :meth:`Sessions.start_now` now that its turn has
     settled (loop thread): its result, or the error its turn ended with."""
     turn.on_settled = None
@@ -610,7 +621,7 @@ def _answer_turn(sessions: Sessions, turn: RunningTurn, answer: LaterAnswer) -> 
         return
     try:
         record, count = turn.result.result()
-        answer.give(_prompt_result(sessions.outcome(turn, record, count)))
+        answer.give(_prompt_result(sessions.outcome(turn, record, count), provenance))
     except Exception as exc:
         answer.fail(exc)
 

@@ -28,9 +28,11 @@ __all__ = ["serve_acp_stdio", "serve_config_error"]
 log = logging.getLogger("zeroclaw.stdio")
 
 
-async def serve_acp_stdio(settings: Settings, naming: SessionNaming | None = None) -> None:
-    """``naming``: ``--session KEY`` and the like, for the editor's ``session/new``."""
-    server = AcpServer(settings, __version__, default_naming=naming)
+async def serve_acp_stdio(settings: Settings, naming: SessionNaming | None = None,
+                          provenance: bool = False) -> None:
+    """``naming``: ``--session KEY`` and the like, for the editor's ``session/new``;
+    ``provenance``: ``--provenance meta``."""
+    server = AcpServer(settings, __version__, default_naming=naming, provenance=provenance)
     reader, writer = await open_stdio(settings.frame_limit)
     loop = asyncio.get_running_loop()
     hangup = asyncio.Event()

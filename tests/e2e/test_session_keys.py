@@ -159,3 +159,20 @@ async def test_the_command_line_session_key_resumes_across_processes(
     async with sdk_hosts(None, "--session", "absent", "--require-existing") as fifth:
         await fifth.initialize()
         await expect_error(fifth.conn.new_session(cwd=str(workspace)), -32602)
+
+
+async def test_provenance_meta_names_host_agent_and_model(
+        sdk_hosts: SdkHostFactory, workspace: Path) -> None:
+    async with sdk_hosts(None, "--provenance", "meta") as host:
+        await host.initialize()
+        sid = await host.new_session(workspace)
+        outcome = await host.prompt(sid, "who answered")
+        provenance = host.last_result("session/prompt", sid)["_meta"]["provenance"]
+        assert outcome.stop_reason == "end_turn"
+        assert provenance["host"].startswith("zeroclaw/")
+        assert provenance["agent"] and provenance["model"].count("/") == 1
+    async with sdk_hosts() as plain:
+        await plain.initialize()
+        sid = await plain.new_session(workspace)
+        await plain.prompt(sid, "no provenance")
+        assert "provenance" not in plain.last_result("session/prompt", sid).get("_meta", {})
