@@ -8,6 +8,7 @@ command line's ``--session KEY`` does the same for an editor that sends no ``_me
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -176,3 +177,14 @@ async def test_provenance_meta_names_host_agent_and_model(
         sid = await plain.new_session(workspace)
         await plain.prompt(sid, "no provenance")
         assert "provenance" not in plain.last_result("session/prompt", sid).get("_meta", {})
+
+
+async def test_concurrent_first_uses_of_a_key_make_one_session(
+        sdk_hosts: SdkHostFactory, workspace: Path) -> None:
+    async with sdk_hosts() as host:
+        await host.initialize()
+        answers = await asyncio.gather(*(new_named(host, workspace, sessionKey="raced")
+                                         for _ in range(4)))
+        assert len({sid for sid, _ in answers}) == 1
+        assert sorted("zeroclaw" in meta for _, meta in answers) == [False, True, True, True]
+        assert list((await listed(host)).values()) == [{"sessionKey": "raced"}]
