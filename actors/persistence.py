@@ -47,6 +47,8 @@ from ipc.events import TurnRecord
 from storage.models import (
     MessageRow,
     SessionEventRow,
+    SessionKeyRow,
+    SessionName,
     SessionRow,
     StoredSession,
     ToolCallRow,
@@ -66,6 +68,7 @@ __all__ = [
     "PersistenceActor",
     "RecordEvent",
     "Reopen",
+    "SetLabel",
     "StoreWrite",
     "StoreWriteError",
     "UpdateMeta",
@@ -104,9 +107,12 @@ class StoreWrite(Generic[R]):
 
 @dataclass(frozen=True, slots=True)
 class CreateSession(StoreWrite[None]):
-    """Insert the session's row (a duplicate id fails). Group-committed."""
+    """Insert the session's row (a duplicate id fails), with its key and label when
+    ``name`` is given: the label moves to it from any other session of its tenant (the
+    host decided it may: a reset's). Group-committed."""
 
     info: StoredSession
+    name: SessionName | None = None
 
     @property
     def session_id(self) -> str:
@@ -162,6 +168,16 @@ class UpdateMeta(StoreWrite[bool]):
 
     session_id: str
     changes: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class SetLabel(StoreWrite[bool]):
+    """Set (None: remove) the session's label in its tenant; replies whether the
+    session exists. A label another session holds fails (the table's unique index)."""
+
+    session_id: str
+    tenant: str
+    label: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,8 +315,11 @@ class PersistenceActor(SimpleInboxActor):
     def _apply(self, write: StoreWrite[Any]) -> Any:
         """One group-committed write inside the group's transaction (actor thread)."""
         match write:
-            case CreateSession(info=info):
-                return self._prepared.insert_session(info)
+            case CreateSession(info=info, name=name):
+                self._prepared.insert_session(info)
+                if name is not None:
+                    self._insert_name(name)
+                return None
             case WriteTurn(record=record):
                 return self._prepared.write_turn(record)
         raise TypeError(f"{type(write).__name__} is not group-committed")
@@ -343,6 +362,8 @@ class PersistenceActor(SimpleInboxActor):
                 return self._merge_meta(sid, changes)
             case RecordEvent(session_id=sid, type=kind, payload=payload):
                 return self._insert_event(sid, kind, payload)
+            case SetLabel(session_id=sid, tenant=tenant, label=label):
+                return self._set_label(sid, tenant, label)
             case DeleteSession(session_id=sid):
                 return self._delete(sid)
         raise StoreWriteError(f"unknown operation {type(write).__name__}")
@@ -380,10 +401,35 @@ class PersistenceActor(SimpleInboxActor):
     def _delete(self, session_id: str) -> bool:
         self._prepared.forget(session_id)
         with write_transaction(self._db):
-            for model in (MessageRow, ToolCallRow, TurnUpdatesRow, SessionEventRow):
+            for model in (MessageRow, ToolCallRow, TurnUpdatesRow, SessionEventRow,
+                          SessionKeyRow):
                 model.delete().where(model.session == session_id).execute(self._db)
             deleted = SessionRow.delete().where(SessionRow.id == session_id).execute(self._db)
         return bool(deleted)
+
+    def _insert_name(self, name: SessionName) -> None:
+        """The new session's key and label row (inside the caller's transaction)."""
+        if name.label is not None:
+            (SessionKeyRow.update({SessionKeyRow.label: None})
+             .where((SessionKeyRow.tenant == name.tenant) & (SessionKeyRow.label == name.label))
+             .execute(self._db))
+        SessionKeyRow.insert({
+            SessionKeyRow.session: name.session_id, SessionKeyRow.tenant: name.tenant,
+            SessionKeyRow.key: name.key, SessionKeyRow.label: name.label,
+            SessionKeyRow.bound_at: name.bound_at,
+        }).execute(self._db)
+
+    def _set_label(self, session_id: str, tenant: str, label: str | None) -> bool:
+        with write_transaction(self._db):
+            if not SessionRow.select().where(SessionRow.id == session_id).exists(self._db):
+                return False
+            (SessionKeyRow.insert({
+                SessionKeyRow.session: session_id, SessionKeyRow.tenant: tenant,
+                SessionKeyRow.label: label, SessionKeyRow.bound_at: time.time(),
+            }).on_conflict(conflict_target=[SessionKeyRow.session],
+                           update={SessionKeyRow.label: label})
+             .execute(self._db))
+        return True
 
     def _update(self, session_id: str, changes: dict[Any, Any]) -> bool:
         query = SessionRow.update(changes).where(SessionRow.id == session_id)

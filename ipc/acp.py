@@ -432,6 +432,8 @@ def update_of(event: Event) -> dict[str, Any]:
                 info["title"] = event.title
             if event.updated_at is not None:
                 info["updatedAt"] = event.updated_at
+            if event.meta:
+                info["_meta"] = event.meta
             return info
         case UsageUpdate():
             usage: dict[str, Any] = {"sessionUpdate": "usage_update", "used": event.used,

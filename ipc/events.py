@@ -185,6 +185,7 @@ class SessionInfo:
     KIND: ClassVar[str] = "info"
     title: str | None = None
     updated_at: str | None = None
+    meta: dict[str, Any] | None = None  # the update's ``_meta``
 
 
 @dataclass(frozen=True, slots=True)

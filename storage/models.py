@@ -26,6 +26,8 @@ __all__ = [
     "MessageRow",
     "SessionEvent",
     "SessionEventRow",
+    "SessionKeyRow",
+    "SessionName",
     "SessionRow",
     "StoredSession",
     "ToolCallRow",
@@ -38,7 +40,9 @@ __all__ = [
 #: 3: ``turn_updates`` (each turn's ACP updates as sent); a tool call's arguments
 #: may be absent (stored as JSON ``null``, so the column stays NOT NULL for older
 #: releases reading the file).
-SCHEMA_VERSION = 3
+#: 4: ``session_keys`` (a session's stable key and label, OpenClaw's session keys); a
+#: new table only, so a schema 3 release still reads and writes the file.
+SCHEMA_VERSION = 4
 
 database_proxy = peewee.DatabaseProxy()
 
@@ -177,9 +181,32 @@ class SessionEventRow(_BaseModel):
         indexes = ((("session", "created_at"), False),)
 
 
+class SessionKeyRow(_BaseModel):
+    """The names of one session: the stable ``key`` it was created for and its
+    ``label`` (either may be absent), within its ``tenant`` (a gateway tenant's id;
+    ``""``: the host's owner). A key names the newest session bound to it
+    (``bound_at``): a reset binds a new session to the key, and the older one keeps
+    its row (stored, listed, loadable). A label names one session per tenant."""
+
+    session = peewee.ForeignKeyField(
+        SessionRow, column_name="session_id", primary_key=True, on_delete="CASCADE"
+    )
+    tenant = peewee.TextField(default="")
+    key = peewee.TextField(null=True)
+    label = peewee.TextField(null=True)
+    bound_at = peewee.FloatField()
+
+    class Meta:
+        table_name = "session_keys"
+        indexes = (
+            (("tenant", "key", "bound_at"), False),
+            (("tenant", "label"), True),  # NULL labels are distinct (SQLite and PostgreSQL)
+        )
+
+
 #: Every table, parents first (the order to create them in).
 MODELS: tuple[type[peewee.Model], ...] = (SessionRow, MessageRow, ToolCallRow, TurnUpdatesRow,
-                                          SessionEventRow)
+                                          SessionEventRow, SessionKeyRow)
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,6 +244,19 @@ def stored_session_from_row(row: dict[str, Any]) -> StoredSession:
     values["mcp_servers"] = values["mcp_servers"] if values["mcp_servers"] is not None else []
     values["meta"] = values["meta"] if values["meta"] is not None else {}
     return StoredSession(**values)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionName:
+    """A session's row of :class:`SessionKeyRow`; ``current``: it is the session its
+    key names now (false for a key's sessions before its last reset)."""
+
+    session_id: str
+    tenant: str
+    key: str | None
+    label: str | None
+    bound_at: float
+    current: bool = True
 
 
 @dataclass(frozen=True, slots=True)

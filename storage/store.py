@@ -50,6 +50,8 @@ from storage.models import (
     MessageRow,
     SessionEvent,
     SessionEventRow,
+    SessionKeyRow,
+    SessionName,
     SessionRow,
     StoredSession,
     ToolCallRow,
@@ -492,6 +494,57 @@ class StoreReader:
             .tuples()
         )
         return [SessionEvent(*row) for row in query.execute(self._database())]
+
+    # --- session keys and labels (schema 4) ---------------------------------------------
+
+    def session_of_key(self, tenant: str, key: str) -> str | None:
+        """The session ``key`` names in ``tenant`` now (the newest bound to it), or None."""
+        query = (SessionKeyRow.select(SessionKeyRow.session)
+                 .where((SessionKeyRow.tenant == tenant) & (SessionKeyRow.key == key))
+                 .order_by(SessionKeyRow.bound_at.desc()).limit(1).tuples())
+        rows = list(query.execute(self._database()))
+        return str(rows[0][0]) if rows else None
+
+    def session_of_label(self, tenant: str, label: str) -> str | None:
+        """The session labelled ``label`` in ``tenant``, or None."""
+        query = (SessionKeyRow.select(SessionKeyRow.session)
+                 .where((SessionKeyRow.tenant == tenant) & (SessionKeyRow.label == label))
+                 .tuples())
+        rows = list(query.execute(self._database()))
+        return str(rows[0][0]) if rows else None
+
+    def names_of(self, session_ids: list[str]) -> dict[str, SessionName]:
+        """The key and label rows of these sessions (those that have one), each marked
+        whether it is its key's current session."""
+        if not session_ids:
+            return {}
+        db = self._database()
+        model = SessionKeyRow
+        query = (model.select(model.session, model.tenant, model.key, model.label,
+                              model.bound_at)
+                 .where(model.session.in_(session_ids)).tuples())
+        with db.atomic():  # one snapshot of the rows and their keys' newest binding
+            rows = list(query.execute(db))
+            keys = {(tenant, key) for _, tenant, key, _, _ in rows if key is not None}
+            newest = self._newest_bindings(keys)
+        return {
+            str(sid): SessionName(str(sid), tenant, key, label, bound_at,
+                                  key is None or newest.get((tenant, key)) == bound_at)
+            for sid, tenant, key, label, bound_at in rows
+        }
+
+    def _newest_bindings(self, keys: set[tuple[str, str]]) -> dict[tuple[str, str], float]:
+        """``(tenant, key)``: when its newest session was bound (inside the caller's
+        transaction)."""
+        if not keys:
+            return {}
+        model = SessionKeyRow
+        newest = peewee.fn.MAX(model.bound_at)
+        query = (model.select(model.tenant, model.key, newest)
+                 .where(model.key.in_(sorted({key for _, key in keys})))
+                 .group_by(model.tenant, model.key).tuples())
+        return {(tenant, key): float(when) for tenant, key, when in query.execute(
+            self._database()) if (tenant, key) in keys}
 
     def close(self) -> None:
         """Close the connections of every thread that read."""

@@ -444,8 +444,10 @@ class Host:
             return close_id, None  # nobody waits: the worker does not answer it
         return close_id, self._closings.sent(close_id, worker_id, wait=True)
 
-    def session_info_event(self, title: str | None) -> SessionInfo:
-        return SessionInfo(title=title, updated_at=iso_utc(time.time()))
+    def session_info_event(self, title: str | None, parent: str | None = None) -> SessionInfo:
+        """A ``session_info_update``; ``parent``: ``_meta.zeroclaw.parentSessionId``."""
+        meta = {"zeroclaw": {"parentSessionId": parent}} if parent is not None else None
+        return SessionInfo(title=title, updated_at=iso_utc(time.time()), meta=meta)
 
 
 class _WorkerRead:

@@ -94,6 +94,8 @@ class Route:
     #: Whether a client was answered with this session's id (``session/new``, ``load``);
     #: until then a hosted agent's updates between turns wait in ``early_updates``.
     answered: bool = True
+    #: The session it was started for (a reset key's old session), or None.
+    parent: str | None = None
     early_updates: list[dict[str, Any]] = field(default_factory=list)
     #: Told the session id whenever ``status`` changes (:mod:`supervisor.status_book`).
     on_status_change: Callable[[str], None] | None = field(default=None, compare=False)

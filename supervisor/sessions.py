@@ -43,8 +43,9 @@ from actors.worker.agents.acp_confine import (
 from ipc.acp import Blob, NewSessionRequest, PromptRequest, blob_marker, replay_updates
 from ipc.errors import InternalError, InvalidParams, RpcError, SessionNotFound
 from ipc.events import AgentUpdate, CurrentMode, TurnRecord, item_to_wire
+from ipc.session_names import PARENT_META_KEY
 from ipc.worker_wire import OpenSession, SetMode, StartTurn
-from storage.models import StoredSession
+from storage.models import SessionName, StoredSession
 from storage.prepared_writes import title_of
 from supervisor.config import AUTONOMY_LEVELS, AgentConfig
 from supervisor.gateway_config import TenantConfig
@@ -52,6 +53,7 @@ from supervisor.host import Host
 from supervisor.live import Eviction, LiveSession
 from supervisor.protected import canonical_dir, cwd_refusal
 from supervisor.routes import Peer, Route, RunningTurn
+from supervisor.session_keys import NO_NAMES, SessionKeys, SessionNames
 from supervisor.slash_commands import agent_history, parse, run_host_command
 from supervisor.tenants import TENANT_META_KEY, TENANT_NAME_META_KEY, confine_cwd, tenant_root
 
@@ -69,6 +71,8 @@ class TurnOutcome:
     stop_reason: str
     content: str
     meta: dict[str, Any] = field(default_factory=dict)  # the result's _meta.zeroclaw
+    agent: str = ""  # the alias of the agent that answered
+    model: str = ""  # its ``provider/model``
 
 
 def no_agent_chosen(agents: Mapping[str, AgentConfig]) -> str:
@@ -89,6 +93,8 @@ class Sessions:
         self.live = host.live
         #: The gateway's tenants by name, as last (re)loaded (``tenants/reload`` replaces it).
         self.tenants: Mapping[str, TenantConfig] = host.settings.tenants
+        #: Session keys and labels (``_meta.sessionKey`` on ``session/new``).
+        self.keys = SessionKeys(self)
 
     # --- session/new ------------------------------------------------------------------
 
@@ -162,11 +168,12 @@ class Sessions:
         return resolved
 
     async def new(self, peer: Peer, request: NewSessionRequest, *,
-                  tenant: TenantConfig | None = None) -> Route:
+                  tenant: TenantConfig | None = None, names: SessionNames = NO_NAMES) -> Route:
         """Create a session; its id is ``request.session_id`` when the client chose one
         (only the daemon dialect passes it), else a fresh UUID. ``tenant``: the gateway
         tenant it belongs to, kept in its stored ``meta`` (None: the host's owner); its
-        cwd must be inside the tenant's root, which is its workspace."""
+        cwd must be inside the tenant's root, which is its workspace. ``names``: its key,
+        label and parent session (:mod:`supervisor.session_keys`), stored with it."""
         agent = self.resolve_agent(request.agent_alias)
         if tenant is not None and not tenant_may_use(agent.to_wire(), self.host.sandbox):
             raise InvalidParams(unconfined_refusal(agent.alias, self.host.sandbox.reason))
@@ -178,12 +185,15 @@ class Sessions:
             workspace = tenant_root(self.settings.data_dir, tenant.id, tenant)
             cwd = confine_cwd(request.cwd, workspace)
             meta = {TENANT_META_KEY: tenant.id, TENANT_NAME_META_KEY: tenant.name}
+        if names.parent is not None:
+            meta[PARENT_META_KEY] = names.parent
         sid = request.session_id
         if sid is None:
             sid = str(uuid.uuid4())
         else:
             self.check_unused(sid)
-        return await self._create(peer, sid, agent, (cwd, workspace), request, meta)
+        name = names.row(sid, tenant.id if tenant is not None else "")
+        return await self._create(peer, sid, agent, (cwd, workspace), request, meta, name)
 
     def tenant_by_id(self, tenant_id: str) -> TenantConfig | None:
         """The configured tenant with this id (None: removed since)."""
@@ -232,7 +242,8 @@ class Sessions:
                                 "use session/load or session/prompt to continue it")
 
     async def _create(self, peer: Peer, sid: str, agent: AgentConfig, dirs: tuple[str, str],
-                      request: NewSessionRequest, meta: dict[str, Any]) -> Route:
+                      request: NewSessionRequest, meta: dict[str, Any],
+                      name: SessionName | None = None) -> Route:
         if request.mcp_servers:
             log.info("session %s: %d MCP server(s) from the client (a hosted ACP agent "
                      "gets them, zeroclaw's model agents start them; echo ignores them)",
@@ -247,7 +258,7 @@ class Sessions:
 
         async def store_row() -> None:
             try:
-                await self.host.persist(CreateSession(info))
+                await self.host.persist(CreateSession(info, name))
             except RpcError:
                 raise
             except Exception as exc:
@@ -313,6 +324,8 @@ class Sessions:
                       workspace if tenant else info.workspace_dir, cwd, info.mode,
                       info.turn_count, info.token_count, fallback_from, tenant, info.title)
         route.answered = history  # a new session's id is not known to its client yet
+        parent = info.meta.get(PARENT_META_KEY)
+        route.parent = parent if isinstance(parent, str) else None
         evicted += self.live.admit(entry, route)  # room is made: nothing more
         self._send_open(worker_id, message, evicted)
         host.scale_workers()
@@ -439,13 +452,18 @@ class Sessions:
         zeroclaw's own agents also tells the client the session's title."""
         if count == 1 and not (turn.route is not None
                                and self.hosts_agent(turn.route.agent_alias)):
-            turn.peer.send_event(turn.sid, self.host.session_info_event(title_of(record)))
+            parent = turn.route.parent if turn.route is not None else None
+            turn.peer.send_event(turn.sid, self.host.session_info_event(title_of(record),
+                                                                        parent))
         if record.extra.get("session_meta"):
             self.host.spawn(self._store_meta(turn.sid, dict(record.extra["session_meta"])))
         meta = dict(record.extra.get("meta") or {})
         if turn.route is not None and turn.route.agent_fallback is not None:
             meta["agentFallback"] = turn.route.agent_fallback
-        return TurnOutcome(turn.sid, record.stop_reason, record.content, meta)
+        alias = turn.route.agent_alias if turn.route is not None else ""
+        agent = self.settings.agents.get(alias)
+        model = f"{agent.provider}/{agent.model}" if agent is not None else ""
+        return TurnOutcome(turn.sid, record.stop_reason, record.content, meta, alias, model)
 
     async def _store_meta(self, sid: str, changes: dict[str, Any]) -> None:
         """Merge what the agent asked to keep into the session's stored ``meta``

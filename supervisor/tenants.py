@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from ipc.acp import NewSessionRequest
     from supervisor.gateway_config import TenantConfig
     from supervisor.routes import Peer, Route
+    from supervisor.session_keys import SessionNames
     from supervisor.sessions import Sessions
 
 __all__ = [
@@ -176,7 +177,8 @@ class TenantScope:
             raise SessionLimitReached(f"Maximum session limit reached ({cap})")
 
     async def new_session(self, sessions: Sessions, peer: Peer,
-                          request: NewSessionRequest) -> Route:
+                          request: NewSessionRequest,
+                          names: SessionNames | None = None) -> Route:
         """``session/new`` for this tenant: its cap checked (-32001), this connection's
         ``?agent=`` applied, the session confined to the tenant's root and stored as the
         tenant's (:meth:`Sessions.new`)."""
@@ -186,7 +188,9 @@ class TenantScope:
         creating = self.tenancy.creating
         creating[self.id] += 1
         try:
-            return await sessions.new(peer, request, tenant=self.tenant)
+            if names is None:
+                return await sessions.new(peer, request, tenant=self.tenant)
+            return await sessions.new(peer, request, tenant=self.tenant, names=names)
         finally:
             creating[self.id] -= 1
             if not creating[self.id]:

@@ -24,13 +24,14 @@ from actors.persistence import (
     PersistenceActor,
     RecordEvent,
     Reopen,
+    SetLabel,
     StoreWriteError,
     UpdateMeta,
     WriteMode,
     WriteTurn,
 )
 from ipc.events import TextItem, ToolItem, TurnItem, TurnRecord
-from storage import SessionEvent, Store, StoredSession, open_store
+from storage import SessionEvent, SessionName, Store, StoredSession, open_store
 
 
 @pytest.fixture
@@ -204,6 +205,43 @@ def test_delete_session_removes_children(store: Store, writer: Any) -> None:
     assert len(store.reader.load_items("keep")) == 10
     unknown = call(writer.perform, DeleteSession("never-existed"))
     assert (unknown.error, unknown.value) == (None, False)
+
+
+# --- session keys and labels ---------------------------------------------------
+
+
+def test_a_key_names_its_newest_session_per_tenant(store: Store, writer: Any) -> None:
+    reader = store.reader
+    call(writer.perform, CreateSession(session("old"), SessionName("old", "", "k", "l", 1.0)))
+    call(writer.perform, CreateSession(session("other-tenant"),
+                                       SessionName("other-tenant", "t2", "k", "l", 5.0)))
+    assert reader.session_of_key("", "k") == "old"
+    assert reader.session_of_key("t2", "k") == "other-tenant"
+    call(writer.perform, CreateSession(session("new"), SessionName("new", "", "k", "l", 2.0)))
+    assert reader.session_of_key("", "k") == "new"
+    assert reader.session_of_label("", "l") == "new"  # the label moved with the reset
+    assert reader.session_of_label("t2", "l") == "other-tenant"
+    names = reader.names_of(["old", "new", "other-tenant", "unnamed"])
+    assert names["old"] == SessionName("old", "", "k", None, 1.0, current=False)
+    assert names["new"].current and names["other-tenant"].current
+    assert "unnamed" not in names
+    assert call(writer.perform, DeleteSession("new")).value is True
+    assert reader.session_of_key("", "k") == "old"  # the key falls back to its older one
+    assert rows(store, "SELECT session_id FROM session_keys ORDER BY session_id") == [
+        ("old",), ("other-tenant",)]
+
+
+def test_set_label_upserts_and_refuses_a_taken_label(store: Store, writer: Any) -> None:
+    call(writer.perform, CreateSession(session("a"), SessionName("a", "", "k", "x", 1.0)))
+    call(writer.perform, CreateSession(session("b")))
+    assert call(writer.perform, SetLabel("b", "", "y")).value is True
+    assert store.reader.session_of_label("", "y") == "b"
+    taken = call(writer.perform, SetLabel("b", "", "x"))
+    assert isinstance(taken.error, StoreWriteError) and "UNIQUE" in str(taken.error)
+    assert call(writer.perform, SetLabel("a", "", None)).value is True
+    assert store.reader.names_of(["a"])["a"].label is None
+    assert store.reader.session_of_key("", "k") == "a"
+    assert call(writer.perform, SetLabel("never-existed", "", "z")).value is False
 
 
 # --- turns ---------------------------------------------------------------------

@@ -136,7 +136,7 @@ def test_a_schema_1_store_gets_the_step_column_and_keeps_its_rows(tmp_path: Path
     for _ in range(2):  # the second open finds nothing to add
         open_store(path).close()
     with sqlite3.connect(path) as check:
-        assert check.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+        assert check.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
         columns = {r[1]: r[4] for r in check.execute("PRAGMA table_info(tool_calls)")}
         assert columns["step"] == "0"  # an SQL default: older versions can still insert
     [item] = StoreReader(path).load_items("s1")

@@ -39,6 +39,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="--attach URL: the gateway token (default: $ZEROCLAW_GATEWAY_TOKEN)")
     acp.add_argument("--ca-file", metavar="PATH",
                      help="--attach wss://…: CA certificate(s) to verify the gateway with")
+    _naming_arguments(acp)
     config = commands.add_parser("config", help="get, set or list config.toml keys")
     config.add_argument("--config-dir", help="configuration directory (default ~/.zeroclaw)")
     config.add_argument("args", nargs=argparse.REMAINDER)
@@ -92,9 +93,52 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 2
 
 
+def _naming_arguments(acp: argparse.ArgumentParser) -> None:
+    """``--session KEY | --session-label LABEL [--require-existing] [--reset-session]``:
+    what an editor's ``session/new`` names when it sends no ``_meta.sessionKey``."""
+    which = acp.add_mutually_exclusive_group()
+    which.add_argument("--session", metavar="KEY",
+                       help="the editor's new session continues the stored session of this "
+                            "key (created on first use)")
+    which.add_argument("--session-label", metavar="LABEL",
+                       help="the editor's new session continues the session with this label")
+    acp.add_argument("--require-existing", action="store_true",
+                     help="with --session: fail when no session has the key yet")
+    acp.add_argument("--provenance", choices=("off", "meta"), default="off",
+                     help="meta: each prompt result's _meta.provenance names the host, "
+                          "agent and model")
+    acp.add_argument("--reset-session", action="store_true",
+                     help="give the key (or label) a fresh transcript before its first use; "
+                          "the old session stays stored")
+
+
+def _naming(args: argparse.Namespace) -> Any:
+    """The :class:`ipc.session_names.SessionNaming` of the command line; exits 2 for a
+    flag that needs --session or --session-label without one."""
+    from ipc.errors import InvalidParams
+    from ipc.session_names import SessionNaming, check_name
+
+    if (args.require_existing or args.reset_session) and not (args.session
+                                                               or args.session_label):
+        _parser().error("--require-existing and --reset-session need --session or "
+                        "--session-label")
+    try:
+        return SessionNaming(check_name(args.session, "--session"),
+                             check_name(args.session_label, "--session-label"),
+                             args.reset_session, args.require_existing)
+    except InvalidParams as exc:
+        _parser().error(str(exc))
+
+
 def _run_acp(args: argparse.Namespace) -> int:
     from supervisor.config import ConfigError, load_settings
 
+    naming = _naming(args)
+    if (naming.named or args.provenance != "off") and args.attach is not None:
+        _parser().error("--session, --session-label and --provenance are not taken with "
+                        "--attach yet "
+                        "(the bridge copies bytes as they are): have the editor send "
+                        "_meta.sessionKey on session/new instead")
     level = args.log_level or os.environ.get("ZEROCLAW_LOG") or "warning"
     _configure_logging(level)
     overrides = {"acp.max_sessions": args.max_sessions,
@@ -119,7 +163,7 @@ def _run_acp(args: argparse.Namespace) -> int:
         return run_attach(settings, args.attach or None, args.token_file, args.ca_file)
     from supervisor.servers.stdio import serve_acp_stdio
 
-    return _serve_stdio(serve_acp_stdio(settings), 0)
+    return _serve_stdio(serve_acp_stdio(settings, naming, args.provenance == "meta"), 0)
 
 
 def _serve_stdio(serving: Coroutine[Any, Any, None], exit_code: int) -> int:

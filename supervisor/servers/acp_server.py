@@ -21,16 +21,26 @@ import contextlib
 import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from actors.worker.sandbox import detect as detect_sandbox
 from ipc import acp_handshake
 from ipc.errors import InternalError, InvalidParams, MethodNotFound, SessionNotFound
+from ipc.events import AgentUpdate
 from ipc.extensions import ExtensionMethods
 from ipc.jsonrpc import ConnectionLost, Endpoint, RemoteError, notification_frame
 from ipc.later import LaterAnswer
+from ipc.session_names import (
+    PARENT_META_KEY,
+    SessionNaming,
+    check_name,
+    listing_meta,
+    naming_of,
+)
 from ipc.transports import BYTE_STREAM
+from supervisor import __version__
 from supervisor.agent_modes import may_be_agent_mode, session_modes, set_agent_mode
 from supervisor.host_handle import HostHandle
 
@@ -41,6 +51,7 @@ if TYPE_CHECKING:
     from ipc.worker_wire import PermissionAsk
     from supervisor.config import Settings
     from supervisor.routes import Route, RunningTurn
+    from supervisor.session_keys import SessionNames
     from supervisor.sessions import Sessions, TurnOutcome
     from supervisor.tenants import TenantScope
 
@@ -226,9 +237,15 @@ class AcpPeer:
 class AcpServer:
     """Handler table and lifecycle shared by every ACP connection of one host."""
 
-    def __init__(self, settings: Settings, version: str, host: HostHandle | None = None) -> None:
-        """``host``: a daemon's shared host; without one the server has its own (embedded)."""
+    def __init__(self, settings: Settings, version: str, host: HostHandle | None = None,
+                 default_naming: SessionNaming | None = None, provenance: bool = False) -> None:
+        """``host``: a daemon's shared host; without one the server has its own (embedded).
+        ``default_naming``: ``zeroclaw acp --session KEY`` (or ``--session-label``), for
+        each ``session/new`` that names no session of its own."""
         self.settings = settings
+        self.default_naming = default_naming or SessionNaming()
+        #: ``zeroclaw acp --provenance meta``: host, agent and model on each prompt result.
+        self.provenance = provenance
         self.version = version
         self.owns_host = host is None
         self.host = host if host is not None else HostHandle(settings)
@@ -243,6 +260,7 @@ class AcpServer:
             "session/update": self.client_event,
             "session/event": self.client_event,
             "status": self.status,
+            SET_INFO_METHOD: self.set_info,
         }, self.extension)
         #: Extension notifications go on as notifications, not as the requests above.
         self.notifications = ExtensionMethods({}, self.extension_notice)
@@ -334,17 +352,64 @@ class AcpServer:
 
     async def new_session(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
         request = acp.new_session_request(params)
+        naming = self._naming(params)
         sessions = await self.sessions()
         peer = endpoint.state["peer"]
         scope: TenantScope | None = endpoint.state.get("scope")
+        if naming.named:
+            return await self._named_session(sessions, request, naming, endpoint)
         if scope is None:
             route = await sessions.new(peer, request)
         else:
             route = await scope.new_session(sessions, peer, request)
+        return await self._new_answer(sessions, route, endpoint)
+
+    def _naming(self, params: Any) -> SessionNaming:
+        """The request's key and label, ``zeroclaw acp --session``'s filling in; the
+        command line's ``--reset-session`` applies to its first use only."""
+        naming = naming_of(params).over(self.default_naming)
+        if self.default_naming.reset and naming.named:
+            self.default_naming = replace(self.default_naming, reset=False)
+        return naming
+
+    async def _new_answer(self, sessions: Sessions, route: Route, endpoint: Endpoint,
+                          meta: dict[str, Any] | None = None) -> dict[str, Any]:
+        peer = endpoint.state["peer"]
         self.host.owners.join(route.sid, peer)  # a no-op if the client left meanwhile
         modes = await session_modes(sessions, route)
         _after_answer(peer, route, sessions.hosts_agent(route.agent_alias))
-        return {"sessionId": route.sid, "workspaceDir": route.workspace_dir, "modes": modes}
+        answer = {"sessionId": route.sid, "workspaceDir": route.workspace_dir, "modes": modes}
+        if meta:
+            answer["_meta"] = meta
+        return answer
+
+    async def _named_session(self, sessions: Sessions, request: acp.NewSessionRequest,
+                             naming: SessionNaming, endpoint: Endpoint) -> dict[str, Any]:
+        """``session/new`` with a key or label: the session it names, resumed and its
+        transcript replayed right after the answer (as ``session/load`` would, the
+        client knowing the id by then), or created with those names."""
+        peer = endpoint.state["peer"]
+        scope: TenantScope | None = endpoint.state.get("scope")
+        replayed: list[dict[str, Any]] = []
+
+        async def create(names: SessionNames) -> Route:
+            if scope is None:
+                return await sessions.new(peer, request, names=names)
+            return await scope.new_session(sessions, peer, request, names)
+
+        async def resume(sid: str) -> Route:
+            if scope is not None:
+                scope.check_capacity(sessions, sid)
+            route = await sessions.restore(peer, sid, replay=False)
+            turns = await asyncio.to_thread(sessions.host.reader.load_turns, sid)
+            replayed.extend(acp.replay_updates(turns))
+            return route
+
+        opened = await sessions.keys.open(naming, scope.id if scope else "", create=create,
+                                          resume=resume)
+        if replayed:
+            asyncio.get_running_loop().call_soon(_replay, peer, opened.route.sid, replayed)
+        return await self._new_answer(sessions, opened.route, endpoint, opened.answer_meta())
 
     def prompt(self, params: Any, endpoint: Endpoint) -> LaterAnswer | Awaitable[dict[str, Any]]:
         """The common prompt (an open idle session, no tenant, no attachment, no slash
@@ -361,9 +426,9 @@ class AcpServer:
         self.host.owners.check(request.session_id, peer, adopt=True)
         turn = sessions.start_now(peer, request.session_id, text)
         answer = LaterAnswer(lambda: sessions.withdraw(turn))
-        turn.on_settled = partial(_answer_turn, sessions, turn, answer)
+        turn.on_settled = partial(_answer_turn, sessions, turn, answer, self.provenance)
         if turn.finished.is_set():  # it could not start
-            _answer_turn(sessions, turn, answer)
+            _answer_turn(sessions, turn, answer, self.provenance)
         return answer
 
     async def _prompt(self, request: acp.PromptRequest, params: Any,
@@ -372,7 +437,7 @@ class AcpServer:
         await self._visible(params, endpoint)
         with self.host.owners.adopting(request.session_id, peer):
             outcome = await (await self.sessions()).prompt(peer, request)
-        return _prompt_result(outcome)
+        return _prompt_result(outcome, self.provenance)
 
     async def cancel(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
         sid = await self._held(params, endpoint)
@@ -419,7 +484,8 @@ class AcpServer:
         sessions = await self.sessions()
         scope: TenantScope | None = endpoint.state.get("scope")
         rows, next_cursor = sessions.list(cwd, cursor, tenant=scope.id if scope else None)
-        result: dict[str, Any] = {"sessions": [acp.session_entry(row) for row in rows]}
+        names = sessions.host.reader.names_of([row.id for row in rows])
+        result: dict[str, Any] = {"sessions": [_listed(row, names.get(row.id)) for row in rows]}
         if next_cursor:
             result["nextCursor"] = next_cursor
         return result
@@ -451,6 +517,23 @@ class AcpServer:
             kind = str(update.get("sessionUpdate") or "event")
         await (await self.sessions()).client_event(sid, kind or "event", dict(params))
         return {"sessionId": sid, "type": kind or "event", "status": "processed"}
+
+    async def set_info(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
+        """``_zeroclaw/session_info_update``: set a session's label from the request's
+        ``_meta.sessionLabel`` (null: remove it). ACP's ``session_info_update`` is an
+        agent-to-client notification, so a client sets it through this extension; the
+        client then gets that notification with the label in its ``_meta``."""
+        sid = await self._held(params, endpoint)
+        meta = params.get("_meta")
+        if not isinstance(meta, Mapping) or "sessionLabel" not in meta:
+            raise InvalidParams("_meta.sessionLabel is required (null removes the label)")
+        label = check_name(meta["sessionLabel"], "_meta.sessionLabel")
+        sessions = await self.sessions()
+        scope: TenantScope | None = endpoint.state.get("scope")
+        await sessions.keys.set_label(sid, scope.id if scope else "", label)
+        update = {"sessionUpdate": "session_info_update", "_meta": {"sessionLabel": label}}
+        endpoint.state["peer"].send_event(sid, AgentUpdate(update))
+        return {"sessionId": sid, "_meta": {"sessionLabel": label}}
 
     async def extension(self, method: str, params: Any, endpoint: Endpoint) -> Any:
         """A ``_``-prefixed request: forwarded to the hosted agent of the session it
@@ -490,16 +573,46 @@ class AcpServer:
         return status if scope is None else scope.status_view(status, sessions)
 
 
-def _prompt_result(outcome: TurnOutcome) -> dict[str, Any]:
-    """The ``session/prompt`` result of a turn's outcome."""
+#: The extension method a client sets a session's label with.
+SET_INFO_METHOD = "_zeroclaw/session_info_update"
+
+
+def _listed(row: Any, name: Any) -> dict[str, Any]:
+    """A ``session/list`` entry, its key, label and parent in ``_meta``."""
+    entry = acp.session_entry(row)
+    parent = row.meta.get(PARENT_META_KEY)
+    meta = listing_meta(name.key if name else None, name.label if name else None,
+                        name.current if name else True,
+                        parent if isinstance(parent, str) else None)
+    if meta:
+        entry["_meta"] = meta
+    return entry
+
+
+def _replay(peer: AcpPeer, sid: str, updates: list[dict[str, Any]]) -> None:
+    """Send a resumed session's transcript to the client that asked for it by name."""
+    for update in updates:
+        peer.send_event(sid, AgentUpdate(update))
+
+
+def _prompt_result(outcome: TurnOutcome, provenance: bool = False) -> dict[str, Any]:
+    """The ``session/prompt`` result of a turn's outcome; ``provenance`` (``zeroclaw acp
+    --provenance meta``): ``_meta.provenance`` names the host, agent and model."""
     result: dict[str, Any] = {"sessionId": outcome.sid, "stopReason": outcome.stop_reason,
                               "content": outcome.content}
+    meta: dict[str, Any] = {}
     if outcome.meta:
-        result["_meta"] = {"zeroclaw": outcome.meta}
+        meta["zeroclaw"] = outcome.meta
+    if provenance:
+        meta["provenance"] = {"host": f"zeroclaw/{__version__}", "agent": outcome.agent,
+                              "model": outcome.model}
+    if meta:
+        result["_meta"] = meta
     return result
 
 
-def _answer_turn(sessions: Sessions, turn: RunningTurn, answer: LaterAnswer) -> None:
+def _answer_turn(sessions: Sessions, turn: RunningTurn, answer: LaterAnswer,
+                 provenance: bool) -> None:
     """Answer a prompt started by :meth:`Sessions.start_now` now that its turn has
     settled (loop thread): its result, or the error its turn ended with."""
     turn.on_settled = None
@@ -508,7 +621,7 @@ def _answer_turn(sessions: Sessions, turn: RunningTurn, answer: LaterAnswer) -> 
         return
     try:
         record, count = turn.result.result()
-        answer.give(_prompt_result(sessions.outcome(turn, record, count)))
+        answer.give(_prompt_result(sessions.outcome(turn, record, count), provenance))
     except Exception as exc:
         answer.fail(exc)
 

@@ -17,6 +17,7 @@ from collections.abc import Iterator, Mapping
 from ipc.errors import InternalError
 from ipc.framing import DEFAULT_FRAME_LIMIT
 from ipc.jsonrpc import Endpoint, Handler
+from ipc.session_names import SessionNaming
 from ipc.transports import open_stdio, serve_stream
 from supervisor import __version__
 from supervisor.config import Settings
@@ -27,8 +28,11 @@ __all__ = ["serve_acp_stdio", "serve_config_error"]
 log = logging.getLogger("zeroclaw.stdio")
 
 
-async def serve_acp_stdio(settings: Settings) -> None:
-    server = AcpServer(settings, __version__)
+async def serve_acp_stdio(settings: Settings, naming: SessionNaming | None = None,
+                          provenance: bool = False) -> None:
+    """``naming``: ``--session KEY`` and the like, for the editor's ``session/new``;
+    ``provenance``: ``--provenance meta``."""
+    server = AcpServer(settings, __version__, default_naming=naming, provenance=provenance)
     reader, writer = await open_stdio(settings.frame_limit)
     loop = asyncio.get_running_loop()
     hangup = asyncio.Event()

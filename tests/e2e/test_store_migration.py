@@ -24,12 +24,12 @@ FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "stores" / "schema2
 ENV = {MODEL_KEY_ENV: "fixture-key"}
 
 
-def install_store(config_dir: Path, workspace: Path) -> Path:
+def install_store(config_dir: Path, workspace: Path, fixture: Path = FIXTURE) -> Path:
     """The fixture store as this host's, its sessions' directories moved to ``workspace``
     (the directories it was made in are gone)."""
     db = config_dir / "data" / "sessions" / "acp-sessions.db"
     db.parent.mkdir(parents=True)
-    shutil.copyfile(FIXTURE / "acp-sessions.db", db)
+    shutil.copyfile(fixture / "acp-sessions.db", db)
     with sqlite3.connect(db) as conn:
         conn.execute("UPDATE sessions SET cwd = ?, workspace_dir = ?",
                      (str(workspace), str(workspace)))
@@ -37,8 +37,8 @@ def install_store(config_dir: Path, workspace: Path) -> Path:
     return db
 
 
-def previous_replays() -> dict[str, dict[str, Any]]:
-    sessions = json.loads((FIXTURE / "sessions.json").read_text())["sessions"]
+def previous_replays(fixture: Path = FIXTURE) -> dict[str, dict[str, Any]]:
+    sessions = json.loads((fixture / "sessions.json").read_text())["sessions"]
     return {s["sessionId"]: s for s in sessions}
 
 
@@ -115,3 +115,46 @@ def test_a_schema_2_store_loads_replays_as_before_and_goes_on(
             "type": "text", "text": "three" if agents[sid] != "echo" else "after the upgrade"}}
         expected = [as_acp_now(u) for u in session["replayed"]] + [prompt] + live[sid]
         assert again[sid] == expected, agents[sid]
+
+
+SCHEMA3 = FIXTURE.parent / "schema3"
+
+
+def test_a_schema_3_store_gets_session_keys_and_keeps_its_sessions(
+        tmp_path: Path, config_dir: Path, workspace: Path) -> None:
+    """``tests/fixtures/stores/schema3`` was made by ``make_store.py`` before session keys:
+    today's host opens it (3 → 4: the ``session_keys`` table), replays its sessions as
+    that release did, lists them without names, and a key and a reset work on it."""
+    db = install_store(config_dir, workspace, SCHEMA3)
+    (workspace / "notes.txt").write_text("hello\n")
+    before = previous_replays(SCHEMA3)
+    server = ModelServer()
+    agent = tmp_path / "hosted_agent.py"
+    shutil.copyfile(HOSTED_AGENT, agent)
+    write_config(config_dir, config_text(server, agent, workspace))
+    client = start_host(config_dir, tmp_path, "upgraded")
+    try:
+        listed = client.request("session/list", {})["sessions"]
+        assert {s["sessionId"] for s in listed} == set(before)
+        assert not any("_meta" in s for s in listed)
+        replayed = load_all(client, list(before), workspace)
+        for sid, session in before.items():
+            assert replayed[sid] == [u for u in session["replayed"]
+                                     if u["sessionUpdate"] not in SESSION_LEVEL_UPDATES], sid
+        echo_new = {"cwd": str(workspace), "_meta": {"sessionKey": "after-upgrade",
+                                                      "zeroclaw": {"agent": "echo"}}}
+        keyed = client.request("session/new", echo_new)
+        reset = client.request("session/new", {**echo_new, "_meta": {
+            **echo_new["_meta"], "resetSession": True}})
+        again = client.request("session/new", echo_new)
+    finally:
+        problems = client.close()
+        server.close()
+    assert not problems, problems
+    assert again["sessionId"] == reset["sessionId"] != keyed["sessionId"]
+    assert reset["_meta"]["zeroclaw"] == {"parentSessionId": keyed["sessionId"]}
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+        rows = conn.execute("SELECT session_id, key FROM session_keys ORDER BY bound_at").fetchall()
+    conn.close()
+    assert rows == [(keyed["sessionId"], "after-upgrade"), (reset["sessionId"], "after-upgrade")]
