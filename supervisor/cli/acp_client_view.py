@@ -154,8 +154,7 @@ def diff_lines(diff: Mapping[str, Any]) -> list[Line]:
     new = str(diff.get("newText") or "")
     before = str(old).splitlines() if old is not None else []
     rows = difflib.unified_diff(before, new.splitlines(),
-                                "/dev/null" if old is None else f"a/{path}", f"b/{path}",
-                                lineterm="")
+                                "/dev/null" if old is None else path, path, lineterm="")
     lines: list[Line] = [("bold", f"  diff {path}")]
     for row in rows:
         style = ("hunk" if row.startswith("@@") else "bold" if row[:3] in ("---", "+++")
