@@ -80,7 +80,7 @@ def auto_approval(params: Mapping[str, Any], cwd: Path) -> Verdict:
     option = allow_option(params)
     if option is None:
         return Verdict(None, "no allow_once option offered")
-    shown = ", ".join(paths)
+    shown = ", ".join(dict.fromkeys(paths))
     return Verdict(option, f"{name} {shown} (read-only, inside {root})")
 
 

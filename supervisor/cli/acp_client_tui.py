@@ -99,8 +99,9 @@ class Client:
         """The input line's prompt: what typing a line now does."""
         if self.asks:
             return f"permission 1-{len(offered_options(self.asks[0].params))}> "
-        mode = self.session.modes.get("currentModeId") or "?"
-        return f"[{mode}] ...> " if self.turn is not None else f"[{mode}]> "
+        mode = self.session.modes.get("currentModeId")
+        head = f"[{mode}]" if mode else ""
+        return f"{head} ...> " if self.turn is not None else f"{head}> "
 
     def show(self, lines: Sequence[Line]) -> None:
         """Print lines above the input line."""
