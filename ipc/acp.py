@@ -63,6 +63,7 @@ __all__ = [
     "selected_option",
     "session_entry",
     "session_id",
+    "tool_meta",
     "update_of",
 ]
 
@@ -272,26 +273,35 @@ def blob_marker(blob: Blob, path: str) -> str:
 # --- permissions --------------------------------------------------------------
 
 
+def tool_meta(tool_name: str) -> dict[str, Any]:
+    """``_meta`` of zeroclaw's own tool calls: the tool's name (``file_read``, ``shell``),
+    so a client can apply an allowlist by name (``kind`` is only a display hint)."""
+    return {"zeroclaw": {"tool": tool_name}}
+
+
 def permission_params(
     sid: str, tool_call_id: str, title: str, kind: str, raw_input: Any,
-    preview: tuple[ToolContent, ...] = (),
+    preview: tuple[ToolContent, ...] = (), tool_name: str | None = None,
 ) -> dict[str, Any]:
     """``session/request_permission`` params. ``toolCall.content`` carries the summary a
     client shows above the options: the tool call's title (e.g. ``shell: git status``,
     ``Write /path``), the same text the daemon dialect's ``approval_request`` calls
     ``summary``, then ``preview`` (a file tool's diff, so the change is seen before
-    it is allowed)."""
+    it is allowed). ``tool_name`` goes in ``toolCall._meta`` (:func:`tool_meta`)."""
+    tool_call: dict[str, Any] = {
+        "toolCallId": tool_call_id,
+        "title": title,
+        "kind": kind,
+        "status": "pending",
+        "rawInput": raw_input,
+        "content": [{"type": "content", "content": {"type": "text", "text": title}},
+                    *(_tool_content(item) for item in preview)],
+    }
+    if tool_name is not None:
+        tool_call["_meta"] = tool_meta(tool_name)
     return {
         "sessionId": sid,
-        "toolCall": {
-            "toolCallId": tool_call_id,
-            "title": title,
-            "kind": kind,
-            "status": "pending",
-            "rawInput": raw_input,
-            "content": [{"type": "content", "content": {"type": "text", "text": title}},
-                        *(_tool_content(item) for item in preview)],
-        },
+        "toolCall": tool_call,
         "options": list(PERMISSION_OPTIONS),
     }
 
@@ -414,6 +424,7 @@ def update_of(event: Event) -> dict[str, Any]:
                 "kind": event.kind,
                 "status": "pending",
                 "rawInput": event.raw_input,
+                "_meta": tool_meta(event.name),
             }
             if event.locations:
                 started["locations"] = [_location(loc) for loc in event.locations]

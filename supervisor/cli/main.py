@@ -72,7 +72,12 @@ def _configure_logging(level: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words[:2] == ["acp", "client"]:  # a client, not a server: flags of its own
+        from supervisor.cli.acp_client_cli import run as run_client
+
+        return run_client(words[2:])
+    args = _parser().parse_args(words)
     if args.command == "acp":
         return _run_acp(args)
     if args.command == "config":

@@ -195,7 +195,7 @@ class AcpPeer:
         except (KeyError, TypeError):
             preview = ()
         return acp.permission_params(sid, ask.tool_call_id, ask.title, ask.kind, ask.raw_input,
-                                     preview)
+                                     preview, ask.tool_name)
 
     def offers(self, method: str) -> bool:
         from supervisor.client_relay import advertises  # off the way to initialize
