@@ -53,7 +53,13 @@ from storage.models import (
     TurnUpdatesRow,
 )
 from storage.prepared_writes import TITLE_MAX_CHARS, MissingSession, PreparedWrites, title_of
-from storage.store import Store, StoreFileGone, write_failure_reason, write_transaction
+from storage.store import (
+    Store,
+    StoreFileGone,
+    in_open_transaction,
+    write_failure_reason,
+    write_transaction,
+)
 
 __all__ = [
     "TITLE_MAX_CHARS",
@@ -292,7 +298,7 @@ class PersistenceActor(SimpleInboxActor):
     def _abandon(self) -> None:
         """Roll back the open group transaction (if SQLite has not already)."""
         self._prepared.discard_staged()
-        if self._db.connection().in_transaction:
+        if in_open_transaction(self._db):
             with contextlib.suppress(peewee.PeeweeException, sqlite3.Error):
                 self._db.rollback()
 
@@ -400,7 +406,7 @@ class PersistenceActor(SimpleInboxActor):
         if isinstance(exc, StoreFileGone):
             if not self._store_gone_logged:
                 self._store_gone_logged = True
-                logger.error("session store %s: %s", self._store.path, exc)
+                logger.error("session store %s: %s", self._store.where, exc)
             return error
         where = "" if session_id is None else f" for session {session_id}"
         logger.warning("store %s failed%s: %s", operation, where, error.reason)

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlsplit
 
 from actors.worker.sandbox import SANDBOX_CHOICES
 from ipc.modes import MODE_IDS
@@ -95,6 +96,11 @@ class Settings:
     allow_unsandboxed_shell: bool = False
     gateway: GatewayConfig | None = None  # [gateway]: see supervisor.gateway_config
     tenants: Mapping[str, TenantConfig] = field(default_factory=dict)  # [tenants.NAME]
+    store_url: str | None = None
+    """``[store] url`` when it names PostgreSQL (never holding a password); ``None``: the
+    SQLite file ``store_path``."""
+    store_password_env: str | None = None
+    """``[store] password_env``: the variable that holds the PostgreSQL password."""
 
     @property
     def default_model(self) -> str:
@@ -259,11 +265,14 @@ def settings_from_document(
     from supervisor.gateway_config import gateway_from_document, tenants_from_document
 
     gateway = gateway_from_document(_section(doc, "gateway"))
+    store_path, store_url, password_env = _store(_section(doc, "store"), data_dir)
     return Settings(
         config_dir=config_dir,
         data_dir=data_dir,
         socket_path=Path(env.get("ZEROCLAW_SOCKET") or data_dir / "daemon.sock"),
-        store_path=data_dir / "sessions" / "acp-sessions.db",
+        store_path=store_path,
+        store_url=store_url,
+        store_password_env=password_env,
         default_agent=default_agent,
         max_sessions=_int(acp, "max_sessions", 10, 1),
         session_timeout_secs=_whole_if_integral(timeout),
@@ -281,6 +290,37 @@ def settings_from_document(
         gateway=gateway,
         tenants=tenants_from_document(doc.get("tenants"), gateway.retired_tenant_ids),
     )
+
+
+def _store(section: Mapping[str, Any], data_dir: Path) -> tuple[Path, str | None, str | None]:
+    """``[store]``: (the SQLite path, the PostgreSQL URL or None, password_env or None).
+
+    ``url = "sqlite:///PATH"`` (or no url) is the SQLite file; ``postgresql://user@host:
+    port/db`` is PostgreSQL, whose password must not be in the URL (it would show in
+    ``zeroclaw config`` and reach every child process): ``password_env`` names the
+    variable that holds it, or libpq finds it (``~/.pgpass``, a service file)."""
+    default = data_dir / "sessions" / "acp-sessions.db"
+    url = section.get("url")
+    password_env = section.get("password_env")
+    if password_env is not None and (not isinstance(password_env, str)
+                                     or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", password_env)):
+        raise ConfigError("store.password_env must be the name of an environment variable, "
+                          'e.g. password_env = "ZEROCLAW_PG_PASSWORD"')
+    if url is None or url == "":
+        return default, None, password_env
+    if not isinstance(url, str):
+        raise ConfigError("store.url must be a string, e.g. postgresql://zeroclaw@db:5432/zeroclaw")
+    parts = urlsplit(url)
+    if parts.scheme == "sqlite":
+        if parts.netloc or not parts.path.startswith("/"):
+            raise ConfigError(f"store.url {url!r}: use sqlite:///ABSOLUTE/PATH")
+        return Path(unquote(parts.path)).expanduser(), None, password_env
+    if parts.scheme not in ("postgresql", "postgres"):
+        raise ConfigError("store.url must start with postgresql:// or sqlite:///")
+    if parts.password is not None or "password=" in parts.query:
+        raise ConfigError("store.url must not hold a password: put it in the variable "
+                          "named by store.password_env, or in ~/.pgpass")
+    return default, url, password_env
 
 
 _VARIABLE = re.compile(r"\$(?:([A-Za-z_][A-Za-z0-9_]*)|\{([^}]*)\})")

@@ -56,7 +56,7 @@ from ipc.worker_wire import (
     UserAsk,
     WorkerMessage,
 )
-from storage.store import Store, open_store
+from storage.store import Store
 from supervisor.agent_calls import AgentCalls
 from supervisor.client_relay import ClientRelay
 from supervisor.closings import Closings
@@ -67,6 +67,7 @@ from supervisor.orphans import become_subreaper
 from supervisor.pacing import TurnStream
 from supervisor.protected import host_protected_paths
 from supervisor.routes import Peer, Route
+from supervisor.store_open import open_configured_store
 from supervisor.supervisor import EndOrphans, StartWorker, SupervisorActor
 from supervisor.turn_stats import TurnStats
 from supervisor.turns import TurnBook
@@ -115,7 +116,7 @@ class Host:
     async def start(self) -> None:
         settings = self.settings
         _log_unusable_agents(settings)
-        self.store = await asyncio.to_thread(open_store, settings.store_path)
+        self.store = await asyncio.to_thread(open_configured_store, settings)
         self.reader = self.store.reader
         self.usage.seed(await asyncio.to_thread(self.reader.usage_totals))
         self.persistence = PersistenceActor.start(self.store)
