@@ -40,6 +40,10 @@ logger = logging.getLogger("zeroclaw.storage")
 #: The advisory lock key every zeroclaw host takes to migrate (``zeroclaw`` in ASCII).
 SCHEMA_LOCK_KEY = 0x7A65726F636C6177
 
+#: The driver: ``"psycopg"`` (psycopg 3, the one setup.cfg pins) or ``"psycopg2"`` (when
+#: installed; ``scripts/store_backends.py`` compares them).
+DRIVER = "psycopg"
+
 _READ_OPTIONS = "-c default_transaction_read_only=on " \
                 "-c default_transaction_isolation=repeatable\\ read"
 
@@ -81,7 +85,7 @@ def scrub(text: str, password: str | None) -> str:
 def _database(url: str, password: str | None, **params: Any) -> PgDatabase:
     if password is not None:
         params["password"] = password
-    return PgDatabase(url, thread_safe=False, prefer_psycopg3=True,
+    return PgDatabase(url, thread_safe=False, prefer_psycopg3=DRIVER == "psycopg",
                       autorollback=False, **params)
 
 
