@@ -85,8 +85,12 @@ def measure(store: Store, turns: int, sessions: int) -> dict[str, float]:
         results[f"turns/s x{group}"] = rate(turns, group, turn, store)
         prepared.commit_staged()
     for group in (1, GROUP):
-        results[f"sessions/s x{group}"] = rate(sessions, group, lambda n, g=group: create(
-            n + g * sessions), store)
+        offset = group * sessions  # fresh ids for each run
+
+        def create_next(n: int, offset: int = offset) -> None:
+            create(n + offset)
+
+        results[f"sessions/s x{group}"] = rate(sessions, group, create_next, store)
         prepared.commit_staged()
     return results
 
