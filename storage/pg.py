@@ -90,12 +90,14 @@ def _database(url: str, password: str | None, **params: Any) -> PgDatabase:
 
 
 def connect_writer(url: str, password: str | None,
-                   migrate: Callable[[peewee.Database], None]) -> PgDatabase:
+                   migrate: Callable[[peewee.Database], None], *,
+                   lock_timeout_ms: int) -> PgDatabase:
     """The writer's connection, its schema migrated by ``migrate`` under the lock.
 
     Raises ``peewee.PeeweeException`` (the password scrubbed from its message) when the
     server cannot be reached, refuses the login, or the schema cannot be made."""
-    writer = _database(url, password, application_name="zeroclaw")
+    writer = _database(url, password, application_name="zeroclaw",
+                       options=f"-c lock_timeout={int(lock_timeout_ms)}")
     try:
         writer.connect()
         with writer.atomic():

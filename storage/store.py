@@ -198,14 +198,16 @@ def open_store(path: Path, *, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) ->
     return _open_temporary(path, busy_timeout_ms)
 
 
-def open_store_url(url: str, password: str | None = None) -> Store:
+def open_store_url(url: str, password: str | None = None, *,
+                   busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> Store:
     """Open the PostgreSQL store at ``url`` (``postgresql://user@host:port/db``),
     creating or migrating its schema; ``password`` overrides libpq's own sources.
 
     No fallback: a shared store that cannot be reached is an error (a host with its
     own in-memory sessions would serve them beside the other hosts'). Raises
-    ``peewee.PeeweeException`` with a message that holds no password."""
-    writer = pg.connect_writer(url, password, _migrate_pg)
+    ``peewee.PeeweeException`` with a message that holds no password. A write that
+    waits on another connection's lock longer than ``busy_timeout_ms`` fails."""
+    writer = pg.connect_writer(url, password, _migrate_pg, lock_timeout_ms=busy_timeout_ms)
     shown = pg.redact_url(url)
     reader = StoreReader(shown, connect=pg.reader_factory(url, password))
     return Store(path=Path(), requested_path=Path(), persistent=True, writer=writer,
@@ -275,7 +277,7 @@ def write_failure_reason(exc: BaseException) -> str:
     by what usually causes them when the words alone say little, e.g. "disk I/O
     error (the disk may be full or read-only, or the file too large)".
     """
-    reason = str(exc) or type(exc).__name__
+    reason = str(exc).split("\n", 1)[0] or type(exc).__name__  # PostgreSQL: no DETAIL
     hint = _FAILURE_HINTS.get(_sqlite_result_code(exc) & 0xFF)
     return f"{reason} ({hint})" if hint else reason
 
