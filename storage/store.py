@@ -44,7 +44,7 @@ import orjson
 import peewee
 
 from ipc.events import StoredTurn, TextItem, ToolItem, TurnItem
-from storage import pg
+from storage import leases, pg
 from storage.models import (
     MODELS,
     SCHEMA_VERSION,
@@ -343,6 +343,8 @@ def _migrate_pg(db: peewee.Database) -> None:
     """The PostgreSQL schema, inside the writer's transaction that holds the lock."""
     version = pg.read_version(db)
     _run_schema_steps(db, version)
+    for step in PG_SCHEMA_STEPS:
+        step(db, version)
     pg.write_version(db, max(version, SCHEMA_VERSION))
 
 
@@ -380,6 +382,12 @@ def _add_missing_columns(db: peewee.Database, version: int) -> None:
 SCHEMA_STEPS: tuple[Callable[[peewee.Database, int], None], ...] = (
     _create_missing_tables,
     _add_missing_columns,
+)
+
+#: The steps of a PostgreSQL store only, after :data:`SCHEMA_STEPS`: what several hosts
+#: on one database need (an SQLite file has one host).
+PG_SCHEMA_STEPS: tuple[Callable[[peewee.Database, int], None], ...] = (
+    leases.create_table,
 )
 
 

@@ -11,9 +11,11 @@ safe to read from any thread.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
+import socket
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -101,6 +103,12 @@ class Settings:
     SQLite file ``store_path``."""
     store_password_env: str | None = None
     """``[store] password_env``: the variable that holds the PostgreSQL password."""
+    host_id: str = ""
+    """``[store] host_id``: this host's name among the hosts of one PostgreSQL store
+    (default ``<hostname>:<a hash of the data dir>``, the same across restarts)."""
+    lease_ttl_secs: float = 30.0
+    """``[store] lease_ttl_secs``: how long a session's lease outlives its host's last
+    heartbeat (renewed every third of it)."""
 
     @property
     def default_model(self) -> str:
@@ -265,7 +273,8 @@ def settings_from_document(
     from supervisor.gateway_config import gateway_from_document, tenants_from_document
 
     gateway = gateway_from_document(_section(doc, "gateway"))
-    store_path, store_url, password_env = _store(_section(doc, "store"), data_dir)
+    store_section = _section(doc, "store")
+    store_path, store_url, password_env = _store(store_section, data_dir)
     return Settings(
         config_dir=config_dir,
         data_dir=data_dir,
@@ -273,6 +282,8 @@ def settings_from_document(
         store_path=store_path,
         store_url=store_url,
         store_password_env=password_env,
+        host_id=_host_id(store_section, data_dir),
+        lease_ttl_secs=_seconds(store_section, "lease_ttl_secs", 30.0),
         default_agent=default_agent,
         max_sessions=_int(acp, "max_sessions", 10, 1),
         session_timeout_secs=_whole_if_integral(timeout),
@@ -321,6 +332,16 @@ def _store(section: Mapping[str, Any], data_dir: Path) -> tuple[Path, str | None
         raise ConfigError("store.url must not hold a password: put it in the variable "
                           "named by store.password_env, or in ~/.pgpass")
     return default, url, password_env
+
+
+def _host_id(section: Mapping[str, Any], data_dir: Path) -> str:
+    given = section.get("host_id")
+    if given is not None:
+        if not isinstance(given, str) or not given.strip():
+            raise ConfigError("store.host_id must be a non-empty string")
+        return given.strip()
+    digest = hashlib.sha256(str(data_dir).encode()).hexdigest()[:8]
+    return f"{socket.gethostname()}:{digest}"
 
 
 _VARIABLE = re.compile(r"\$(?:([A-Za-z_][A-Za-z0-9_]*)|\{([^}]*)\})")

@@ -1,7 +1,9 @@
 """``zeroclaw daemon`` on a PostgreSQL store (``[store] url``), end to end: a session made
 and prompted, the daemon restarted, ``session/load`` replays the turn; the password of
 ``password_env`` shows nowhere (status, ``zeroclaw config``, the log, a worker's
-environment).
+environment); two hosts on one database: one owner per session (its lease), the
+other refused with -32004 naming it, a killed host's sessions served by the other
+after the lease TTL.
 
 Runs against the throw-away cluster of ``scripts/test`` (``tests/pg_support.py``).
 """
@@ -10,7 +12,9 @@ from __future__ import annotations
 
 import json
 import secrets
+import shutil
 import subprocess
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,7 +25,7 @@ import pytest
 from tests.e2e.procs import write_config
 from tests.pg_support import fresh_database, pg_server_url
 
-from .helpers import DaemonProc, zeroclaw_argv
+from .helpers import DaemonProc, RpcFailure, short_dir, zeroclaw_argv
 
 Daemons = Callable[..., DaemonProc]
 
@@ -113,3 +117,90 @@ def test_a_wrong_password_stops_the_daemon_with_a_clear_error(
     log = daemon.stderr()
     assert "password authentication failed" in log
     assert wrong not in log and password not in log
+
+
+@pytest.fixture
+def host_dirs() -> Iterator[Callable[[], Path]]:
+    """Short config dirs for the hosts of a test, removed afterwards."""
+    made: list[Path] = []
+
+    def make() -> Path:
+        made.append(short_dir())
+        return made[-1]
+
+    yield make
+    for directory in made:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _host_config(config_dir: Path, database: str, host_id: str, ttl: float = 30) -> Path:
+    write_config(config_dir, f'[store]\nurl = "{database}"\nhost_id = "{host_id}"\n'
+                             f"lease_ttl_secs = {ttl}\n")
+    return config_dir
+
+
+def _refused_by(owner: str, call: Callable[[], object]) -> None:
+    with pytest.raises(RpcFailure) as info:
+        call()
+    assert info.value.code == -32004, info.value
+    assert f"owned by host {owner}" in str(info.value)
+
+
+def _leases(database: str) -> list[tuple[str, str]]:
+    with psycopg.connect(database) as check:
+        return [(str(sid), str(host)) for sid, host in check.execute(
+            "SELECT session_id, host_id FROM session_leases ORDER BY session_id").fetchall()]
+
+
+def test_two_hosts_share_sessions_and_a_lease_keeps_one_owner(
+    daemons: Daemons, database: str, host_dirs: Callable[[], Path]
+) -> None:
+    one = daemons(_host_config(host_dirs(), database, "host-one"))
+    two = daemons(_host_config(host_dirs(), database, "host-two"))
+    with one.client() as client:
+        sid = client.request("session/new")["sessionId"]
+        client.request("session/prompt", {"sessionId": sid, "prompt": "made on one"})
+        assert _leases(database) == [(sid, "host-one")]
+        with two.client() as other:
+            assert [s["sessionId"] for s in other.request("session/list")["sessions"]] == [sid]
+            _refused_by("host-one", lambda: other.request("session/load", {"sessionId": sid}))
+            _refused_by("host-one", lambda: other.request(
+                "session/prompt", {"sessionId": sid, "prompt": "mine?"}))
+        client.request("session/close", {"sessionId": sid})
+        assert _leases(database) == []
+    with two.client() as other:
+        other.request("session/load", {"sessionId": sid})
+        replay = [u.get("text") for u in other.updates() if u["type"] == "user_message_chunk"]
+        assert replay == ["made on one"]
+        other.request("session/prompt", {"sessionId": sid, "prompt": "then on two"})
+        assert _leases(database) == [(sid, "host-two")]
+        with one.client() as client:  # now the other way round
+            _refused_by("host-two", lambda: client.request(
+                "session/prompt", {"sessionId": sid, "prompt": "back on one?"}))
+    assert two.terminate() == 0
+    assert _leases(database) == []  # a host that stops frees its sessions
+
+
+def test_a_killed_hosts_sessions_move_on_after_the_lease_ttl(
+    daemons: Daemons, database: str, host_dirs: Callable[[], Path]
+) -> None:
+    one = daemons(_host_config(host_dirs(), database, "host-one", ttl=2))
+    two = daemons(_host_config(host_dirs(), database, "host-two", ttl=2))
+    with one.client() as client:
+        sid = client.request("session/new")["sessionId"]
+        client.request("session/prompt", {"sessionId": sid, "prompt": "before the crash"})
+    one.proc.kill()
+    one.wait(10)
+    with two.client() as other:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                other.request("session/load", {"sessionId": sid})
+                break
+            except RpcFailure as refused:  # until host-one's lease has run out
+                assert refused.code == -32004 and "host-one" in str(refused)
+                assert time.monotonic() < deadline, "the lease never expired"
+                time.sleep(0.1)
+        replay = [u.get("text") for u in other.updates() if u["type"] == "user_message_chunk"]
+        assert replay == ["before the crash"]
+        assert _leases(database) == [(sid, "host-two")]
