@@ -18,6 +18,7 @@ per reading thread.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -54,6 +55,30 @@ class PgDatabase(peewee.PostgresqlDatabase):
 
     field_types = {**peewee.PostgresqlDatabase.field_types,
                    "FLOAT": "DOUBLE PRECISION", "INT": "BIGINT", "AUTO": "BIGSERIAL"}
+
+    def begin(self, isolation_level: Any = None) -> None:
+        """``BEGIN``, on a new connection when the server dropped the old one (a
+        restart, an idle timeout, ``pg_terminate_backend``): nothing of this
+        transaction ran yet, so one retry is safe. A connection lost *inside* a
+        transaction is never replaced under it: that transaction fails whole."""
+        self.drop_if_broken()
+        try:
+            super().begin(isolation_level)
+        except (peewee.OperationalError, peewee.InterfaceError):
+            if not self.drop_if_broken():
+                raise
+            super().begin(isolation_level)
+
+    def drop_if_broken(self) -> bool:
+        """Forget a connection the server closed (the next use opens a new one, peewee's
+        autoconnect); whether there was one. Outside a transaction only."""
+        conn = None if self.is_closed() else self.connection()
+        if conn is None or not conn.closed:
+            return False
+        logger.warning("PostgreSQL connection lost; reconnecting")
+        with contextlib.suppress(Exception):
+            self.close()
+        return True
 
     def in_open_transaction(self) -> bool:
         """Whether the connection is inside a transaction (also a failed one)."""

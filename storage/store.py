@@ -590,6 +590,8 @@ class StoreReader:
 
     def _database(self) -> peewee.Database:
         db: peewee.Database | None = getattr(self._local, "db", None)
+        if isinstance(db, pg.PgDatabase):
+            db.drop_if_broken()  # a server restart: reconnect
         if db is None:
             db = self._connect()
             self._local.db = db

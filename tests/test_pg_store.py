@@ -216,3 +216,35 @@ def test_a_password_login_works_and_its_errors_hold_no_password(
         open_store_url(url, wrong)
     assert "password authentication failed" in str(info.value)
     assert wrong not in str(info.value) and password not in str(info.value)
+
+
+def test_a_dropped_connection_is_replaced_and_no_turn_is_half_written(database: str) -> None:
+    """The server drops every connection of zeroclaw's (as a restart does): the next
+    write opens a new one before its BEGIN; reads reconnect too."""
+    from actors.persistence import CreateSession, PersistenceActor, WriteTurn
+    from ipc.events import TextItem, TurnRecord
+
+    store = open_store_url(database)
+    ref = PersistenceActor.start(store)
+    try:
+        proxy = ref.proxy()
+        proxy.perform(CreateSession(session("s1"))).get(timeout=WAIT)
+        record = TurnRecord("s1", (TextItem("user", "q"), TextItem("assistant", "a")),
+                            "end_turn", "a", 1.0, 2.0)
+        assert proxy.perform(WriteTurn(record)).get(timeout=WAIT) == 1
+        assert store.reader.get_session("s1") is not None  # the reader's connection too
+        with psycopg.connect(pg_server_url(), autocommit=True) as admin:
+            dropped = admin.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = %s AND application_name LIKE 'zeroclaw%%'",
+                (database.rsplit("/", 1)[1],)).fetchone()
+        assert dropped is not None and dropped[0] == 2
+        assert proxy.perform(WriteTurn(record)).get(timeout=WAIT) == 2
+        with pytest.raises(peewee.PeeweeException):  # the read that finds it gone
+            store.reader.get_session("s1")
+        info = store.reader.get_session("s1")  # then a new connection
+        assert info is not None and info.turn_count == 2
+        assert rows(store, "SELECT count(*) FROM messages") == [(4,)]
+    finally:
+        ref.stop()
+        store.close()
