@@ -12,6 +12,12 @@ calls) round-robin over 8 sessions, either one transaction per turn or a group o
 turns per transaction (the actor's group commit under load); sessions likewise, alone
 or 16 per transaction. A psycopg2 case is skipped when psycopg2 is not installed.
 Prints a table and a JSON line. Runs on the main thread.
+
+``--hosts``: the same comparison through a whole host instead (``zeroclaw daemon``
+with the echo agent, ``[store] url`` of a fresh database against the SQLite
+default): prompt turns per second at 8 and 64 sessions at once (a connection
+each) and sequential ``session/new`` per second, best of ``--rounds`` alternated
+rounds (the daemons of scripts/bench's load_lib; the bench's asyncio clients).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ipc.events import TextItem, ToolItem, TurnItem, TurnRecord
 from storage import pg
@@ -127,12 +134,71 @@ def run_case(name: str, url: str | None, turns: int, sessions: int) -> dict[str,
             store.close()
 
 
+async def host_rates(daemon_path: Path) -> dict[str, float]:
+    """Turns/s at 8 and 64 sessions and session/new per second on one daemon."""
+    from bench_daemon_lib import turn_rate
+    from bench_lib import BenchSizes, new_session
+    from bench_rpc_lib import RpcPeer
+
+    sizes = BenchSizes(min_seconds=2.0, turns_each=10)
+    results = {f"turns/s {n} sessions": (await turn_rate(n, sizes, daemon_path)).value
+               for n in (8, 64)}
+    peer = await RpcPeer.connect(daemon_path)
+    try:
+        await peer.request("initialize", {"protocolVersion": 1})
+        started = time.perf_counter()
+        ids = [await new_session(peer, {"keep_siblings": True}) for _ in range(300)]
+        results["session/new per s"] = len(ids) / (time.perf_counter() - started)
+        for sid in ids:
+            await peer.request("session/close", {"sessionId": sid})
+    finally:
+        await peer.close()
+    return results
+
+
+def run_host(url: str | None) -> dict[str, float]:
+    import asyncio
+
+    from bench_daemon_lib import settle
+    from load_lib import started_daemon
+
+    store = "" if url is None else f'[store]\nurl = "{url}"\n'
+    with started_daemon(400, lambda: False, store) as daemon:
+        settle(daemon)
+        return asyncio.run(host_rates(daemon.socket_path))
+
+
+def main_hosts(url: str, rounds: int) -> dict[str, dict[str, float]]:
+    best: dict[str, dict[str, float]] = {}
+    with fresh_database(url) as database:
+        for _ in range(rounds):
+            for name, target in (("sqlite", None), ("postgresql/psycopg", database)):
+                print(f"round: {name}", file=sys.stderr)
+                measured = run_host(target)
+                kept = best.setdefault(name, measured)
+                for key, value in measured.items():
+                    kept[key] = max(kept[key], value)
+    return best
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--url", default=os.environ.get("ZC_TEST_PG_URL"))
     parser.add_argument("--turns", type=int, default=2000)
     parser.add_argument("--sessions", type=int, default=2000)
+    parser.add_argument("--hosts", action="store_true",
+                        help="compare whole daemons (turns, session/new), not the store")
+    parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args(argv)
+    if args.hosts:
+        if not args.url:
+            parser.error("--hosts needs --url (or ZC_TEST_PG_URL)")
+        results = main_hosts(args.url, args.rounds)
+        _print(results)
+        sqlite = results["sqlite"]
+        print(json.dumps({"postgresql/sqlite": {
+            k: round(v / sqlite[k], 2) for k, v in results["postgresql/psycopg"].items()}}))
+        return 0
     cases: list[tuple[str, str | None]] = [("sqlite", None)]
     if args.url:
         cases.append(("postgresql/psycopg", args.url))
@@ -145,13 +211,17 @@ def main(argv: list[str]) -> int:
     else:
         print("no --url (or ZC_TEST_PG_URL): SQLite only", file=sys.stderr)
     results = {name: run_case(name, url, args.turns, args.sessions) for name, url in cases}
+    _print(results)
+    return 0
+
+
+def _print(results: dict[str, dict[str, float]]) -> None:
     columns = list(next(iter(results.values())))
-    print(f"{'backend':22s}" + "".join(f"{c:>18s}" for c in columns))
+    print(f"{'backend':22s}" + "".join(f"{c:>22s}" for c in columns))
     for name, row in results.items():
-        print(f"{name:22s}" + "".join(f"{row[c]:18.0f}" for c in columns))
+        print(f"{name:22s}" + "".join(f"{row[c]:22.0f}" for c in columns))
     print(json.dumps({name: {c: round(v) for c, v in row.items()}
                       for name, row in results.items()}))
-    return 0
 
 
 if __name__ == "__main__":
