@@ -42,8 +42,9 @@ from typing import Any, Generic, TypeVar
 import peewee
 
 from actors.bridge import ReplyCallback, SimpleInboxActor, loop_reply, reply_all
-from ipc.errors import InternalError
+from ipc.errors import InternalError, SessionOwnedByAnotherHost
 from ipc.events import TurnRecord
+from storage.leases import LeaseHeld, LeaseLost, Leases
 from storage.models import (
     MessageRow,
     SessionEventRow,
@@ -55,7 +56,13 @@ from storage.models import (
     TurnUpdatesRow,
 )
 from storage.prepared_writes import TITLE_MAX_CHARS, MissingSession, PreparedWrites, title_of
-from storage.store import Store, StoreFileGone, write_failure_reason, write_transaction
+from storage.store import (
+    Store,
+    StoreFileGone,
+    in_open_transaction,
+    write_failure_reason,
+    write_transaction,
+)
 
 __all__ = [
     "TITLE_MAX_CHARS",
@@ -67,10 +74,14 @@ __all__ = [
     "PersistRequest",
     "PersistenceActor",
     "RecordEvent",
+    "ReleaseAllLeases",
+    "ReleaseLease",
+    "RenewLeases",
     "Reopen",
     "SetLabel",
     "StoreWrite",
     "StoreWriteError",
+    "TakeLease",
     "UpdateMeta",
     "WriteMode",
     "WriteTurn",
@@ -197,6 +208,31 @@ class DeleteSession(StoreWrite[bool]):
 
 
 @dataclass(frozen=True, slots=True)
+class TakeLease(StoreWrite[None]):
+    """Own the session's lease (a shared store): fails with
+    :class:`ipc.errors.SessionOwnedByAnotherHost` while another live host owns it."""
+
+    session_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseLease(StoreWrite[None]):
+    """The session closed or was evicted here: its lease is free."""
+
+    session_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class RenewLeases(StoreWrite[int]):
+    """The heartbeat: every lease of this host lasts the TTL from now."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseAllLeases(StoreWrite[int]):
+    """At start and at stop: this host owns no session."""
+
+
+@dataclass(frozen=True, slots=True)
 class PersistRequest:
     """Actor message (``tell``): do ``write``; ``reply(error, value)`` after its commit.
 
@@ -228,9 +264,12 @@ class PersistenceActor(SimpleInboxActor):
     the bad one fails); when the commit itself fails, every caller gets the error.
     """
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, leases: Leases | None = None) -> None:
+        """``leases``: this host's, on a store several hosts share (PostgreSQL); every
+        turn then checks its session's lease in its transaction."""
         super().__init__()
         self._store = store
+        self._leases = leases
         self._db = store.writer
         self._prepared = PreparedWrites(self._db)
         self._held: list[PersistRequest] = []
@@ -308,7 +347,7 @@ class PersistenceActor(SimpleInboxActor):
     def _abandon(self) -> None:
         """Roll back the open group transaction (if SQLite has not already)."""
         self._prepared.discard_staged()
-        if self._db.connection().in_transaction:
+        if in_open_transaction(self._db):
             with contextlib.suppress(peewee.PeeweeException, sqlite3.Error):
                 self._db.rollback()
 
@@ -321,6 +360,8 @@ class PersistenceActor(SimpleInboxActor):
                     self._insert_name(name)
                 return None
             case WriteTurn(record=record):
+                if self._leases is not None:
+                    self._leases.hold(self._db, record.session_id)
                 return self._prepared.write_turn(record)
         raise TypeError(f"{type(write).__name__} is not group-committed")
 
@@ -366,6 +407,8 @@ class PersistenceActor(SimpleInboxActor):
                 return self._set_label(sid, tenant, label)
             case DeleteSession(session_id=sid):
                 return self._delete(sid)
+            case TakeLease() | ReleaseLease() | RenewLeases() | ReleaseAllLeases():
+                return self._lease_work(write)
         raise StoreWriteError(f"unknown operation {type(write).__name__}")
 
     @contextlib.contextmanager
@@ -380,6 +423,22 @@ class PersistenceActor(SimpleInboxActor):
         self._prepared.commit_staged()
 
     # --- work (actor thread) --------------------------------------------------
+
+    def _lease_work(self, write: StoreWrite[Any]) -> Any:
+        leases = self._leases
+        if leases is None:  # one host owns the store: nothing to hold
+            return 0 if isinstance(write, RenewLeases | ReleaseAllLeases) else None
+        with write_transaction(self._db):
+            match write:
+                case TakeLease(session_id=sid):
+                    return leases.take(self._db, sid)
+                case ReleaseLease(session_id=sid):
+                    return leases.release(self._db, sid)
+                case RenewLeases():
+                    return leases.renew_all(self._db)
+                case ReleaseAllLeases():
+                    return leases.release_all(self._db)
+        raise TypeError(type(write).__name__)
 
     def _merge_meta(self, session_id: str, changes: dict[str, Any]) -> bool:
         with write_transaction(self._db):
@@ -440,16 +499,21 @@ class PersistenceActor(SimpleInboxActor):
                "created_at": time.time()}
         SessionEventRow.insert(row).execute(self._db)
 
-    def _failure(self, exc: Exception, operation: str, session_id: str | None) -> StoreWriteError:
+    def _failure(self, exc: Exception, operation: str,
+                 session_id: str | None) -> InternalError | SessionOwnedByAnotherHost:
         """``exc`` as the error callers get, logged (a vanished store file: once)."""
         error = _write_error(exc)
+        if isinstance(error, SessionOwnedByAnotherHost):
+            logger.info("%s", error.message)
+            return error
         if isinstance(exc, StoreFileGone):
             if not self._store_gone_logged:
                 self._store_gone_logged = True
-                logger.error("session store %s: %s", self._store.path, exc)
+                logger.error("session store %s: %s", self._store.where, exc)
             return error
         where = "" if session_id is None else f" for session {session_id}"
-        logger.warning("store %s failed%s: %s", operation, where, error.reason)
+        logger.warning("store %s failed%s: %s", operation, where,
+                       getattr(error, "reason", error.message))
         return error
 
 
@@ -458,10 +522,17 @@ def _session_of(write: StoreWrite[Any]) -> str | None:
     return sid if isinstance(sid, str) else None
 
 
-def _write_error(exc: Exception) -> StoreWriteError:
-    """``exc`` as a :class:`StoreWriteError` whose message carries no session content."""
+def _write_error(exc: Exception) -> InternalError | SessionOwnedByAnotherHost:
+    """``exc`` as a :class:`StoreWriteError` whose message carries no session content
+    (another host's lease: :class:`SessionOwnedByAnotherHost`)."""
     if isinstance(exc, StoreWriteError):
         return exc
+    if isinstance(exc, LeaseHeld):
+        return SessionOwnedByAnotherHost(
+            str(exc)[0].upper() + str(exc)[1:],
+            {"ownerHost": exc.owner, "leaseExpiresInSecs": round(exc.expires_in, 1)})
+    if isinstance(exc, LeaseLost):
+        return StoreWriteError(str(exc))
     if isinstance(exc, MissingSession):
         return StoreWriteError(f"no session {exc}")
     if isinstance(exc, StoreFileGone):

@@ -28,6 +28,7 @@ __all__ = [
     "SessionLimitReached",
     "SessionNotFound",
     "SessionNotOwned",
+    "SessionOwnedByAnotherHost",
     "bounded_data",
     "bounded_message",
     "clip",
@@ -148,6 +149,14 @@ class SessionBusy(RpcError):
 class SessionNotOwned(RpcError):
     code = -32003
     default_message = "Session not owned by this connection"
+
+
+class SessionOwnedByAnotherHost(RpcError):
+    """Several hosts on one PostgreSQL store: another live host holds the session's
+    lease; ``data`` is ``{ownerHost, leaseExpiresInSecs}``."""
+
+    code = -32004
+    default_message = "Session owned by another host"
 
 
 class FirstRequestNotInitialize(RpcError):

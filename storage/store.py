@@ -36,7 +36,7 @@ import shutil
 import sqlite3
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,7 @@ import orjson
 import peewee
 
 from ipc.events import StoredTurn, TextItem, ToolItem, TurnItem
+from storage import leases, pg
 from storage.models import (
     MODELS,
     SCHEMA_VERSION,
@@ -67,7 +68,9 @@ __all__ = [
     "StoreReader",
     "decode_cursor",
     "encode_cursor",
+    "in_open_transaction",
     "open_store",
+    "open_store_url",
     "write_failure_reason",
     "write_transaction",
 ]
@@ -97,6 +100,9 @@ class StoreFileGone(Exception):
 class Store:
     """An open session store: where it lives, the writer, and the reader.
 
+    ``backend`` is ``"sqlite"`` or ``"postgresql"``; ``url`` is a PostgreSQL store's URL
+    without any password (what status and logs show), ``None`` for SQLite.
+
     ``path`` is the file in use (a temporary file when ``persistent`` is false
     and the SQLite library cannot keep the store in memory; the requested path
     when it is in memory); ``requested_path`` is the one :func:`open_store` was
@@ -111,11 +117,13 @@ class Store:
         path: Path,
         requested_path: Path,
         persistent: bool,
-        writer: peewee.SqliteDatabase,
+        writer: peewee.Database,
         busy_timeout_ms: int,
         location: str | None = None,
         uri: bool = False,
         temp_dir: Path | None = None,
+        reader: StoreReader | None = None,
+        url: str | None = None,
     ) -> None:
         self.path = path
         self.requested_path = requested_path
@@ -125,9 +133,16 @@ class Store:
         #: thread; read anywhere (a float assignment is atomic).
         self.last_commit: float | None = None
         self.writer = writer
-        self.reader = StoreReader(self.location, busy_timeout_ms, uri=uri)
+        self.reader = reader or StoreReader(self.location, busy_timeout_ms, uri=uri)
+        self.url = url
+        self.backend = "sqlite" if url is None else "postgresql"
         self._temp_dir = temp_dir
-        self._file_id = _file_id(path) if persistent else None
+        self._file_id = _file_id(path) if persistent and url is None else None
+
+    @property
+    def where(self) -> str:
+        """Where the store is, for people: the file, or the URL without a password."""
+        return str(self.path) if self.url is None else self.url
 
     def check_file(self) -> None:
         """Raise :class:`StoreFileGone` when the file at ``path`` is no longer the one
@@ -152,7 +167,7 @@ class Store:
             shutil.rmtree(self._temp_dir, ignore_errors=True)
 
     def __repr__(self) -> str:
-        return f"Store(path={str(self.path)!r}, persistent={self.persistent})"
+        return f"Store({self.where!r}, persistent={self.persistent})"
 
 
 def open_store(path: Path, *, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> Store:
@@ -185,6 +200,31 @@ def open_store(path: Path, *, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) ->
     return _open_temporary(path, busy_timeout_ms)
 
 
+def open_store_url(url: str, password: str | None = None, *,
+                   busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS) -> Store:
+    """Open the PostgreSQL store at ``url`` (``postgresql://user@host:port/db``),
+    creating or migrating its schema; ``password`` overrides libpq's own sources.
+
+    No fallback: a shared store that cannot be reached is an error (a host with its
+    own in-memory sessions would serve them beside the other hosts'). Raises
+    ``peewee.PeeweeException`` with a message that holds no password. A write that
+    waits on another connection's lock longer than ``busy_timeout_ms`` fails."""
+    writer = pg.connect_writer(url, password, _migrate_pg, lock_timeout_ms=busy_timeout_ms)
+    shown = pg.redact_url(url)
+    reader = StoreReader(shown, connect=pg.reader_factory(url, password))
+    return Store(path=Path(), requested_path=Path(), persistent=True, writer=writer,
+                 busy_timeout_ms=DEFAULT_BUSY_TIMEOUT_MS, location=shown, reader=reader,
+                 url=shown)
+
+
+def in_open_transaction(db: peewee.Database) -> bool:
+    """Whether ``db``'s connection is inside a transaction (one the server may have
+    rolled back by itself counts). Runs on the database's thread."""
+    if isinstance(db, pg.PgDatabase):
+        return db.in_open_transaction()
+    return bool(db.connection().in_transaction)
+
+
 def _open_in_memory(requested: Path, busy_timeout_ms: int) -> Store:
     """An ephemeral store in memory: a ``memdb`` database named for this store alone."""
     location = f"file:/zeroclaw-{os.getpid()}-{secrets.token_hex(8)}?vfs=memdb"
@@ -213,7 +253,7 @@ def _file_id(path: Path) -> tuple[int, int]:
 
 
 @contextlib.contextmanager
-def write_transaction(db: peewee.SqliteDatabase) -> Iterator[None]:
+def write_transaction(db: peewee.Database) -> Iterator[None]:
     """One write transaction (``BEGIN IMMEDIATE`` on the writer): all or nothing.
 
     Unlike ``db.atomic()``, an error that SQLite already rolled back by itself
@@ -226,7 +266,7 @@ def write_transaction(db: peewee.SqliteDatabase) -> Iterator[None]:
         yield
         db.commit()
     except BaseException:
-        if db.connection().in_transaction:
+        if in_open_transaction(db):
             with contextlib.suppress(*_OPEN_ERRORS):
                 db.rollback()
         raise
@@ -239,7 +279,7 @@ def write_failure_reason(exc: BaseException) -> str:
     by what usually causes them when the words alone say little, e.g. "disk I/O
     error (the disk may be full or read-only, or the file too large)".
     """
-    reason = str(exc) or type(exc).__name__
+    reason = str(exc).split("\n", 1)[0] or type(exc).__name__  # PostgreSQL: no DETAIL
     hint = _FAILURE_HINTS.get(_sqlite_result_code(exc) & 0xFF)
     return f"{reason} ({hint})" if hint else reason
 
@@ -297,24 +337,60 @@ def _create_schema(db: peewee.SqliteDatabase) -> None:
     """Create missing tables and stamp the schema version (also proves the file is writable)."""
     with write_transaction(db):
         version = int(db.execute_sql("PRAGMA user_version").fetchone()[0])
-        for model in MODELS:
-            peewee.SchemaManager(model, database=db).create_all(safe=True)
-            _add_missing_columns(db, model)
-        if version > SCHEMA_VERSION:
-            logger.warning("session store has schema %d, newer than %d", version, SCHEMA_VERSION)
+        _run_schema_steps(db, version)
         db.execute_sql(f"PRAGMA user_version = {max(version, SCHEMA_VERSION)}")
 
 
-def _add_missing_columns(db: peewee.SqliteDatabase, model: type[peewee.Model]) -> None:
+def _migrate_pg(db: peewee.Database) -> None:
+    """The PostgreSQL schema, inside the writer's transaction that holds the lock."""
+    version = pg.read_version(db)
+    _run_schema_steps(db, version)
+    for step in PG_SCHEMA_STEPS:
+        step(db, version)
+    pg.write_version(db, max(version, SCHEMA_VERSION))
+
+
+def _run_schema_steps(db: peewee.Database, version: int) -> None:
+    """Every step of :data:`SCHEMA_STEPS` (each safe to rerun), inside the caller's
+    transaction; ``version`` is the stored one (0: a new store)."""
+    if version > SCHEMA_VERSION:
+        logger.warning("session store has schema %d, newer than %d", version, SCHEMA_VERSION)
+    for step in SCHEMA_STEPS:
+        step(db, version)
+
+
+def _create_missing_tables(db: peewee.Database, version: int) -> None:
+    """Every table and index of :data:`storage.models.MODELS` that is not there yet."""
+    for model in MODELS:
+        peewee.SchemaManager(model, database=db).create_all(safe=True)
+
+
+def _add_missing_columns(db: peewee.Database, version: int) -> None:
     """Add the columns a newer schema gave a table an older version made (each has an
     SQL default, so older versions can still write rows, and ignore them)."""
-    table = model._meta.table_name
-    present = {column.name for column in db.get_columns(table)}
-    for field in model._meta.sorted_fields:
-        if field.column_name not in present:
-            context = db.get_sql_context()
-            column, params = context.sql(field.ddl(context)).query()
-            db.execute_sql(f'ALTER TABLE "{table}" ADD COLUMN {column}', params)
+    for model in MODELS:
+        table = model._meta.table_name
+        present = {column.name for column in db.get_columns(table)}
+        for field in model._meta.sorted_fields:
+            if field.column_name not in present:
+                context = db.get_sql_context()
+                column, params = context.sql(field.ddl(context)).query()
+                db.execute_sql(f'ALTER TABLE "{table}" ADD COLUMN {column}', params)
+
+
+#: The schema's steps, in order, on both backends: each gets the stored version (0 for
+#: a new store) and is safe to rerun; a schema change appends its step (and bumps
+#: :data:`storage.models.SCHEMA_VERSION`).
+SCHEMA_STEPS: tuple[Callable[[peewee.Database, int], None], ...] = (
+    _create_missing_tables,
+    _add_missing_columns,
+)
+
+#: The steps of a PostgreSQL store only, after :data:`SCHEMA_STEPS`: what several hosts
+#: on one database need (an SQLite file has one host).
+PG_SCHEMA_STEPS: tuple[Callable[[peewee.Database, int], None], ...] = (
+    leases.create_table,
+)
 
 
 def _make_private_dirs(directory: Path) -> None:
@@ -358,14 +434,18 @@ class StoreReader:
     """
 
     def __init__(self, path: Path | str, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
-                 *, uri: bool = False) -> None:
-        """``path``: the store's file, or a ``file:`` URI when ``uri``."""
+                 *, uri: bool = False,
+                 connect: Callable[[], peewee.Database] | None = None) -> None:
+        """``path``: the store's file, or a ``file:`` URI when ``uri``; ``connect``
+        makes a thread's database instead (PostgreSQL: ``path`` is then only shown)."""
         self._path = path
         self._uri = uri
         self._busy_timeout_ms = busy_timeout_ms
+        self._connect = connect or self._sqlite_database
+        self._sqlite = connect is None
         self._local = threading.local()
         self._lock = threading.Lock()
-        self._databases: list[peewee.SqliteDatabase] = []
+        self._databases: list[peewee.Database] = []
 
     def get_session(self, session_id: str) -> StoredSession | None:
         """The stored session, or ``None`` if there is no such record."""
@@ -452,7 +532,7 @@ class StoreReader:
         if cwd is not None:
             query = query.where(SessionRow.cwd == cwd)
         if tenant is not None:
-            query = query.where(peewee.fn.json_extract(SessionRow.meta, "$.tenant") == tenant)
+            query = query.where(self._tenant_of_meta() == tenant)
         if cursor is not None:
             last_activity, last_id = decode_cursor(cursor, cwd)
             query = query.where(
@@ -554,22 +634,34 @@ class StoreReader:
             db.close()
         self._local = threading.local()
 
-    def _database(self) -> peewee.SqliteDatabase:
-        db: peewee.SqliteDatabase | None = getattr(self._local, "db", None)
+    def _tenant_of_meta(self) -> peewee.ColumnBase:
+        """``meta.tenant`` as SQL text, in the backend's JSON functions."""
+        if self._sqlite:
+            return peewee.fn.json_extract(SessionRow.meta, "$.tenant")
+        return peewee.fn.jsonb_extract_path_text(peewee.Cast(SessionRow.meta, "jsonb"),
+                                                 "tenant")
+
+    def _database(self) -> peewee.Database:
+        db: peewee.Database | None = getattr(self._local, "db", None)
+        if isinstance(db, pg.PgDatabase):
+            db.drop_if_broken()  # a server restart: reconnect
         if db is None:
-            db = peewee.SqliteDatabase(
-                str(self._path),
-                pragmas=[("query_only", 1), ("busy_timeout", int(self._busy_timeout_ms))],
-                timeout=self._busy_timeout_ms / 1000,
-                uri=self._uri,
-                thread_safe=False,
-                # Used by one thread only; close() may run on another one.
-                check_same_thread=False,
-            )
+            db = self._connect()
             self._local.db = db
             with self._lock:
                 self._databases.append(db)
         return db
+
+    def _sqlite_database(self) -> peewee.Database:
+        return peewee.SqliteDatabase(
+            str(self._path),
+            pragmas=[("query_only", 1), ("busy_timeout", int(self._busy_timeout_ms))],
+            timeout=self._busy_timeout_ms / 1000,
+            uri=self._uri,
+            thread_safe=False,
+            # Used by one thread only; close() may run on another one.
+            check_same_thread=False,
+        )
 
 
 def _turn_of(numbered: tuple[int, int, TurnItem]) -> int:

@@ -11,14 +11,17 @@ safe to read from any thread.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
+import socket
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlsplit
 
 from actors.worker.sandbox import SANDBOX_CHOICES
 from ipc.modes import MODE_IDS
@@ -95,6 +98,17 @@ class Settings:
     allow_unsandboxed_shell: bool = False
     gateway: GatewayConfig | None = None  # [gateway]: see supervisor.gateway_config
     tenants: Mapping[str, TenantConfig] = field(default_factory=dict)  # [tenants.NAME]
+    store_url: str | None = None
+    """``[store] url`` when it names PostgreSQL (never holding a password); ``None``: the
+    SQLite file ``store_path``."""
+    store_password_env: str | None = None
+    """``[store] password_env``: the variable that holds the PostgreSQL password."""
+    host_id: str = ""
+    """``[store] host_id``: this host's name among the hosts of one PostgreSQL store
+    (default ``<hostname>:<a hash of the data dir>``, the same across restarts)."""
+    lease_ttl_secs: float = 30.0
+    """``[store] lease_ttl_secs``: how long a session's lease outlives its host's last
+    heartbeat (renewed every third of it)."""
 
     @property
     def default_model(self) -> str:
@@ -259,11 +273,17 @@ def settings_from_document(
     from supervisor.gateway_config import gateway_from_document, tenants_from_document
 
     gateway = gateway_from_document(_section(doc, "gateway"))
+    store_section = _section(doc, "store")
+    store_path, store_url, password_env = _store(store_section, data_dir)
     return Settings(
         config_dir=config_dir,
         data_dir=data_dir,
         socket_path=Path(env.get("ZEROCLAW_SOCKET") or data_dir / "daemon.sock"),
-        store_path=data_dir / "sessions" / "acp-sessions.db",
+        store_path=store_path,
+        store_url=store_url,
+        store_password_env=password_env,
+        host_id=_host_id(store_section, data_dir),
+        lease_ttl_secs=_seconds(store_section, "lease_ttl_secs", 30.0),
         default_agent=default_agent,
         max_sessions=_int(acp, "max_sessions", 10, 1),
         session_timeout_secs=_whole_if_integral(timeout),
@@ -281,6 +301,47 @@ def settings_from_document(
         gateway=gateway,
         tenants=tenants_from_document(doc.get("tenants"), gateway.retired_tenant_ids),
     )
+
+
+def _store(section: Mapping[str, Any], data_dir: Path) -> tuple[Path, str | None, str | None]:
+    """``[store]``: (the SQLite path, the PostgreSQL URL or None, password_env or None).
+
+    ``url = "sqlite:///PATH"`` (or no url) is the SQLite file; ``postgresql://user@host:
+    port/db`` is PostgreSQL, whose password must not be in the URL (it would show in
+    ``zeroclaw config`` and reach every child process): ``password_env`` names the
+    variable that holds it, or libpq finds it (``~/.pgpass``, a service file)."""
+    default = data_dir / "sessions" / "acp-sessions.db"
+    url = section.get("url")
+    password_env = section.get("password_env")
+    if password_env is not None and (not isinstance(password_env, str)
+                                     or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", password_env)):
+        raise ConfigError("store.password_env must be the name of an environment variable, "
+                          'e.g. password_env = "ZEROCLAW_PG_PASSWORD"')
+    if url is None or url == "":
+        return default, None, password_env
+    if not isinstance(url, str):
+        raise ConfigError("store.url must be a string, e.g. postgresql://zeroclaw@db:5432/zeroclaw")
+    parts = urlsplit(url)
+    if parts.scheme == "sqlite":
+        if parts.netloc or not parts.path.startswith("/"):
+            raise ConfigError(f"store.url {url!r}: use sqlite:///ABSOLUTE/PATH")
+        return Path(unquote(parts.path)).expanduser(), None, password_env
+    if parts.scheme not in ("postgresql", "postgres"):
+        raise ConfigError("store.url must start with postgresql:// or sqlite:///")
+    if parts.password is not None or "password=" in parts.query:
+        raise ConfigError("store.url must not hold a password: put it in the variable "
+                          "named by store.password_env, or in ~/.pgpass")
+    return default, url, password_env
+
+
+def _host_id(section: Mapping[str, Any], data_dir: Path) -> str:
+    given = section.get("host_id")
+    if given is not None:
+        if not isinstance(given, str) or not given.strip():
+            raise ConfigError("store.host_id must be a non-empty string")
+        return given.strip()
+    digest = hashlib.sha256(str(data_dir).encode()).hexdigest()[:8]
+    return f"{socket.gethostname()}:{digest}"
 
 
 _VARIABLE = re.compile(r"\$(?:([A-Za-z_][A-Za-z0-9_]*)|\{([^}]*)\})")

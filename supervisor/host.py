@@ -26,8 +26,12 @@ from actors.persistence import (
     PersistBatch,
     PersistenceActor,
     PersistRequest,
+    ReleaseAllLeases,
+    ReleaseLease,
+    RenewLeases,
     StoreWrite,
     StoreWriteError,
+    TakeLease,
     UpdateMeta,
 )
 from actors.worker.agents import agent_config_problem
@@ -57,7 +61,8 @@ from ipc.worker_wire import (
     UserAsk,
     WorkerMessage,
 )
-from storage.store import Store, open_store
+from storage.leases import Leases
+from storage.store import Store
 from supervisor.agent_calls import AgentCalls
 from supervisor.client_relay import ClientRelay
 from supervisor.closings import Closings
@@ -68,6 +73,7 @@ from supervisor.orphans import become_subreaper
 from supervisor.pacing import TurnStream
 from supervisor.protected import host_protected_paths
 from supervisor.routes import Peer, Route
+from supervisor.store_open import open_configured_store
 from supervisor.supervisor import EndOrphans, StartWorker, SupervisorActor
 from supervisor.turn_stats import TurnStats
 from supervisor.turns import TurnBook
@@ -102,6 +108,8 @@ class Host:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._sweeper: asyncio.Task[None] | None = None
         self._orphan_sweeper: asyncio.Task[None] | None = None
+        self._heartbeat: asyncio.Task[None] | None = None
+        self.leases: Leases | None = None
         self._closings = Closings()
         self.turns = TurnBook(self, self.live)
         self.client_relay = ClientRelay(self)
@@ -116,10 +124,16 @@ class Host:
     async def start(self) -> None:
         settings = self.settings
         _log_unusable_agents(settings)
-        self.store = await asyncio.to_thread(open_store, settings.store_path)
+        self.store = await asyncio.to_thread(open_configured_store, settings)
         self.reader = self.store.reader
         self.usage.seed(await asyncio.to_thread(self.reader.usage_totals))
-        self.persistence = PersistenceActor.start(self.store)
+        self.leases = (Leases(settings.host_id, settings.lease_ttl_secs)
+                       if self.store.backend == "postgresql" else None)
+        self.persistence = PersistenceActor.start(self.store, self.leases)
+        if self.leases is not None:  # a host of this id that died left its leases
+            released = await self.persist(ReleaseAllLeases())
+            log.info("host %s on a shared store (%d stale lease(s) released)",
+                     self.leases.host_id, released)
         self.supervisor = SupervisorActor.start()
         self.sandbox = await asyncio.to_thread(detect_sandbox, settings.sandbox)
         self.pool = WorkerPool(
@@ -140,15 +154,22 @@ class Host:
         self.pool.scale_to(2)
         self._sweeper = asyncio.create_task(self._sweep_idle())
         self._orphan_sweeper = asyncio.create_task(self._sweep_orphans())
+        if self.leases is not None:
+            self._heartbeat = asyncio.create_task(self._renew_leases(self.leases))
 
     async def stop(self) -> None:
         """Cancel running turns, let them persist, then stop workers and actors."""
         self.turns.cancel_all()
         await self.turns.wait_all(timeout=10)
-        for sweeper in (self._sweeper, self._orphan_sweeper):
+        for sweeper in (self._sweeper, self._orphan_sweeper, self._heartbeat):
             if sweeper is not None:
                 sweeper.cancel()
         await self.pool.close()
+        if self.leases is not None:
+            try:  # another host may take this one's sessions now
+                await self.persist(ReleaseAllLeases())
+            except Exception as exc:
+                log.warning("leases not released (they expire): %s", exc)
         await asyncio.to_thread(self._stop_actors)
 
     def _stop_actors(self) -> None:
@@ -242,6 +263,7 @@ class Host:
         left = []
         for eviction in evictions:
             if eviction.route.worker_id == told:
+                self.release_lease(eviction.sid)
                 self.client_relay.session_gone(eviction.sid)
                 left.append(eviction.sid)
             else:
@@ -419,10 +441,34 @@ class Host:
 
     def drop_on_worker(self, route: Route) -> None:
         """Close the session's actor on its worker without waiting for it."""
+        self.release_lease(route.sid)
         self._send_close(route.worker_id, route.sid, wait=False)
+
+    # --- leases (a shared PostgreSQL store) ----------------------------------------------
+
+    async def take_lease(self, sid: str) -> None:
+        """Own ``sid`` before it opens here; -32004 naming the owner while another live
+        host owns it. Nothing to do on a store of one host's (SQLite)."""
+        if self.leases is not None:
+            await self.persist(TakeLease(sid))
+
+    def release_lease(self, sid: str) -> None:
+        """``sid`` left this host (closed, evicted, or its open failed); no wait."""
+        if self.leases is not None:
+            self._hand_over(PersistRequest(ReleaseLease(sid)))
+
+    async def _renew_leases(self, leases: Leases) -> None:
+        period = max(0.2, leases.ttl_secs / 3)
+        while True:
+            await asyncio.sleep(period)
+            try:
+                await self.persist(RenewLeases())
+            except Exception as exc:
+                log.warning("lease heartbeat failed: %s", exc)
 
     async def close_on_worker(self, route: Route) -> None:
         """Drop the session's actor and wait (bounded) for the worker to confirm."""
+        self.release_lease(route.sid)
         close_id, waiter = self._send_close(route.worker_id, route.sid, wait=True)
         if waiter is None:
             return  # the worker is gone: nothing to close there

@@ -157,6 +157,8 @@ def _store_problems(sessions: Sessions) -> list[str]:
         store.check_file()
     except Exception as exc:
         return [str(exc)]
+    if store.url is not None:  # a PostgreSQL store: its writes report their own errors
+        return []
     if not os.access(store.path, os.W_OK) or not os.access(store.path.parent, os.W_OK):
         return ["the session store is not writable"]
     return []

@@ -278,6 +278,7 @@ class Sessions:
         agent, fallback_from = self.agent_of_stored(info)
         entry = self.live.begin_opening(info.id)
         try:
+            await self.host.take_lease(info.id)  # another live host's: -32004
             route = await self._place_and_open(entry, peer, info, history, agent,
                                                fallback_from)
             if commit is not None:
@@ -288,6 +289,8 @@ class Sessions:
                 await self.host.close_on_worker(placed)
             elif placed is not None:
                 self.host.drop_on_worker(placed)
+            else:  # its own lease only: another host's stays
+                self.host.release_lease(info.id)
             raise
         self.live.opened(entry)
         return route

@@ -19,6 +19,8 @@ from hypothesis import HealthCheck, settings
 
 from actors.persistence import PersistenceActor
 from storage import Store, open_store
+from storage.store import open_store_url
+from tests.pg_support import BACKENDS, fresh_database
 
 settings.register_profile(
     "ci",
@@ -32,10 +34,30 @@ settings.register_profile("explore", settings.get_profile("ci"), derandomize=Fal
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+@pytest.fixture(params=BACKENDS)
+def store_backend(request: pytest.FixtureRequest) -> str:
+    """Each store test runs on both backends: ``sqlite`` and ``postgresql``."""
+    return str(request.param)
+
+
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    """A fresh session store in a temp data dir (a module may define its own)."""
-    opened = open_store(tmp_path / "data" / "sessions" / "acp-sessions.db")
+def store_url(store_backend: str) -> Iterator[str | None]:
+    """A fresh PostgreSQL database's URL, or ``None`` on SQLite."""
+    if store_backend == "sqlite":
+        yield None
+        return
+    with fresh_database() as url:
+        yield url
+
+
+@pytest.fixture
+def store(tmp_path: Path, store_url: str | None) -> Iterator[Store]:
+    """A fresh session store in a temp data dir, or in a fresh PostgreSQL database
+    (a module may define its own)."""
+    if store_url is None:
+        opened = open_store(tmp_path / "data" / "sessions" / "acp-sessions.db")
+    else:
+        opened = open_store_url(store_url)
     yield opened
     opened.close()
 

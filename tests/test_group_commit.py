@@ -29,13 +29,16 @@ from actors.persistence import (
 from ipc.events import TextItem, ToolItem, TurnItem, TurnRecord
 from storage import Store, StoredSession, open_store
 from storage.models import MessageRow
+from storage.store import open_store_url
+from tests.pg_support import committed_value, reopen, rows, stop_tracing, trace_statements
 
 WAIT = 10.0
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    opened = open_store(tmp_path / "acp-sessions.db", busy_timeout_ms=300)
+def store(tmp_path: Path, store_url: str | None) -> Iterator[Store]:
+    opened = (open_store(tmp_path / "acp-sessions.db", busy_timeout_ms=300)
+              if store_url is None else open_store_url(store_url))
     yield opened
     opened.close()
 
@@ -61,11 +64,9 @@ class Reply:
     def __call__(self, error: BaseException | None, value: Any) -> None:
         self.error, self.value = error, value
         if self.sid is not None:  # a fresh connection sees only committed data
-            with sqlite3.connect(self.store.path) as check:
-                found = check.execute(
-                    "SELECT turn_count FROM sessions WHERE id = ?", (self.sid,)
-                ).fetchone()
-            self.turns_on_disk = found[0] if found else None
+            found = committed_value(self.store, "SELECT turn_count FROM sessions WHERE id = ?",
+                                    self.sid)
+            self.turns_on_disk = None if found is None else int(str(found))
         self.done.set()
 
     def wait(self) -> Reply:
@@ -102,18 +103,11 @@ def hold_busy(actor: pykka.ActorRef[PersistenceActor], store: Store) -> threadin
 
 
 def trace(store: Store) -> list[str]:
-    statements: list[str] = []
-    store.writer.connection().set_trace_callback(statements.append)
-    return statements
+    return trace_statements(store)
 
 
 def verbs(statements: list[str]) -> list[str]:
     return [s.split()[0].upper() for s in statements]
-
-
-def rows(store: Store, sql: str) -> list[tuple[Any, ...]]:
-    with sqlite3.connect(store.path) as check:
-        return check.execute(sql).fetchall()
 
 
 def test_queued_writes_commit_together_and_reply_after_the_commit(
@@ -133,7 +127,7 @@ def test_queued_writes_commit_together_and_reply_after_the_commit(
     release.set()
     for reply in replies:
         reply.wait()
-    store.writer.connection().set_trace_callback(None)
+    stop_tracing(store)
     assert all(reply.error is None for reply in replies)
     assert [reply.value for reply in replies] == [None] * 4 + [1] * 4 + [2] * 4 + [3] * 4
     assert all(reply.turns_on_disk == 3 for reply in replies), "a reply came before the commit"
@@ -227,7 +221,7 @@ def test_another_writer_on_the_same_file_is_noticed(
     proxy = actor.proxy()
     proxy.perform(CreateSession(session("s1"))).get(timeout=WAIT)
     assert proxy.perform(WriteTurn(turn("s1", 0))).get(timeout=WAIT) == 1
-    other_store = open_store(store.path)
+    other_store = reopen(store)
     other = PersistenceActor.start(other_store)
     try:
         assert other.proxy().perform(WriteTurn(turn("s1", 1))).get(timeout=WAIT) == 2

@@ -6,7 +6,6 @@ Actors are stopped after each test by the autouse fixture in ``conftest.py``.
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,11 +31,14 @@ from actors.persistence import (
 )
 from ipc.events import TextItem, ToolItem, TurnItem, TurnRecord
 from storage import SessionEvent, SessionName, Store, StoredSession, open_store
+from storage.store import open_store_url
+from tests.pg_support import RawConnection, rows, stop_tracing, trace_statements
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    opened = open_store(tmp_path / "sessions" / "acp-sessions.db", busy_timeout_ms=300)
+def store(tmp_path: Path, store_url: str | None) -> Iterator[Store]:
+    opened = (open_store(tmp_path / "sessions" / "acp-sessions.db", busy_timeout_ms=300)
+              if store_url is None else open_store_url(store_url))
     yield opened
     opened.close()
 
@@ -111,11 +113,6 @@ def ten_items(n: int) -> list[TurnItem]:
     return items
 
 
-def rows(store: Store, sql: str) -> list[tuple[Any, ...]]:
-    with sqlite3.connect(store.path) as check:
-        return check.execute(sql).fetchall()
-
-
 def call(method: Any, *args: Any) -> Reply:
     reply = Reply()
     method(*args, reply=reply)
@@ -135,11 +132,15 @@ def test_create_session_replies_on_actor_thread_after_commit(store: Store, write
     assert store.reader.get_session("s1") == session()
 
 
-def test_duplicate_session_fails_and_actor_survives(writer: Any, actor_ref: Any) -> None:
+def test_duplicate_session_fails_and_actor_survives(
+    store: Store, writer: Any, actor_ref: Any
+) -> None:
     call(writer.perform, CreateSession(session()))
     failed = call(writer.perform, CreateSession(session(title="again")))
     assert isinstance(failed.error, StoreWriteError)
-    assert str(failed.error) == "store write failed: UNIQUE constraint failed: sessions.id"
+    assert str(failed.error) == "store write failed: " + (
+        "UNIQUE constraint failed: sessions.id" if store.url is None
+        else 'duplicate key value violates unique constraint "sessions_pkey"')
     assert actor_ref.is_alive()
     assert call(writer.perform, CreateSession(session("s2"))).error is None
 
@@ -188,7 +189,8 @@ def test_record_event_round_trip(store: Store, writer: Any) -> None:
     ]
     assert all(isinstance(e, SessionEvent) and e.created_at > 0 for e in events)
     failed = call(writer.perform, RecordEvent("ghost", "focus", {}))
-    assert "FOREIGN KEY constraint failed" in str(failed.error)
+    assert ("FOREIGN KEY constraint failed" if store.url is None
+            else "violates foreign key constraint") in str(failed.error)
 
 
 def test_delete_session_removes_children(store: Store, writer: Any) -> None:
@@ -311,12 +313,11 @@ def test_write_turn_for_unknown_session_fails(store: Store, writer: Any) -> None
 
 def test_turn_is_one_transaction_with_one_insert_per_table(store: Store, writer: Any) -> None:
     call(writer.perform, CreateSession(session()))
-    statements: list[str] = []
-    store.writer.connection().set_trace_callback(statements.append)
+    statements = trace_statements(store)
     try:
         call(writer.perform, WriteTurn(turn("s1", ten_items(0)))).ok()
     finally:
-        store.writer.connection().set_trace_callback(None)
+        stop_tracing(store)
     verbs = [s.split()[0].upper() for s in statements]
     assert verbs[0] == "BEGIN" and verbs[-1] == "COMMIT"
     assert verbs.count("BEGIN") == 1 and verbs.count("COMMIT") == 1
@@ -340,6 +341,8 @@ def test_failure_mid_turn_leaves_nothing(store: Store, writer: Any) -> None:
 
 
 def test_disk_full_fails_clearly_then_recovers(store: Store, writer: Any) -> None:
+    if store.url is not None:
+        pytest.skip("SQLite's own cap (max_page_count); PostgreSQL has no per-database one")
     call(writer.perform, CreateSession(session()))
     big: list[TurnItem] = [TextItem("user", "q"), TextItem("assistant", "z" * 200_000)]
     # A real SQLITE_FULL: cap the file at its current size (the actor is idle).
@@ -356,11 +359,15 @@ def test_disk_full_fails_clearly_then_recovers(store: Store, writer: Any) -> Non
 
 def test_locked_store_fails_clearly_then_recovers(store: Store, writer: Any) -> None:
     call(writer.perform, CreateSession(session()))
-    intruder = sqlite3.connect(store.path, isolation_level=None)
+    intruder = RawConnection(store)
     try:
         intruder.execute("BEGIN IMMEDIATE")
+        # SQLite: the file's write lock; PostgreSQL: the session row's.
+        intruder.execute("UPDATE sessions SET title = 'intruder' WHERE id = 's1'")
         failed = call(writer.perform, WriteTurn(turn("s1", ten_items(0))))
-        assert str(failed.error) == "store write failed: database is locked"
+        assert str(failed.error) == "store write failed: " + (
+            "database is locked" if store.url is None
+            else "canceling statement due to lock timeout")
     finally:
         intruder.execute("ROLLBACK")
         intruder.close()

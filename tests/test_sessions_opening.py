@@ -36,9 +36,13 @@ async def test_a_cancelled_close_leaves_the_open_and_later_closes_working() -> N
     async def close_on_worker(route: Route) -> None:
         closed.append(route)
 
+    async def take_lease(sid: str) -> None:  # a store of one host's: no lease
+        return None
+
     host: Any = types.SimpleNamespace(settings=types.SimpleNamespace(tenants={}), live=live,
                                       persist=persist, close_on_worker=close_on_worker,
-                                      close_evicted=lambda evicted: None)
+                                      close_evicted=lambda evicted: None,
+                                      take_lease=take_lease, release_lease=lambda sid: None)
     sessions = Sessions(host)
     gate = asyncio.Event()
 
@@ -83,7 +87,7 @@ def test_an_open_carries_its_workers_evictions_and_closes_them_if_it_cannot_go()
         settings=types.SimpleNamespace(tenants={}), live=None,
         pool=types.SimpleNamespace(send=send),
         client_relay=types.SimpleNamespace(session_gone=lambda sid: None),
-        drop_on_worker=lambda route: dropped.append(route.sid))
+        drop_on_worker=lambda route: dropped.append(route.sid), release_lease=lambda sid: None)
     host.close_evicted = types.MethodType(Host.close_evicted, host)
     sessions = Sessions(host)
     evicted = [Eviction(sid, Route(sid, worker_id, None, "main", "/w", "/w", "ask"))

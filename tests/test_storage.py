@@ -28,6 +28,7 @@ from actors.persistence import (
 from ipc.events import TextItem, ToolItem, TurnRecord
 from storage import SCHEMA_VERSION, Store, StoredSession, StoreReader, open_store
 from storage.store import encode_cursor
+from tests.pg_support import RawConnection
 
 
 def session(sid: str, *, cwd: str = "/src/a", last_activity: float = 1000.0) -> StoredSession:
@@ -393,7 +394,7 @@ def test_reads_from_many_threads_at_once(store: Store, writer: Any) -> None:
 
 def test_read_runs_while_a_write_transaction_is_open(store: Store, writer: Any) -> None:
     create_all(writer, [session("committed")])
-    other_writer = sqlite3.connect(store.path, isolation_level=None, timeout=5)
+    other_writer = RawConnection(store)
     try:
         other_writer.execute("BEGIN IMMEDIATE")
         other_writer.execute("UPDATE sessions SET title = 'uncommitted' WHERE id = 'committed'")

@@ -28,6 +28,12 @@ from storage import Store
 from storage.store import write_failure_reason
 from tests.test_persistence import call, session, ten_items, turn
 
+
+@pytest.fixture
+def store_backend() -> str:
+    """These faults are the SQLite file's own (read-only, deleted, full): SQLite only."""
+    return "sqlite"
+
 IO_HINT = "the disk may be full or read-only, or the file too large"
 
 

@@ -249,7 +249,8 @@ class AcpServer:
         self.version = version
         self.owns_host = host is None
         self.host = host if host is not None else HostHandle(settings)
-        self._advertise(probe_store(settings.store_path))
+        # A PostgreSQL store is the host's to open (no file to probe); it fails the start.
+        self._advertise(settings.store_url is not None or probe_store(settings.store_path))
         self.methods: dict[str, Callable[..., Any]] = ExtensionMethods({
             "initialize": self.initialize,
             "session/new": self.new_session,

@@ -1,0 +1,103 @@
+"""Session ownership leases on a shared PostgreSQL store: one host runs a session.
+
+A row of ``session_leases`` (session id, host id, expiry in the database's clock) says
+which host owns a live session. A host takes it before it opens the session (a lease
+of another host that has not expired refuses the open, naming that host), renews all
+of its own every third of the TTL (the heartbeat), checks it in the transaction of
+every turn it commits (a host whose lease was taken over after it stalled commits
+nothing more), and releases it when the session closes or is evicted, and all of
+them when it stops. Taking is one ``INSERT ... ON CONFLICT DO UPDATE ... WHERE``:
+two hosts racing for one session serialise on its key and one of them wins.
+
+The table is created by the PostgreSQL schema step :func:`create_table`; an SQLite
+store has no leases (one host owns its file).
+
+Threads: the persistence actor's (every function runs inside its transaction).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import peewee
+
+__all__ = ["LeaseHeld", "LeaseLost", "Leases", "create_table"]
+
+
+class LeaseHeld(Exception):
+    """Another live host owns the session."""
+
+    def __init__(self, session_id: str, owner: str, expires_in: float) -> None:
+        super().__init__(f"session {session_id} is owned by host {owner} "
+                         f"(its lease ends in {max(0.0, expires_in):.0f} s unless renewed)")
+        self.session_id = session_id
+        self.owner = owner
+        self.expires_in = expires_in
+
+
+class LeaseLost(Exception):
+    """This host no longer owns the session (its lease expired and another took it)."""
+
+
+def create_table(db: peewee.Database, version: int) -> None:
+    """The PostgreSQL schema step that makes ``session_leases`` (safe to rerun)."""
+    db.execute_sql("CREATE TABLE IF NOT EXISTS session_leases ("
+                   "session_id TEXT PRIMARY KEY, host_id TEXT NOT NULL, "
+                   "expires_at DOUBLE PRECISION NOT NULL)")
+    db.execute_sql("CREATE INDEX IF NOT EXISTS session_leases_host "
+                   "ON session_leases (host_id)")
+
+
+_NOW = "EXTRACT(EPOCH FROM clock_timestamp())"
+
+
+@dataclass(frozen=True, slots=True)
+class Leases:
+    """This host's leases: its id and how long a lease lasts without renewal."""
+
+    host_id: str
+    ttl_secs: float
+
+    def take(self, db: peewee.Database, session_id: str) -> None:
+        """Own ``session_id`` from now for the TTL, unless another host's lease is live
+        (:class:`LeaseHeld`). Taking over an expired lease is how a dead host's
+        sessions move on."""
+        taken = db.execute_sql(
+            "INSERT INTO session_leases AS l (session_id, host_id, expires_at) "
+            f"VALUES (%s, %s, {_NOW} + %s) ON CONFLICT (session_id) DO UPDATE SET "
+            "host_id = EXCLUDED.host_id, expires_at = EXCLUDED.expires_at "
+            f"WHERE l.host_id = EXCLUDED.host_id OR l.expires_at < {_NOW} "
+            "RETURNING host_id", (session_id, self.host_id, self.ttl_secs)).fetchone()
+        if taken is not None:
+            return
+        found = db.execute_sql(f"SELECT host_id, expires_at - {_NOW} FROM session_leases "
+                               "WHERE session_id = %s", (session_id,)).fetchone()
+        owner, left = found if found is not None else ("unknown", 0.0)
+        raise LeaseHeld(session_id, str(owner), float(left))
+
+    def hold(self, db: peewee.Database, session_id: str) -> None:
+        """Renew the lease of a session this host writes a turn of; :class:`LeaseLost`
+        when it is no longer this host's."""
+        cursor = db.execute_sql(
+            f"UPDATE session_leases SET expires_at = {_NOW} + %s "
+            "WHERE session_id = %s AND host_id = %s",
+            (self.ttl_secs, session_id, self.host_id))
+        if cursor.rowcount != 1:
+            raise LeaseLost(f"session {session_id} is no longer owned by this host "
+                            f"({self.host_id}): another host took it over")
+
+    def renew_all(self, db: peewee.Database) -> int:
+        """The heartbeat: every lease of this host lasts the TTL from now; how many."""
+        return int(db.execute_sql(f"UPDATE session_leases SET expires_at = {_NOW} + %s "
+                                  "WHERE host_id = %s",
+                                  (self.ttl_secs, self.host_id)).rowcount)
+
+    def release(self, db: peewee.Database, session_id: str) -> None:
+        db.execute_sql("DELETE FROM session_leases WHERE session_id = %s AND host_id = %s",
+                       (session_id, self.host_id))
+
+    def release_all(self, db: peewee.Database) -> int:
+        """Every lease of this host (at start: a host of this id that died left them;
+        at stop)."""
+        return int(db.execute_sql("DELETE FROM session_leases WHERE host_id = %s",
+                                  (self.host_id,)).rowcount)

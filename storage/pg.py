@@ -1,0 +1,160 @@
+"""The PostgreSQL backend of the session store: connections, and its schema version.
+
+Several hosts share one database, so the schema is created and migrated under a
+transaction-level advisory lock (``pg_advisory_xact_lock``): two hosts starting at
+once migrate once, the second waits and finds the work done. The version lives in
+the table ``zeroclaw_schema`` (one row), where SQLite uses ``PRAGMA user_version``.
+
+The driver is psycopg 3 through peewee's :class:`peewee.PostgresqlDatabase`
+(``scripts/store_backends`` measured it against psycopg2; see docs/several-hosts.md).
+The password comes from the caller (``[store] password_env``) or from libpq itself
+(``~/.pgpass``, ``PGPASSFILE``, a service file); it is never in the URL that is shown
+(:func:`redact_url`), and never in an error this module raises (:func:`scrub`).
+
+Threads: :func:`connect_writer` runs on the opening thread; the writer is then used by
+the persistence actor's thread only. :func:`reader_factory` makes one database object
+per reading thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import peewee
+
+__all__ = [
+    "SCHEMA_LOCK_KEY",
+    "PgDatabase",
+    "connect_writer",
+    "is_postgresql_url",
+    "reader_factory",
+    "redact_url",
+    "scrub",
+]
+
+logger = logging.getLogger("zeroclaw.storage")
+
+#: The advisory lock key every zeroclaw host takes to migrate (``zeroclaw`` in ASCII).
+SCHEMA_LOCK_KEY = 0x7A65726F636C6177
+
+#: The driver: ``"psycopg"`` (psycopg 3, the one setup.cfg pins) or ``"psycopg2"`` (when
+#: installed; ``scripts/store_backends.py`` compares them).
+DRIVER = "psycopg"
+
+_READ_OPTIONS = "-c default_transaction_read_only=on " \
+                "-c default_transaction_isolation=repeatable\\ read"
+
+
+class PgDatabase(peewee.PostgresqlDatabase):
+    """peewee's PostgreSQL database with SQLite's widths: ``FloatField`` is a double
+    (UNIX times; peewee's default ``REAL`` keeps 7 digits), ``IntegerField`` 64 bits."""
+
+    field_types = {**peewee.PostgresqlDatabase.field_types,
+                   "FLOAT": "DOUBLE PRECISION", "INT": "BIGINT", "AUTO": "BIGSERIAL"}
+
+    def begin(self, isolation_level: Any = None) -> None:
+        """``BEGIN``, on a new connection when the server dropped the old one (a
+        restart, an idle timeout, ``pg_terminate_backend``): nothing of this
+        transaction ran yet, so one retry is safe. A connection lost *inside* a
+        transaction is never replaced under it: that transaction fails whole."""
+        self.drop_if_broken()
+        try:
+            super().begin(isolation_level)
+        except (peewee.OperationalError, peewee.InterfaceError):
+            if not self.drop_if_broken():
+                raise
+            super().begin(isolation_level)
+
+    def drop_if_broken(self) -> bool:
+        """Forget a connection the server closed (the next use opens a new one, peewee's
+        autoconnect); whether there was one. Outside a transaction only."""
+        conn = None if self.is_closed() else self.connection()
+        if conn is None or not conn.closed:
+            return False
+        logger.warning("PostgreSQL connection lost; reconnecting")
+        with contextlib.suppress(Exception):
+            self.close()
+        return True
+
+    def in_open_transaction(self) -> bool:
+        """Whether the connection is inside a transaction (also a failed one)."""
+        conn = self.connection()
+        status = conn.info.transaction_status if hasattr(conn, "info") else \
+            conn.get_transaction_status()
+        return int(status) != 0  # IDLE is 0 in both drivers
+
+
+def is_postgresql_url(url: str | None) -> bool:
+    return bool(url) and urlsplit(str(url)).scheme in ("postgresql", "postgres")
+
+
+def redact_url(url: str) -> str:
+    """``url`` without a password it may carry (``postgresql://u:***@h/db``)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)
+    user = netloc[0].split(":", 1)[0]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[1]}"))
+
+
+def scrub(text: str, password: str | None) -> str:
+    """``text`` with every occurrence of ``password`` replaced by ``***``."""
+    return text.replace(password, "***") if password else text
+
+
+def _database(url: str, password: str | None, **params: Any) -> PgDatabase:
+    if password is not None:
+        params["password"] = password
+    return PgDatabase(url, thread_safe=False, prefer_psycopg3=DRIVER == "psycopg",
+                      autorollback=False, **params)
+
+
+def connect_writer(url: str, password: str | None,
+                   migrate: Callable[[peewee.Database], None], *,
+                   lock_timeout_ms: int) -> PgDatabase:
+    """The writer's connection, its schema migrated by ``migrate`` under the lock.
+
+    Raises ``peewee.PeeweeException`` (the password scrubbed from its message) when the
+    server cannot be reached, refuses the login, or the schema cannot be made."""
+    writer = _database(url, password, application_name="zeroclaw",
+                       options=f"-c lock_timeout={int(lock_timeout_ms)}")
+    try:
+        writer.connect()
+        with writer.atomic():
+            writer.execute_sql("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK_KEY,))
+            migrate(writer)
+    except peewee.PeeweeException as exc:
+        writer.close()
+        raise type(exc)(scrub(str(exc), password)) from None
+    except BaseException:
+        writer.close()
+        raise
+    return writer
+
+
+def reader_factory(url: str, password: str | None) -> Callable[[], peewee.Database]:
+    """Makes one read-only (repeatable read) database object per calling thread."""
+
+    def make() -> peewee.Database:
+        return _database(url, password, application_name="zeroclaw-reader",
+                         options=_READ_OPTIONS)
+
+    return make
+
+
+def read_version(db: peewee.Database) -> int:
+    """The stored schema version (0: a new database); inside the migration transaction."""
+    db.execute_sql("CREATE TABLE IF NOT EXISTS zeroclaw_schema "
+                   "(id INTEGER PRIMARY KEY CHECK (id = 1), version INTEGER NOT NULL)")
+    row = db.execute_sql("SELECT version FROM zeroclaw_schema WHERE id = 1").fetchone()
+    return int(row[0]) if row else 0
+
+
+def write_version(db: peewee.Database, version: int) -> None:
+    db.execute_sql("INSERT INTO zeroclaw_schema (id, version) VALUES (1, %s) "
+                   "ON CONFLICT (id) DO UPDATE SET version = EXCLUDED.version", (version,))

@@ -1,0 +1,206 @@
+"""``zeroclaw daemon`` on a PostgreSQL store (``[store] url``), end to end: a session made
+and prompted, the daemon restarted, ``session/load`` replays the turn; the password of
+``password_env`` shows nowhere (status, ``zeroclaw config``, the log, a worker's
+environment); two hosts on one database: one owner per session (its lease), the
+other refused with -32004 naming it, a killed host's sessions served by the other
+after the lease TTL.
+
+Runs against the throw-away cluster of ``scripts/test`` (``tests/pg_support.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from tests.e2e.procs import write_config
+from tests.pg_support import fresh_database, pg_server_url
+
+from .helpers import DaemonProc, RpcFailure, short_dir, zeroclaw_argv
+
+Daemons = Callable[..., DaemonProc]
+
+
+@pytest.fixture
+def database() -> Iterator[str]:
+    with fresh_database() as url:
+        yield url
+
+
+def test_a_session_survives_a_restart_on_postgresql(daemons: Daemons, database: str) -> None:
+    first = daemons(env_extra={"ZEROCLAW_store__url": database})
+    with first.client() as client:
+        sid = client.request("session/new")["sessionId"]
+        answer = client.request("session/prompt", {"sessionId": sid,
+                                                   "prompt": "kept in postgres"})
+        assert answer["content"] == "kept in postgres"
+        store = client.request("status")["store"]
+        assert store == {**store, "backend": "postgresql", "path": database,
+                         "persistent": True}
+    assert first.terminate() == 0
+    with psycopg.connect(database) as check:
+        assert check.execute("SELECT turn_count FROM sessions WHERE id = %s",
+                             (sid,)).fetchone() == (1,)
+    second = daemons(first.config_dir, env_extra={"ZEROCLAW_store__url": database})
+    with second.client() as client:
+        listed = client.request("session/list")["sessions"]
+        assert [s["sessionId"] for s in listed] == [sid]
+        client.request("session/load", {"sessionId": sid})
+        replay = [(u["type"], u.get("text")) for u in client.updates()]
+        assert replay[0] == ("user_message_chunk", "kept in postgres")
+        assert "".join(t or "" for k, t in replay if k == "agent_message_chunk") \
+            == "kept in postgres"
+
+
+@pytest.fixture
+def password_login() -> Iterator[tuple[str, str]]:
+    """A role that logs in with a password only, owning a database of its own."""
+    server = pg_server_url()
+    role = f"zc_pw_{uuid.uuid4().hex[:8]}"
+    password = secrets.token_urlsafe(18)
+    with psycopg.connect(server, autocommit=True) as admin:
+        admin.execute(f"CREATE ROLE {role} LOGIN PASSWORD '{password}' IN ROLE zc_password_login")
+        admin.execute(f"CREATE DATABASE {role} OWNER {role}")
+    try:
+        yield f"postgresql://{role}@{server.split('@', 1)[1].rsplit('/', 1)[0]}/{role}", password
+    finally:
+        with psycopg.connect(server, autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {role} WITH (FORCE)")
+            admin.execute(f"DROP ROLE {role}")
+
+
+def test_the_store_password_shows_nowhere(
+    daemons: Daemons, scratch_dir: Path, password_login: tuple[str, str]
+) -> None:
+    url, password = password_login
+    write_config(scratch_dir, f'[store]\nurl = "{url}"\npassword_env = "ZC_STORE_PASSWORD"\n')
+    daemon = daemons(scratch_dir, env_extra={"ZC_STORE_PASSWORD": password})
+    with daemon.client() as client:
+        sid = client.request("session/new")["sessionId"]
+        client.request("session/prompt", {"sessionId": sid, "prompt": "hello"})
+        status = client.request("status")
+    assert status["store"]["backend"] == "postgresql" and status["store"]["path"] == url
+    worker_pids = [worker["pid"] for worker in status["workers"]]
+    assert worker_pids
+    for pid in worker_pids:  # the daemon dropped the variable before starting any
+        assert password.encode() not in Path(f"/proc/{pid}/environ").read_bytes()
+    shown = subprocess.run(zeroclaw_argv("status", "--json", "--config-dir", str(scratch_dir)),
+                           capture_output=True, text=True, timeout=30, env=daemon.env)
+    assert shown.returncode == 0 and json.loads(shown.stdout)["store"]["path"] == url
+    listed = subprocess.run(zeroclaw_argv("config", "list"), capture_output=True, text=True,
+                            timeout=30,
+                            env={**daemon.env, "ZEROCLAW_CONFIG_DIR": str(scratch_dir)})
+    assert "ZC_STORE_PASSWORD" in listed.stdout + listed.stderr
+    assert daemon.terminate() == 0
+    for text in (json.dumps(status), shown.stdout, shown.stderr, listed.stdout, listed.stderr,
+                 daemon.stderr()):
+        assert password not in text
+
+
+def test_a_wrong_password_stops_the_daemon_with_a_clear_error(
+    daemons: Daemons, scratch_dir: Path, password_login: tuple[str, str]
+) -> None:
+    url, password = password_login
+    wrong = password[::-1]
+    write_config(scratch_dir, f'[store]\nurl = "{url}"\npassword_env = "ZC_STORE_PASSWORD"\n')
+    daemon = daemons(scratch_dir, wait=False, env_extra={"ZC_STORE_PASSWORD": wrong})
+    assert daemon.wait(30) == 1
+    log = daemon.stderr()
+    assert "password authentication failed" in log
+    assert wrong not in log and password not in log
+
+
+@pytest.fixture
+def host_dirs() -> Iterator[Callable[[], Path]]:
+    """Short config dirs for the hosts of a test, removed afterwards."""
+    made: list[Path] = []
+
+    def make() -> Path:
+        made.append(short_dir())
+        return made[-1]
+
+    yield make
+    for directory in made:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _host_config(config_dir: Path, database: str, host_id: str, ttl: float = 30) -> Path:
+    write_config(config_dir, f'[store]\nurl = "{database}"\nhost_id = "{host_id}"\n'
+                             f"lease_ttl_secs = {ttl}\n")
+    return config_dir
+
+
+def _refused_by(owner: str, call: Callable[[], object]) -> None:
+    with pytest.raises(RpcFailure) as info:
+        call()
+    assert info.value.code == -32004, info.value
+    assert f"owned by host {owner}" in str(info.value)
+
+
+def _leases(database: str) -> list[tuple[str, str]]:
+    with psycopg.connect(database) as check:
+        return [(str(sid), str(host)) for sid, host in check.execute(
+            "SELECT session_id, host_id FROM session_leases ORDER BY session_id").fetchall()]
+
+
+def test_two_hosts_share_sessions_and_a_lease_keeps_one_owner(
+    daemons: Daemons, database: str, host_dirs: Callable[[], Path]
+) -> None:
+    one = daemons(_host_config(host_dirs(), database, "host-one"))
+    two = daemons(_host_config(host_dirs(), database, "host-two"))
+    with one.client() as client:
+        sid = client.request("session/new")["sessionId"]
+        client.request("session/prompt", {"sessionId": sid, "prompt": "made on one"})
+        assert _leases(database) == [(sid, "host-one")]
+        with two.client() as other:
+            assert [s["sessionId"] for s in other.request("session/list")["sessions"]] == [sid]
+            _refused_by("host-one", lambda: other.request("session/load", {"sessionId": sid}))
+            _refused_by("host-one", lambda: other.request(
+                "session/prompt", {"sessionId": sid, "prompt": "mine?"}))
+        client.request("session/close", {"sessionId": sid})
+        assert _leases(database) == []
+    with two.client() as other:
+        other.request("session/load", {"sessionId": sid})
+        replay = [u.get("text") for u in other.updates() if u["type"] == "user_message_chunk"]
+        assert replay == ["made on one"]
+        other.request("session/prompt", {"sessionId": sid, "prompt": "then on two"})
+        assert _leases(database) == [(sid, "host-two")]
+        with one.client() as client:  # now the other way round
+            _refused_by("host-two", lambda: client.request(
+                "session/prompt", {"sessionId": sid, "prompt": "back on one?"}))
+    assert two.terminate() == 0
+    assert _leases(database) == []  # a host that stops frees its sessions
+
+
+def test_a_killed_hosts_sessions_move_on_after_the_lease_ttl(
+    daemons: Daemons, database: str, host_dirs: Callable[[], Path]
+) -> None:
+    one = daemons(_host_config(host_dirs(), database, "host-one", ttl=2))
+    two = daemons(_host_config(host_dirs(), database, "host-two", ttl=2))
+    with one.client() as client:
+        sid = client.request("session/new")["sessionId"]
+        client.request("session/prompt", {"sessionId": sid, "prompt": "before the crash"})
+    one.proc.kill()
+    one.wait(10)
+    with two.client() as other:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                other.request("session/load", {"sessionId": sid})
+                break
+            except RpcFailure as refused:  # until host-one's lease has run out
+                assert refused.code == -32004 and "host-one" in str(refused)
+                assert time.monotonic() < deadline, "the lease never expired"
+                time.sleep(0.1)
+        replay = [u.get("text") for u in other.updates() if u["type"] == "user_message_chunk"]
+        assert replay == ["before the crash"]
+        assert _leases(database) == [(sid, "host-two")]

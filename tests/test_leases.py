@@ -1,0 +1,169 @@
+"""Session leases on a shared PostgreSQL store (storage.leases), through the real
+persistence actors of two "hosts" on one database.
+
+Runs against the throw-away cluster of ``scripts/test`` (``tests/pg_support.py``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import psycopg
+import pykka
+import pytest
+
+from actors.persistence import (
+    CreateSession,
+    PersistenceActor,
+    PersistRequest,
+    ReleaseLease,
+    RenewLeases,
+    StoreWriteError,
+    TakeLease,
+    WriteTurn,
+)
+from ipc.errors import SessionOwnedByAnotherHost
+from ipc.events import TextItem, TurnRecord
+from storage import Store, StoredSession
+from storage.leases import Leases
+from storage.store import open_store_url
+from tests.pg_support import fresh_database
+
+WAIT = 20.0
+RACED = 100
+
+
+@pytest.fixture
+def database() -> Iterator[str]:
+    with fresh_database() as url:
+        yield url
+
+
+class Host:
+    """A store and a persistence actor with this host's leases."""
+
+    def __init__(self, database: str, host_id: str, ttl: float = 30.0) -> None:
+        self.store: Store = open_store_url(database)
+        self.ref = PersistenceActor.start(self.store, Leases(host_id, ttl))
+        self.proxy = self.ref.proxy()
+
+    def write(self, write: object) -> object:
+        done = threading.Event()
+        outcome: list[object] = []
+
+        def reply(error: BaseException | None, value: object) -> None:
+            outcome.append(error if error is not None else value)
+            done.set()
+
+        self.ref.tell(PersistRequest(write, reply))  # type: ignore[arg-type]
+        assert done.wait(WAIT)
+        return outcome[0]
+
+    def close(self) -> None:
+        self.ref.stop()
+        self.store.close()
+
+
+@pytest.fixture
+def hosts(database: str) -> Iterator[list[Host]]:
+    made: list[Host] = []
+    yield made
+    for host in made:
+        host.close()
+    pykka.ActorRegistry.stop_all()
+
+
+def session(sid: str) -> StoredSession:
+    return StoredSession(id=sid, agent_alias="main", workspace_dir="/w", cwd="/w",
+                         mode="supervised", created_at=time.time(), last_activity=time.time())
+
+
+def turn(sid: str, text: str) -> TurnRecord:
+    return TurnRecord(sid, (TextItem("user", text), TextItem("assistant", text)), "end_turn",
+                      text, 1.0, 2.0)
+
+
+def expire(database: str, host_id: str) -> None:
+    """The host's leases run out now (as after its death and the TTL)."""
+    with psycopg.connect(database) as admin:
+        admin.execute("UPDATE session_leases SET expires_at = 0 WHERE host_id = %s",
+                      (host_id,))
+
+
+def owners(database: str) -> dict[str, str]:
+    with psycopg.connect(database) as check:
+        return dict(check.execute("SELECT session_id, host_id FROM session_leases").fetchall())
+
+
+def test_a_live_lease_refuses_another_host_and_names_the_owner(
+    database: str, hosts: list[Host]
+) -> None:
+    one, two = Host(database, "one"), Host(database, "two")
+    hosts += [one, two]
+    assert one.write(CreateSession(session("s1"))) is None
+    assert one.write(TakeLease("s1")) is None
+    refused = two.write(TakeLease("s1"))
+    assert isinstance(refused, SessionOwnedByAnotherHost)
+    assert refused.to_error()["code"] == -32004
+    assert "owned by host one" in refused.message
+    assert refused.data["ownerHost"] == "one"
+    assert one.write(TakeLease("s1")) is None  # its own: renewed
+    assert one.write(RenewLeases()) == 1
+    one.write(ReleaseLease("s1"))
+    assert two.write(TakeLease("s1")) is None
+    assert owners(database) == {"s1": "two"}
+
+
+def test_a_host_whose_lease_was_taken_over_commits_no_turn(
+    database: str, hosts: list[Host]
+) -> None:
+    one, two = Host(database, "one"), Host(database, "two")
+    hosts += [one, two]
+    one.write(CreateSession(session("s1")))
+    one.write(TakeLease("s1"))
+    assert one.write(WriteTurn(turn("s1", "first"))) == 1
+    expire(database, "one")  # one stalled past its TTL
+    assert two.write(TakeLease("s1")) is None
+    stale = one.write(WriteTurn(turn("s1", "too late")))
+    assert isinstance(stale, StoreWriteError) and "no longer owned by this host" in str(stale)
+    info = two.store.reader.get_session("s1")
+    assert info is not None and info.turn_count == 1
+    assert two.write(WriteTurn(turn("s1", "on two"))) == 2
+
+
+def test_hosts_racing_for_expired_sessions_never_both_own_one(
+    database: str, hosts: list[Host]
+) -> None:
+    """100 sessions whose leases expired (a dead host's): two hosts take them all at
+    once; every session ends with exactly one owner, and each host was told the truth
+    (a take that succeeded is the owner in the database)."""
+    dead = Host(database, "dead")
+    hosts.append(dead)
+    for k in range(RACED):
+        dead.write(CreateSession(session(f"s{k}")))
+        dead.write(TakeLease(f"s{k}"))
+    expire(database, "dead")
+    racers = [Host(database, "one"), Host(database, "two")]
+    hosts += racers
+    won: dict[str, list[str]] = {"one": [], "two": []}
+    start = threading.Barrier(2)
+
+    def race(host: Host, name: str, order: list[int]) -> None:
+        start.wait(WAIT)
+        for k in order:
+            if host.write(TakeLease(f"s{k}")) is None:
+                won[name].append(f"s{k}")
+
+    threads = [threading.Thread(target=race, args=(racers[0], "one", list(range(RACED)))),
+               threading.Thread(target=race, args=(racers[1], "two",
+                                                    list(reversed(range(RACED)))))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(WAIT)
+    assert not set(won["one"]) & set(won["two"])
+    assert len(won["one"]) + len(won["two"]) == RACED
+    assert owners(database) == {**dict.fromkeys(won["one"], "one"),
+                                **dict.fromkeys(won["two"], "two")}
