@@ -36,7 +36,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ipc.events import TextItem, ToolItem, TurnItem, TurnRecord
+from store_write_cost import ten_items
+
+from ipc.events import TurnRecord
 from storage import pg
 from storage.models import StoredSession
 from storage.prepared_writes import PreparedWrites
@@ -44,15 +46,6 @@ from storage.store import Store, open_store, open_store_url, write_transaction
 
 GROUP = 16
 SESSIONS_AT_ONCE = 8
-
-
-def ten_items(n: int) -> tuple[TurnItem, ...]:
-    items: list[TurnItem] = [TextItem("user", f"prompt {n}")]
-    for k in range(4):
-        items.append(ToolItem(f"c{n}-{k}", "shell", {"command": f"ls {k}"}, "out", "completed"))
-        items.append(TextItem("assistant", f"step {k}"))
-    items.append(TextItem("assistant", f"answer {n}"))
-    return tuple(items)
 
 
 def session(sid: str) -> StoredSession:

@@ -9,6 +9,7 @@ under ``scripts/test`` they always run. Each test gets a database of its own.
 from __future__ import annotations
 
 import os
+import secrets
 import sqlite3
 import uuid
 from collections.abc import Iterator
@@ -140,3 +141,22 @@ def reopen(store: Store, **options: Any) -> Store:
     if store.url is None:
         return open_store(store.path, **options)
     return open_store_url(store.url, **options)
+
+
+@contextmanager
+def password_role_login() -> Iterator[tuple[str, str]]:
+    """A role that must log in with a password (the cluster's ``zc_password_login``
+    group), owning a database of its own: its URL (no password) and the password,
+    made now."""
+    server = pg_server_url()
+    role = f"zc_pw_{uuid.uuid4().hex[:8]}"
+    password = secrets.token_urlsafe(16)
+    with psycopg.connect(server, autocommit=True) as admin:
+        admin.execute(f"CREATE ROLE {role} LOGIN PASSWORD '{password}' IN ROLE zc_password_login")
+        admin.execute(f"CREATE DATABASE {role} OWNER {role}")
+    try:
+        yield f"postgresql://{role}@{server.split('@', 1)[1].rsplit('/', 1)[0]}/{role}", password
+    finally:
+        with psycopg.connect(server, autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {role} WITH (FORCE)")
+            admin.execute(f"DROP ROLE {role}")

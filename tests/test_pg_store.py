@@ -6,10 +6,8 @@ test has a database of its own.
 
 from __future__ import annotations
 
-import secrets
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +20,7 @@ from storage.pg import SCHEMA_LOCK_KEY, redact_url
 from storage.store import open_store_url, write_transaction
 from supervisor.config import ConfigError, load_settings
 from supervisor.store_open import store_password
-from tests.pg_support import fresh_database, pg_server_url, rows
+from tests.pg_support import fresh_database, password_role_login, pg_server_url, rows
 
 WAIT = 20.0
 
@@ -183,21 +181,9 @@ def _advisory_waiters(database: str) -> int:
 
 @pytest.fixture
 def password_role() -> Iterator[tuple[str, str]]:
-    """A role that must log in with a password (the cluster's ``zc_password_login``
-    group), owning a database of its own: its URL (no password) and the password,
-    made now."""
-    server = pg_server_url()
-    role = f"zc_pw_{uuid.uuid4().hex[:8]}"
-    password = secrets.token_urlsafe(16)
-    with psycopg.connect(server, autocommit=True) as admin:
-        admin.execute(f"CREATE ROLE {role} LOGIN PASSWORD '{password}' IN ROLE zc_password_login")
-        admin.execute(f"CREATE DATABASE {role} OWNER {role}")
-    try:
-        yield f"postgresql://{role}@{server.split('@', 1)[1].rsplit('/', 1)[0]}/{role}", password
-    finally:
-        with psycopg.connect(server, autocommit=True) as admin:
-            admin.execute(f"DROP DATABASE IF EXISTS {role} WITH (FORCE)")
-            admin.execute(f"DROP ROLE {role}")
+    """See :func:`tests.pg_support.password_role_login`."""
+    with password_role_login() as login:
+        yield login
 
 
 def test_a_password_login_works_and_its_errors_hold_no_password(

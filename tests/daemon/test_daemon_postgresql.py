@@ -11,11 +11,9 @@ Runs against the throw-away cluster of ``scripts/test`` (``tests/pg_support.py``
 from __future__ import annotations
 
 import json
-import secrets
 import shutil
 import subprocess
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -23,7 +21,7 @@ import psycopg
 import pytest
 
 from tests.e2e.procs import write_config
-from tests.pg_support import fresh_database, pg_server_url
+from tests.pg_support import fresh_database, password_role_login
 
 from .helpers import DaemonProc, RpcFailure, short_dir, zeroclaw_argv
 
@@ -62,26 +60,16 @@ def test_a_session_survives_a_restart_on_postgresql(daemons: Daemons, database: 
 
 
 @pytest.fixture
-def password_login() -> Iterator[tuple[str, str]]:
-    """A role that logs in with a password only, owning a database of its own."""
-    server = pg_server_url()
-    role = f"zc_pw_{uuid.uuid4().hex[:8]}"
-    password = secrets.token_urlsafe(18)
-    with psycopg.connect(server, autocommit=True) as admin:
-        admin.execute(f"CREATE ROLE {role} LOGIN PASSWORD '{password}' IN ROLE zc_password_login")
-        admin.execute(f"CREATE DATABASE {role} OWNER {role}")
-    try:
-        yield f"postgresql://{role}@{server.split('@', 1)[1].rsplit('/', 1)[0]}/{role}", password
-    finally:
-        with psycopg.connect(server, autocommit=True) as admin:
-            admin.execute(f"DROP DATABASE IF EXISTS {role} WITH (FORCE)")
-            admin.execute(f"DROP ROLE {role}")
+def password_role() -> Iterator[tuple[str, str]]:
+    """See :func:`tests.pg_support.password_role_login`."""
+    with password_role_login() as login:
+        yield login
 
 
 def test_the_store_password_shows_nowhere(
-    daemons: Daemons, scratch_dir: Path, password_login: tuple[str, str]
+    daemons: Daemons, scratch_dir: Path, password_role: tuple[str, str]
 ) -> None:
-    url, password = password_login
+    url, password = password_role
     write_config(scratch_dir, f'[store]\nurl = "{url}"\npassword_env = "ZC_STORE_PASSWORD"\n')
     daemon = daemons(scratch_dir, env_extra={"ZC_STORE_PASSWORD": password})
     with daemon.client() as client:
@@ -107,9 +95,9 @@ def test_the_store_password_shows_nowhere(
 
 
 def test_a_wrong_password_stops_the_daemon_with_a_clear_error(
-    daemons: Daemons, scratch_dir: Path, password_login: tuple[str, str]
+    daemons: Daemons, scratch_dir: Path, password_role: tuple[str, str]
 ) -> None:
-    url, password = password_login
+    url, password = password_role
     wrong = password[::-1]
     write_config(scratch_dir, f'[store]\nurl = "{url}"\npassword_env = "ZC_STORE_PASSWORD"\n')
     daemon = daemons(scratch_dir, wait=False, env_extra={"ZC_STORE_PASSWORD": wrong})
