@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, Final, TypeAlias, TypedDict
+from typing import Any, ClassVar, Final, TypeAlias, TypedDict, cast
 
 import orjson
 
@@ -567,8 +567,10 @@ def split_envelopes(frame: Envelope) -> list[Envelope]:
             start = newline.end()
         envelopes.append(view[start:])
         return envelopes
-    whole = bytes(frame)
-    return list(whole.split(b"\n")) if b"\n" in whole else [whole]
+    whole = bytes(frame)  # the same object when it is bytes already
+    if b"\n" not in whole:
+        return [whole]
+    return cast("list[Envelope]", whole.split(b"\n"))
 
 
 _NEWLINE = re.compile(b"\n")

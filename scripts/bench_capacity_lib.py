@@ -88,7 +88,7 @@ class ClientTally:
             self.turn_stamps += 1
 
 
-def _tallied(peer: RpcPeer, tally: ClientTally, frame: dict[str, Any]) -> bool:
+def _tallied(tally: ClientTally, frame: dict[str, Any]) -> bool:
     """Whether ``frame`` was a session update, now counted in ``tally``."""
     if frame.get("method") != "session/update":
         return False
@@ -102,7 +102,7 @@ class TalliedSocketPeer(RpcPeer):
     tally: ClientTally
 
     async def _on_frame(self, frame: dict[str, Any]) -> None:
-        if not _tallied(self, self.tally, frame):
+        if not _tallied(self.tally, frame):
             await super()._on_frame(frame)
 
 
@@ -112,7 +112,7 @@ class TalliedWsPeer(WsPeer):
     tally: ClientTally
 
     async def _on_frame(self, frame: dict[str, Any]) -> None:
-        if not _tallied(self, self.tally, frame):
+        if not _tallied(self.tally, frame):
             await super()._on_frame(frame)
 
 
