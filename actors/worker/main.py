@@ -173,13 +173,21 @@ class Outbox:
         """Queue ``message`` without waking the IO thread and take everything queued,
         for the caller to send now (holding the DEALER): its size, and the frames."""
         frame = encode(message)
-        with self._lock:
-            if self._closed:
-                return 0, []
-            frames, self._frames = self._frames, []
-            self._events_held = False
+        frames = self.take_queued()
+        if self._closed:
+            return 0, []
         frames.append(frame)
         return len(frame), frames
+
+    def take_queued(self) -> list[bytes]:
+        """Everything queued so far, for a caller that sends it now holding the DEALER
+        (any thread): the IO thread's ticking and wake-up state stay as they are."""
+        with self._lock:
+            if self._closed:
+                return []
+            frames, self._frames = self._frames, []
+            self._events_held = False
+        return frames
 
     def wake(self) -> None:
         """Wake the IO thread (any thread): the DEALER needs it."""
@@ -279,6 +287,25 @@ class WorkerProcess:
             if self._backlog or self._dealer_pending():  # the IO thread must see to it:
                 self.outbox.wake()  # this send may have taken the FD's signal
             return size
+        finally:
+            self._dealer_lock.release()
+
+    def send_queued_now(self) -> None:
+        """Send what the outbox holds from the calling thread (any thread: a turn's, the
+        model I/O loop's), when the DEALER is free and nothing waits for back-pressure;
+        else wake the IO thread for it. A delta after a quiet spell (a paced model's)
+        so leaves without waking a second thread to fight for the GIL."""
+        if not self._dealer_lock.acquire(blocking=False):
+            self.outbox.wake()
+            return
+        try:
+            if self._backlog or self._dealer.closed:
+                self.outbox.wake()
+                return
+            self._backlog.extend(self.outbox.take_queued())
+            self._flush()
+            if self._backlog or self._dealer_pending():  # the IO thread must see to it
+                self.outbox.wake()
         finally:
             self._dealer_lock.release()
 
@@ -401,7 +428,7 @@ class WorkerProcess:
             return
         actor = SessionActor.start(config=config, state=state, agent=agent,
                                    send=self.send, permissions=self.permissions,
-                                   wake=self.outbox.wake,
+                                   wake=self.send_queued_now,
                                    send_event_frame=self.outbox.put_event_frame)
         self.sessions[sid] = _LiveSession(actor, state, agent)
         if message.confirm:
