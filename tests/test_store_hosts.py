@@ -1,0 +1,86 @@
+"""The hosts table and the tenant revocation log of a shared PostgreSQL store
+(:mod:`storage.hosts`), and the schema step that adds them to a database made before
+they existed. Runs against the throw-away cluster of ``scripts/test``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from storage import hosts
+from storage.leases import Leases
+from storage.store import open_store_url
+from tests.pg_support import fresh_database, rows
+
+
+@pytest.fixture
+def database() -> Iterator[str]:
+    with fresh_database() as url:
+        yield url
+
+
+def test_hosts_beat_and_list_each_other_with_their_live_sessions(database: str) -> None:
+    store = open_store_url(database)
+    db = store.writer
+    try:
+        hosts.beat(db, "a", 100.0, "1.0")
+        hosts.beat(db, "b", 200.0, "1.1")
+        with db.atomic():
+            Leases("a", 30).take(db, "s1")
+            Leases("a", 30).take(db, "s2")
+            Leases("b", -1).take(db, "s3")  # expired at once: not live
+        listed = hosts.list_hosts(db)
+        assert [(h.host_id, h.started_at, h.version, h.live_sessions) for h in listed] \
+            == [("a", 100.0, "1.0", 2), ("b", 200.0, "1.1", 0)]
+        assert all(h.alive(30) and 0 <= h.heartbeat_age_secs < 5 for h in listed)
+        with psycopg.connect(database, autocommit=True) as other:  # b stopped beating
+            other.execute("UPDATE zeroclaw_hosts SET heartbeat_at = heartbeat_at - 60 "
+                          "WHERE host_id = 'b'")
+        wire = {h.host_id: h.to_wire(30, "a") for h in hosts.list_hosts(db)}
+        assert (wire["a"]["self"], wire["a"]["alive"], wire["b"]["alive"]) == (True, True, False)
+        with psycopg.connect(database, autocommit=True) as other:  # dead for a day: forgotten
+            other.execute("UPDATE zeroclaw_hosts SET heartbeat_at = heartbeat_at - 86400 "
+                          "WHERE host_id = 'b'")
+        hosts.beat(db, "a", 100.0, "1.0")
+        hosts.forget(db, "nobody")
+        assert [h.host_id for h in hosts.list_hosts(db)] == ["a"]
+        hosts.forget(db, "a")
+        assert hosts.list_hosts(db) == []
+    finally:
+        store.close()
+
+
+def test_revocations_are_read_after_the_last_one_seen(database: str) -> None:
+    store = open_store_url(database)
+    db = store.writer
+    try:
+        assert hosts.revocations_after(db, 0) == []
+        first = hosts.revoke(db, "t1", "h1" * 32, "a")
+        second = hosts.revoke(db, "t2", "h2" * 32, "b")
+        assert [r.tenant_id for r in hosts.revocations_after(db, 0)] == ["t1", "t2"]
+        assert hosts.revocations_after(db, first) == [
+            hosts.Revocation(second, "t2", "h2" * 32, "b")]
+        assert hosts.revocations_after(db, second) == []
+    finally:
+        store.close()
+
+
+def test_a_database_of_the_previous_release_gets_the_tables(database: str) -> None:
+    """A store made before these tables (the schema step adds them; its rows stay)."""
+    open_store_url(database).close()
+    with psycopg.connect(database, autocommit=True) as admin:
+        admin.execute("DROP TABLE zeroclaw_hosts")
+        admin.execute("DROP TABLE tenant_revocations")
+        admin.execute("INSERT INTO sessions (id, agent_alias, workspace_dir, cwd, mode, "
+                      "created_at, last_activity, token_count, turn_count, killed, "
+                      "mcp_servers, meta) VALUES ('old', 'a', '/w', '/w', 'full', 1, 1, 0, 0, "
+                      "false, '[]', '{}')")
+    store = open_store_url(database)
+    try:
+        assert rows(store, "SELECT count(*) FROM zeroclaw_hosts") == [(0,)]
+        assert rows(store, "SELECT count(*) FROM tenant_revocations") == [(0,)]
+        assert store.reader.get_session("old") is not None
+    finally:
+        store.close()
