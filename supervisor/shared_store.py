@@ -109,7 +109,10 @@ class SharedStoreWatch:
             log.info("host %s: %d tenant revocation(s) in the shared store",
                      self.host_id, len(revoked))
             if self.on_revoked is not None:
-                self.on_revoked()
+                try:
+                    self.on_revoked()
+                except Exception:  # the watch goes on; the next reload applies them
+                    log.exception("host %s: applying the revocations failed", self.host_id)
 
     async def _run(self) -> None:
         while True:

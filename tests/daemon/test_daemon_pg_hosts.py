@@ -38,8 +38,12 @@ def database() -> Iterator[str]:
         yield url
 
 
+HostMaker = Callable[[str], GatewayDaemon]
+
+
 @pytest.fixture
-def two_hosts(daemons: Daemons, database: str) -> Iterator[tuple[GatewayDaemon, GatewayDaemon]]:
+def hosts(daemons: Daemons, database: str) -> Iterator[HostMaker]:
+    """``hosts(host_id)`` starts a gateway daemon on the test's database."""
     made: list[Path] = []
 
     def host(host_id: str) -> GatewayDaemon:
@@ -48,9 +52,14 @@ def two_hosts(daemons: Daemons, database: str) -> Iterator[tuple[GatewayDaemon, 
                                  "lease_ttl_secs = 6\n")
         return GatewayDaemon(daemons(made[-1], "--gateway", "127.0.0.1:0"))
 
-    yield host("host-one"), host("host-two")
+    yield host
     for directory in made:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def two_hosts(hosts: HostMaker) -> tuple[GatewayDaemon, GatewayDaemon]:
+    return hosts("host-one"), hosts("host-two")
 
 
 def until(check: Callable[[], Any], what: str) -> Any:
@@ -150,7 +159,8 @@ def refused_status(url: str, token: str) -> int | None:
 
 
 def test_a_tenant_removed_on_one_host_is_refused_on_the_other_within_seconds(
-        two_hosts: tuple[GatewayDaemon, GatewayDaemon], database: str) -> None:
+        two_hosts: tuple[GatewayDaemon, GatewayDaemon], hosts: HostMaker,
+        database: str) -> None:
     one, two = two_hosts
     with one.client("alice") as on_one:
         assert on_one.request("session/list", {}) == {"sessions": []}
@@ -170,6 +180,11 @@ def test_a_tenant_removed_on_one_host_is_refused_on_the_other_within_seconds(
         assert refused_status(f"{two.ws}/acp", TOKENS["alice"]) == 401
         assert refused_status(f"{one.ws}/acp", TOKENS["alice"]) == 401
         assert bob.request("session/list", {}) == {"sessions": []}  # another tenant: served
+    late = hosts("host-three")  # its config.toml still has alice: the log wins
+    until(lambda: late.get("/health")[0] == 200, "host-three up")
+    assert refused_status(f"{late.ws}/acp", TOKENS["alice"]) == 401
+    with late.client("bob") as bob:
+        assert bob.request("session/list", {}) == {"sessions": []}
     with psycopg.connect(database) as check:
         logged = check.execute("SELECT tenant_id, host_id, token_sha256 "
                                "FROM tenant_revocations").fetchall()
