@@ -5,6 +5,7 @@ they existed. Runs against the throw-away cluster of ``scripts/test``."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -84,3 +85,31 @@ def test_a_database_of_the_previous_release_gets_the_tables(database: str) -> No
         assert store.reader.get_session("old") is not None
     finally:
         store.close()
+
+
+def test_a_tenant_removal_the_shared_store_cannot_take_changes_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from supervisor.cli.tenant_cmd import run
+
+    config = tmp_path / "config.toml"
+    config.write_text('[store]\nurl = "postgresql://zeroclaw@127.0.0.1:1/zc?connect_timeout=2"\n'
+                      f'[tenants.alice]\ntoken_sha256 = "{"ab" * 32}"\n')
+    before = config.read_text()
+    assert run(["remove", "alice"], tmp_path, str(tmp_path)) == 1
+    assert "the shared store could not be told (nothing changed)" in capsys.readouterr().err
+    assert config.read_text() == before
+
+
+def test_a_tenant_removed_on_a_shared_store_is_logged_there(
+        database: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from supervisor.cli.tenant_cmd import run
+
+    config = tmp_path / "config.toml"
+    config.write_text(f'[store]\nurl = "{database}"\nhost_id = "h1"\n'
+                      f'[tenants.alice]\nid = "a1"\ntoken_sha256 = "{"ab" * 32}"\n')
+    assert run(["remove", "alice"], tmp_path, str(tmp_path)) == 0
+    assert "revoked in the shared store" in capsys.readouterr().err
+    assert "alice" not in config.read_text()
+    with psycopg.connect(database) as check:
+        assert check.execute("SELECT tenant_id, token_sha256, host_id FROM "
+                             "tenant_revocations").fetchall() == [("a1", "ab" * 32, "h1")]
