@@ -176,3 +176,29 @@ def test_copy_refuses_a_password_in_the_url_and_a_missing_source(
     assert shown.returncode == 2 and secret not in shown.stdout + shown.stderr
     missing = store_copy(config, env, "--to", database, "--from", str(config / "none.db"))
     assert missing.returncode == 1 and "no SQLite store at" in missing.stderr
+
+
+def test_the_targets_password_comes_from_a_variable_and_shows_nowhere(
+        config_dirs: Callable[[], Path]) -> None:
+    from tests.pg_support import password_role_login
+
+    config = config_dirs()
+    write_config(config, "")
+    source = Path(__file__).resolve().parents[1] / "fixtures" / "stores" / "schema3"
+    with password_role_login() as (url, password):
+        env = host_env({"ZC_COPY_PASSWORD": password[::-1]})  # a wrong one first
+        wrong = store_copy(config, env, "--to", url, "--from",
+                           str(source / "acp-sessions.db"), "--password-env", "ZC_COPY_PASSWORD")
+        assert wrong.returncode == 1 and "password authentication failed" in wrong.stderr
+        env["ZC_COPY_PASSWORD"] = password
+        done = store_copy(config, env, "--to", url, "--from", str(source / "acp-sessions.db"),
+                          "--password-env", "ZC_COPY_PASSWORD")
+        assert done.returncode == 0, done.stderr
+        assert f"into {url}:" in done.stdout
+        unset = store_copy(config, host_env(None), "--to", url, "--password-env", "ZC_NOT_SET")
+        assert unset.returncode == 1 and "ZC_NOT_SET, which is not set" in unset.stderr
+        with psycopg.connect(url, password=password) as check:
+            assert check.execute("SELECT count(*) FROM sessions").fetchone()[0] > 0
+    for run in (wrong, done, unset):
+        for secret in (password, password[::-1]):
+            assert secret not in run.stdout + run.stderr
