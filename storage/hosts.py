@@ -78,9 +78,13 @@ class Revocation:
     host_id: str
 
 
-def beat(db: peewee.Database, host_id: str, started_at: float, version: str) -> None:
-    """This host's heartbeat (its row made or renewed); dead hosts' old rows go."""
+def beat(db: peewee.Database, host_id: str, started_at: float, version: str) -> float | None:
+    """This host's heartbeat (its row made or renewed); dead hosts' old rows go. The
+    start time the row had before (None: no row): another process's, when two share
+    one host id."""
     with db.atomic():
+        before = db.execute_sql("SELECT started_at FROM zeroclaw_hosts WHERE host_id = %s "
+                                "FOR UPDATE", (host_id,)).fetchone()
         db.execute_sql(
             "INSERT INTO zeroclaw_hosts AS h (host_id, started_at, heartbeat_at, version) "
             f"VALUES (%s, %s, {_NOW}, %s) ON CONFLICT (host_id) DO UPDATE SET "
@@ -88,6 +92,7 @@ def beat(db: peewee.Database, host_id: str, started_at: float, version: str) -> 
             "version = EXCLUDED.version", (host_id, started_at, version))
         db.execute_sql(f"DELETE FROM zeroclaw_hosts WHERE heartbeat_at < {_NOW} - %s",
                        (FORGET_AFTER_SECS,))
+    return None if before is None else float(before[0])
 
 
 def forget(db: peewee.Database, host_id: str) -> None:

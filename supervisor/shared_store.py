@@ -10,7 +10,10 @@ is refused, its open gateway connections closed) within about a second of the
 ``zeroclaw tenant remove`` on another host.
 
 A pass that fails (the database down) is logged once and retried at the next tick;
-the figures it would have refreshed keep their last values.
+the figures it would have refreshed keep their last values. A pass that finds this
+host's row written by another process (its start time is not this host's) logs an
+error once: two live hosts share one ``host_id``, and each would release the other's
+leases when it starts.
 
 Threads: the task and every attribute live on the asyncio loop; each pass's queries
 run on the watch's one executor thread, so the connection is never used by two
@@ -59,6 +62,9 @@ class SharedStoreWatch:
         self._db: peewee.Database | None = None
         self._seq = 0
         self._failing = False
+        #: Whether another process was seen beating under this host's id.
+        self.id_clash = False
+        self._beaten = False
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="zeroclaw-hosts")
         self._task: asyncio.Task[None] | None = None
 
@@ -93,7 +99,7 @@ class SharedStoreWatch:
     async def tick(self) -> None:
         """One pass; its failure is logged (once until a pass succeeds again)."""
         try:
-            found, revoked = await self._in_thread(self._pass)
+            before, found, revoked = await self._in_thread(self._pass)
         except Exception as exc:
             if not self._failing:
                 log.warning("host %s: the shared store's hosts could not be read: %s",
@@ -102,6 +108,7 @@ class SharedStoreWatch:
             return
         self._failing = False
         self.hosts = tuple(found)
+        self._check_own_row(before)
         if revoked:
             self._seq = revoked[-1].seq
             self.revoked_ids |= {r.tenant_id for r in revoked}
@@ -114,14 +121,26 @@ class SharedStoreWatch:
                 except Exception:  # the watch goes on; the next reload applies them
                     log.exception("host %s: applying the revocations failed", self.host_id)
 
+    def _check_own_row(self, before: float | None) -> None:
+        """Once this host has beaten, its row must still say it started when this host
+        did (``before``: what the row said before this pass's beat)."""
+        clash = self._beaten and before is not None and before != self._started_at
+        self._beaten = True
+        if clash and not self.id_clash:
+            log.error("host %s: another live process uses this host_id (it beats in "
+                      "zeroclaw_hosts too): give every host its own [store] host_id",
+                      self.host_id)
+        self.id_clash = self.id_clash or clash
+
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(self.interval)
             await self.tick()
 
-    def _pass(self, db: peewee.Database) -> tuple[list[hosts.HostRow], list[hosts.Revocation]]:
-        hosts.beat(db, self.host_id, self._started_at, self._version)
-        return hosts.list_hosts(db), hosts.revocations_after(db, self._seq)
+    def _pass(self, db: peewee.Database) -> tuple[float | None, list[hosts.HostRow],
+                                                  list[hosts.Revocation]]:
+        before = hosts.beat(db, self.host_id, self._started_at, self._version)
+        return before, hosts.list_hosts(db), hosts.revocations_after(db, self._seq)
 
     async def _in_thread(self, work: Callable[[peewee.Database], T]) -> T:
         loop = asyncio.get_running_loop()

@@ -4,6 +4,7 @@ they existed. Runs against the throw-away cluster of ``scripts/test``."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -113,3 +114,40 @@ def test_a_tenant_removed_on_a_shared_store_is_logged_there(
     with psycopg.connect(database) as check:
         assert check.execute("SELECT tenant_id, token_sha256, host_id FROM "
                              "tenant_revocations").fetchall() == [("a1", "ab" * 32, "h1")]
+
+
+def test_the_watch_finds_revocations_and_a_shared_host_id(database: str) -> None:
+    from supervisor.gateway_config import TenantConfig
+    from supervisor.shared_store import SharedStoreWatch
+
+    store = open_store_url(database)
+    assert store.connect is not None
+    connect = store.connect
+
+    def watch(host_id: str, started_at: float) -> SharedStoreWatch:
+        return SharedStoreWatch(connect, host_id, ttl_secs=30, started_at=started_at,
+                                version="t")
+
+    async def scenario() -> tuple[bool, bool, bool, list[str]]:
+        one, twin, other = watch("h", 1.0), watch("h", 2.0), watch("k", 3.0)
+        called: list[str] = []
+        other.on_revoked = lambda: called.append("revoked")
+        for each in (one, twin, other):
+            await each.tick()
+        hosts.revoke(store.writer, "bob-id", "b" * 64, "k")
+        for each in (one, twin, other):
+            await each.tick()
+        tenants = {name: TenantConfig(name=name, token_sha256=digest, id=f"{name}-id")
+                   for name, digest in (("alice", "a" * 64), ("bob", "c" * 64),
+                                        ("carol", "b" * 64))}
+        assert sorted(other.allowed(tenants)) == ["alice"]  # bob by id, carol by hash
+        for each in (one, twin, other):
+            await each.stop()
+        return one.id_clash, twin.id_clash, other.id_clash, called
+
+    try:
+        one, twin, other, called = asyncio.run(scenario())
+    finally:
+        store.close()
+    assert (one or twin) and not other  # "h" is beaten by two processes
+    assert called == ["revoked"]
