@@ -184,7 +184,10 @@ def test_the_targets_password_comes_from_a_variable_and_shows_nowhere(
 
     config = config_dirs()
     write_config(config, "")
-    source = Path(__file__).resolve().parents[1] / "fixtures" / "stores" / "schema3"
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "stores" / "schema3"
+    source = config / "schema3"  # a reader of a WAL file may add its -shm beside it
+    source.mkdir()
+    shutil.copyfile(fixture / "acp-sessions.db", source / "acp-sessions.db")
     with password_role_login() as (url, password):
         env = host_env({"ZC_COPY_PASSWORD": password[::-1]})  # a wrong one first
         wrong = store_copy(config, env, "--to", url, "--from",
