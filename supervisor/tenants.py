@@ -216,5 +216,6 @@ class TenantScope:
         return view
 
 
-_SHARED_STATUS = ("serverVersion", "protocolVersion", "uptimeSecs", "limits", "sandbox")
+_SHARED_STATUS = ("serverVersion", "protocolVersion", "uptimeSecs", "limits", "sandbox",
+                  "hostId")
 """The keys of ``status`` every tenant sees (the rest are the host's or an admin's)."""

@@ -53,6 +53,9 @@ def _parser() -> argparse.ArgumentParser:
     tenant = commands.add_parser("tenant", help="add, list or remove gateway tenants")
     tenant.add_argument("--config-dir", help="configuration directory (default ~/.zeroclaw)")
     tenant.add_argument("args", nargs=argparse.REMAINDER)
+    store = commands.add_parser("store", help="copy an SQLite store into PostgreSQL")
+    store.add_argument("--config-dir", help="configuration directory (default ~/.zeroclaw)")
+    store.add_argument("args", nargs=argparse.REMAINDER)
     status = commands.add_parser(
         "status", help="the daemon's sessions, workers and limits",
         description="exit codes: 0 running, 1 degraded, 2 usage, 3 not running, 4 no answer",
@@ -94,6 +97,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_tenant(list(args.args), resolve_config_dir(args.config_dir), args.config_dir)
     if args.command == "status":
         return _run_status(args)
+    if args.command == "store":
+        from supervisor.cli.store_cmd import run as run_store
+
+        return run_store(list(args.args), args.config_dir)
     _parser().print_help(sys.stderr)
     return 2
 
