@@ -139,11 +139,9 @@ def _run_acp(args: argparse.Namespace) -> int:
     from supervisor.config import ConfigError, load_settings
 
     naming = _naming(args)
-    if (naming.named or args.provenance != "off") and args.attach is not None:
-        _parser().error("--session, --session-label and --provenance are not taken with "
-                        "--attach yet "
-                        "(the bridge copies bytes as they are): have the editor send "
-                        "_meta.sessionKey on session/new instead")
+    if args.provenance != "off" and args.attach is not None:
+        _parser().error("--provenance is not taken with --attach yet: the daemon's "
+                        "configuration decides")
     level = args.log_level or os.environ.get("ZEROCLAW_LOG") or "warning"
     _configure_logging(level)
     overrides = {"acp.max_sessions": args.max_sessions,
@@ -165,7 +163,8 @@ def _run_acp(args: argparse.Namespace) -> int:
         if args.max_sessions is not None or args.session_timeout is not None:
             logging.getLogger("zeroclaw").warning(
                 "--attach: limits come from the daemon's configuration; flags ignored")
-        return run_attach(settings, args.attach or None, args.token_file, args.ca_file)
+        return run_attach(settings, args.attach or None, args.token_file, args.ca_file,
+                          naming)
     from supervisor.servers.stdio import serve_acp_stdio
 
     return _serve_stdio(serve_acp_stdio(settings, naming, args.provenance == "meta"), 0)
