@@ -109,9 +109,10 @@ def _naming_arguments(acp: argparse.ArgumentParser) -> None:
                        help="the editor's new session continues the session with this label")
     acp.add_argument("--require-existing", action="store_true",
                      help="with --session: fail when no session has the key yet")
-    acp.add_argument("--provenance", choices=("off", "meta"), default="off",
+    acp.add_argument("--provenance", choices=("off", "meta", "meta+receipt"), default="off",
                      help="meta: each prompt result's _meta.provenance names the host, "
-                          "agent and model")
+                          "agent and model; meta+receipt: also a source receipt at the end "
+                          "of each prompt, for the agent to read")
     acp.add_argument("--reset-session", action="store_true",
                      help="give the key (or label) a fresh transcript before its first use; "
                           "the old session stays stored")
@@ -167,7 +168,8 @@ def _run_acp(args: argparse.Namespace) -> int:
                           naming)
     from supervisor.servers.stdio import serve_acp_stdio
 
-    return _serve_stdio(serve_acp_stdio(settings, naming, args.provenance == "meta"), 0)
+    return _serve_stdio(serve_acp_stdio(settings, naming, args.provenance != "off",
+                                        args.provenance == "meta+receipt"), 0)
 
 
 def _serve_stdio(serving: Coroutine[Any, Any, None], exit_code: int) -> int:
