@@ -6,7 +6,7 @@ from __future__ import annotations
 import orjson
 
 from ipc.session_names import SessionNaming
-from supervisor.cli.attach_naming import NamingRewriter
+from supervisor.cli.attach_naming import RequestRewriter
 
 NEW = b'{"jsonrpc":"2.0","id":2,"method":"session/new","params":{"cwd":"/w"}}\n'
 
@@ -16,7 +16,7 @@ def frames(data: bytes) -> list[dict[str, object]]:
 
 
 def test_a_session_new_gains_the_flags_meta_and_other_lines_pass_as_they_are() -> None:
-    rewriter = NamingRewriter(SessionNaming("k", None, False, True), 1 << 20)
+    rewriter = RequestRewriter(SessionNaming("k", None, False, True), 1 << 20)
     other = b'{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}\n'
     out = rewriter.feed(other + NEW)
     assert out.startswith(other)
@@ -26,14 +26,14 @@ def test_a_session_new_gains_the_flags_meta_and_other_lines_pass_as_they_are() -
 
 
 def test_a_line_split_across_reads_is_named_once_whole() -> None:
-    rewriter = NamingRewriter(SessionNaming("k"), 1 << 20)
+    rewriter = RequestRewriter(SessionNaming("k"), 1 << 20)
     assert rewriter.feed(NEW[:20]) == b""
     [new] = frames(rewriter.feed(NEW[20:]))
     assert new["params"]["_meta"] == {"sessionKey": "k"}
 
 
 def test_the_editors_own_key_wins_and_reset_is_for_the_first_session_new() -> None:
-    rewriter = NamingRewriter(SessionNaming("k", reset=True), 1 << 20)
+    rewriter = RequestRewriter(SessionNaming("k", reset=True), 1 << 20)
     own = (b'{"jsonrpc":"2.0","id":3,"method":"session/new","params":{"cwd":"/w",'
            b'"_meta":{"sessionKey":"mine"}}}\n')
     assert rewriter.feed(own) == own
@@ -44,7 +44,7 @@ def test_the_editors_own_key_wins_and_reset_is_for_the_first_session_new() -> No
 
 
 def test_bad_input_and_over_long_lines_pass_byte_for_byte() -> None:
-    rewriter = NamingRewriter(SessionNaming("k"), 64)
+    rewriter = RequestRewriter(SessionNaming("k"), 64)
     for line in (b'{"method":"session/new", oops\n',
                  b'{"jsonrpc":"2.0","id":4,"method":"session/new","params":[1]}\n',
                  b'{"jsonrpc":"2.0","method":"session/new","params":{}}\n'):
@@ -53,3 +53,17 @@ def test_bad_input_and_over_long_lines_pass_byte_for_byte() -> None:
     assert rewriter.feed(long) == long  # not held back: the host answers -32600
     assert rewriter.feed(b'"}}\n' + NEW[:10]) == b'"}}\n'
     assert rewriter.flush() == NEW[:10]
+
+
+def test_initialize_asks_for_the_provenance_mode_unless_it_asks_itself() -> None:
+    import socket
+
+    rewriter = RequestRewriter(SessionNaming(), 1 << 20, "meta+receipt")
+    init = b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1}}\n'
+    [frame] = frames(rewriter.feed(init))
+    assert frame["params"]["_meta"] == {"zeroclaw": {"provenance": "meta+receipt",
+                                                     "originHost": socket.gethostname()}}
+    own = (b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,'
+           b'"_meta":{"zeroclaw":{"provenance":"off"}}}}\n')
+    assert rewriter.feed(own) == own
+    assert rewriter.feed(NEW) == NEW  # no naming: session/new passes as it is

@@ -22,8 +22,8 @@ cause goes to stderr and the exit status is 1.
 
 With ``--session`` / ``--session-label`` (and ``--require-existing``,
 ``--reset-session``) the editor's ``session/new`` requests gain the ``_meta`` that
-names the session (:mod:`supervisor.cli.attach_naming`); every other byte is copied
-as it is.
+names the session, and with ``--provenance`` its ``initialize`` asks for that mode
+(:mod:`supervisor.cli.attach_naming`); every other byte is copied as it is.
 
 The connection is a :class:`Channel`: here a Unix socket (:class:`SocketChannel`);
 :mod:`supervisor.cli.attach_ws` supplies one over a WebSocket to a remote gateway
@@ -52,7 +52,7 @@ import orjson
 
 from ipc.errors import InternalError
 from ipc.session_names import SessionNaming
-from supervisor.cli.attach_naming import NamingRewriter
+from supervisor.cli.attach_naming import RequestRewriter
 from supervisor.config import Settings
 
 __all__ = ["AttachRefused", "Channel", "EditorOutput", "LineSplitter", "SocketChannel",
@@ -150,10 +150,12 @@ class SocketChannel:
 
 
 def run_attach(settings: Settings, url: str | None = None, token_file: str | None = None,
-               ca_file: str | None = None, naming: SessionNaming | None = None) -> int:
+               ca_file: str | None = None, naming: SessionNaming | None = None,
+               provenance: str = "off") -> int:
     """``zeroclaw acp --attach [URL]``: the exit code. No URL: the local daemon's
     ``acp.sock``; a ``ws://`` or ``wss://`` URL: a remote gateway's ``/acp``.
-    ``naming``: ``--session KEY`` and its kin, given to each ``session/new``."""
+    ``naming``: ``--session KEY`` and its kin, given to each ``session/new``;
+    ``provenance``: ``--provenance``, asked for at ``initialize``."""
     output = EditorOutput(sys.stdout.fileno())
     try:
         dialer = _dialer(settings, output, url, token_file, ca_file)
@@ -162,8 +164,9 @@ def run_attach(settings: Settings, url: str | None = None, token_file: str | Non
             log.error("no zeroclaw host answers at %s%s", dialer.where, dialer.hint)
             return 1
         link = Link(channel)
-        rewriter = (NamingRewriter(naming, settings.frame_limit)
-                    if naming is not None and naming.named else None)
+        naming = naming or SessionNaming()
+        rewriter = (RequestRewriter(naming, settings.frame_limit, provenance)
+                    if naming.named or provenance != "off" else None)
         unanswered = _bridge(link, dialer, settings.frame_limit, output, rewriter)
     except AttachRefused as refusal:
         log.error("zeroclaw acp --attach: %s", refusal)
@@ -457,7 +460,7 @@ class LineSplitter:
 
 
 def _bridge(link: Link, dialer: Dialing, frame_limit: int, output: EditorOutput,
-            rewriter: NamingRewriter | None = None) -> int | None:
+            rewriter: RequestRewriter | None = None) -> int | None:
     """Copy both ways until the host closes; None when that was the normal end,
     else how many requests were left unanswered (each answered -32603 here)."""
     stdin_fd = sys.stdin.fileno()
@@ -497,7 +500,7 @@ def _bridge(link: Link, dialer: Dialing, frame_limit: int, output: EditorOutput,
 
 
 def _copy_in(stdin_fd: int, link: Link, requests: LineSplitter,
-             rewriter: NamingRewriter | None = None) -> None:
+             rewriter: RequestRewriter | None = None) -> None:
     """Stdin thread: copy the editor's input to the daemon until EOF (through
     ``rewriter`` when the command line names a session).
 

@@ -140,9 +140,6 @@ def _run_acp(args: argparse.Namespace) -> int:
     from supervisor.config import ConfigError, load_settings
 
     naming = _naming(args)
-    if args.provenance != "off" and args.attach is not None:
-        _parser().error("--provenance is not taken with --attach yet: the daemon's "
-                        "configuration decides")
     level = args.log_level or os.environ.get("ZEROCLAW_LOG") or "warning"
     _configure_logging(level)
     overrides = {"acp.max_sessions": args.max_sessions,
@@ -165,7 +162,7 @@ def _run_acp(args: argparse.Namespace) -> int:
             logging.getLogger("zeroclaw").warning(
                 "--attach: limits come from the daemon's configuration; flags ignored")
         return run_attach(settings, args.attach or None, args.token_file, args.ca_file,
-                          naming)
+                          naming, args.provenance)
     from supervisor.servers.stdio import serve_acp_stdio
 
     return _serve_stdio(serve_acp_stdio(settings, naming, args.provenance != "off",

@@ -123,3 +123,30 @@ def test_the_session_flags_through_the_gateway_are_per_tenant(
     fresh, before = turn("bob", "bob reset", "--reset-session")
     assert fresh != bob and before == []
     assert turn("alice", "alice third")[0] == alice  # bob's reset left alice's key alone
+
+
+def test_provenance_through_the_bridge_is_the_connections_own(daemons: Any) -> None:
+    import socket
+
+    daemon = daemons()
+    editor = Editor(daemon.config_dir, daemon.env,
+                    attach=("--session", KEY, "--provenance", "meta+receipt"))
+    plain = Editor(daemon.config_dir, daemon.env)
+    try:
+        editor.request("initialize", {"protocolVersion": 1})
+        sid = editor.request("session/new", {"cwd": str(daemon.work_dir)})["sessionId"]
+        result = editor.request("session/prompt", {"sessionId": sid, "prompt": "from afar"})
+        refused = plain.answer(plain.send("initialize", {
+            "protocolVersion": 1, "_meta": {"zeroclaw": {"provenance": "loud"}}}))
+        assert refused["error"]["code"] == -32602
+        assert "_meta.zeroclaw.provenance" in refused["error"]["message"]
+        plain.request("initialize", {"protocolVersion": 1})
+        other = plain.request("session/new", {"cwd": str(daemon.work_dir)})["sessionId"]
+        bare = plain.request("session/prompt", {"sessionId": other, "prompt": "plain"})
+    finally:
+        assert editor.quit() == 0 and plain.quit() == 0
+    assert result["_meta"]["provenance"]["host"].startswith("zeroclaw/")
+    for line in ("[Source Receipt]", f"originHost={socket.gethostname()}",
+                 f"acpSessionId={sid}", f"targetSession={KEY}"):
+        assert line in result["content"], result["content"]
+    assert bare["content"] == "plain" and "provenance" not in bare.get("_meta", {})
