@@ -12,6 +12,9 @@ ACP's ``_meta``:
   as ``session/load`` does in this dialect.
 - ``session/list`` entries add ``sessionKey`` (or ``formerSessionKey`` once a reset
   moved the key on), ``sessionLabel`` and ``parentSessionId``.
+- ``session/set_label {sessionId, sessionLabel}`` labels a session this connection
+  may use (``null`` removes the label) → ``{sessionId, sessionLabel}``: the ACP
+  dialect's ``_zeroclaw/session_info_update``.
 
 Keys on ``daemon.sock`` are the host owner's (tenant ``""``), the same as those of
 ``zeroclaw acp`` and ``acp.sock``. Everything here runs on the asyncio loop thread.
@@ -32,7 +35,7 @@ if TYPE_CHECKING:
     from supervisor.routes import Peer, Route
     from supervisor.sessions import Sessions
 
-__all__ = ["listed_names", "named_answer", "open_named", "rpc_naming"]
+__all__ = ["OWNER", "label_param", "listed_names", "named_answer", "open_named", "rpc_naming"]
 
 OWNER = ""  # the tenant of daemon.sock's sessions: the host's owner
 
@@ -64,6 +67,15 @@ def rpc_naming(params: Any) -> SessionNaming:
     if (naming.reset or naming.require_existing) and not naming.named:
         raise InvalidParams("resetSession and requireExisting need sessionKey or sessionLabel")
     return naming
+
+
+def label_param(params: Any) -> str | None:
+    """``session/set_label``'s ``sessionLabel`` (None: remove the label); -32602 when
+    it is missing or not a name."""
+    if not isinstance(params, Mapping) or not ("sessionLabel" in params
+                                               or "session_label" in params):
+        raise InvalidParams("sessionLabel is required (null removes the label)")
+    return check_name(_field(params, "sessionLabel", "session_label"), "sessionLabel")
 
 
 async def open_named(sessions: Sessions, peer: Peer, request: NewSessionRequest,

@@ -33,7 +33,14 @@ from ipc.errors import (
 )
 from ipc.jsonrpc import ConnectionLost, Endpoint, RemoteError
 from supervisor.prompt_queue import PromptQueues, Ticket
-from supervisor.servers.rpc_names import listed_names, named_answer, open_named, rpc_naming
+from supervisor.servers.rpc_names import (
+    OWNER,
+    label_param,
+    listed_names,
+    named_answer,
+    open_named,
+    rpc_naming,
+)
 from supervisor.status import host_status
 
 if TYPE_CHECKING:
@@ -171,6 +178,7 @@ class RpcServer:
             "session/approve": self.approve,
             "session/list": self.list,
             "session/load": self.load,
+            "session/set_label": self.set_label,
         }
 
     def make_endpoint(self, send: Callable[[bytes], None], name: str = "") -> Endpoint:
@@ -315,6 +323,15 @@ class RpcServer:
         self.queues.drop(SessionNotFound(f"Session closed: {sid}"), sid=sid)
         await self.owners.ending(sid, (await self._sessions()).close(sid))
         return {}
+
+    async def set_label(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
+        """Label a session (:mod:`supervisor.servers.rpc_names`); -32003 for another
+        connection's."""
+        sid = session_id(params)
+        self.owners.check(sid, endpoint.state["peer"])
+        label = label_param(params)
+        await (await self._sessions()).keys.set_label(sid, OWNER, label)
+        return {"sessionId": sid, "sessionLabel": label}
 
     def approve(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
         approval = rpc.approve_request(params)

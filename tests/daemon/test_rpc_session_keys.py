@@ -83,3 +83,28 @@ def test_a_key_from_daemon_sock_is_the_same_on_acp_sock(daemons: Any) -> None:
     assert answer["sessionId"] == first["sessionId"]
     assert [u["content"]["text"] for u in editor.updates
             if u["sessionUpdate"] == "user_message_chunk"] == ["from rpc"]
+
+
+def test_set_label_labels_removes_and_refuses_a_taken_label(daemons: Any) -> None:
+    daemon = daemons()
+    with daemon.client() as client:
+        cwd = str(daemon.work_dir)
+        one = client.request("session/new", {"cwd": cwd, "keep_siblings": True})["sessionId"]
+        two = client.request("session/new", {"cwd": cwd, "keep_siblings": True})["sessionId"]
+        assert client.request("session/set_label", {"sessionId": one, "sessionLabel": "a"}) == {
+            "sessionId": one, "sessionLabel": "a"}
+        with pytest.raises(RpcFailure) as taken:
+            client.request("session/set_label", {"sessionId": two, "sessionLabel": "a"})
+        assert taken.value.code == -32602 and "already labels" in taken.value.message
+        with pytest.raises(RpcFailure) as missing:
+            client.request("session/set_label", {"sessionId": two})
+        assert missing.value.code == -32602
+        with daemon.client() as other:  # another connection's session: -32003
+            with pytest.raises(RpcFailure) as foreign:
+                other.request("session/set_label", {"sessionId": one, "sessionLabel": "b"})
+            assert foreign.value.code == -32003
+        client.request("session/set_label", {"sessionId": one, "session_label": None})
+        client.request("session/set_label", {"sessionId": two, "sessionLabel": "a"})
+        labels = {s["sessionId"]: s.get("sessionLabel")
+                  for s in client.request("session/list")["sessions"]}
+    assert labels == {one: None, two: "a"}
