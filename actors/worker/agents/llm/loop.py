@@ -100,13 +100,18 @@ class ModelAgent(Agent):
             self.mcp.close()
 
     def _join_mcp(self, ctx: TurnContext) -> None:
-        """At the first turn: wait for the MCP servers, offer their tools, and say in
-        the turn which of them cannot be used."""
-        if not self._mcp_pending or self.mcp is None:
+        """At the first turn: wait for the MCP servers, offer their tools; at later
+        ones: start again those that died. Say in the turn which cannot be used."""
+        if self.mcp is None:
             return
-        self._mcp_pending = False
-        specs, notices = self.mcp.ready()
-        self.tools = (*self.tools, *specs)
+        if self._mcp_pending:
+            self._mcp_pending = False
+            found, notices = self.mcp.ready()
+            specs: list[ToolSpec] | None = found
+        else:
+            specs, notices = self.mcp.revive(ctx.cancelled)
+        if specs is not None:
+            self.tools = (*model_tools(), *specs)
         for notice in notices:
             ctx.emit(MessageChunk(f"[{notice}]\n"))
 
