@@ -216,6 +216,6 @@ class TenantScope:
         return view
 
 
-_SHARED_STATUS = ("serverVersion", "protocolVersion", "uptimeSecs", "limits", "sandbox",
-                  "hostId")
-"""The keys of ``status`` every tenant sees (the rest are the host's or an admin's)."""
+_SHARED_STATUS = ("serverVersion", "protocolVersion", "uptimeSecs", "limits", "sandbox")
+"""The keys of ``status`` every tenant sees (the rest are the host's or an admin's: not
+the host id either, which by default names the machine)."""
