@@ -29,6 +29,7 @@ import contextlib
 import functools
 import logging
 import os
+import socket
 import stat
 import sys
 import threading
@@ -504,10 +505,35 @@ async def _connect_output(fd: int) -> asyncio.StreamWriter:
     transport: asyncio.WriteTransport
     if _is_regular_file(fd):
         transport = _FileWriteTransport(fd, protocol, loop)
+    elif _is_stream_socket(fd):
+        transport = await _socket_output(loop, fd, protocol)
     else:
         pipe = os.fdopen(fd, "wb", buffering=0)
         transport, _ = await loop.connect_write_pipe(lambda: protocol, pipe)
     return asyncio.StreamWriter(transport, protocol, None, loop)
+
+
+def _is_stream_socket(fd: int) -> bool:
+    if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+        return False
+    probe = socket.socket(fileno=fd)
+    try:
+        return probe.type == socket.SOCK_STREAM
+    finally:
+        probe.detach()  # the fd stays open
+
+
+async def _socket_output(loop: asyncio.AbstractEventLoop, fd: int,
+                         protocol: asyncio.Protocol) -> asyncio.WriteTransport:
+    """A write transport on a stdout that is a socket (``socat EXEC:``, inetd, systemd
+    socket units: often the same socket as stdin). asyncio's pipe transport takes a
+    readable write end for a closed one, so the client's next request would end the
+    connection; a socket transport that never reads (the input side reads, and sees
+    the end) is used instead."""
+    sock = socket.socket(fileno=fd)
+    transport, _ = await loop.connect_accepted_socket(lambda: protocol, sock)
+    transport.pause_reading()
+    return transport
 
 
 class _OutputProtocol(asyncio.Protocol):

@@ -1,9 +1,11 @@
-"""``zeroclaw acp`` with stdin/stdout that are not pipes (shell redirections)."""
+"""``zeroclaw acp`` with stdin/stdout that are not pipes (shell redirections, one socket
+for both as ``socat EXEC:``, inetd and systemd socket units give)."""
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 
 import orjson
@@ -33,6 +35,42 @@ def test_requests_from_a_file_answers_to_a_file(tmp_path):
     frames = [orjson.loads(line) for line in answers.read_bytes().splitlines()]
     assert [f["id"] for f in frames] == [1, 2]
     assert frames[1]["result"] == {"sessions": []}
+
+
+def test_one_socket_for_stdin_and_stdout_serves_every_request(tmp_path, workspace):
+    """asyncio's pipe transport takes a readable stdout for a closed one: with one
+    socket for both, the second request used to end the connection."""
+    ours, theirs = socket.socketpair()
+    proc = subprocess.Popen(host_argv(tmp_path / "cfg"), stdin=theirs, stdout=theirs,
+                            stderr=subprocess.PIPE, env=host_env())
+    theirs.close()
+    ours.settimeout(20)
+    lines = ours.makefile("rb")
+
+    def call(request_id: int, method: str, params: dict[str, object]) -> dict[str, object]:
+        ours.sendall(orjson.dumps({"jsonrpc": "2.0", "id": request_id, "method": method,
+                                   "params": params}) + b"\n")
+        while True:
+            frame = orjson.loads(lines.readline())
+            if frame.get("id") == request_id and "method" not in frame:
+                return dict(frame["result"])
+
+    try:
+        call(1, "initialize", {"protocolVersion": 1})
+        sid = call(2, "session/new", {"cwd": str(workspace), "mcpServers": []})["sessionId"]
+        for turn in range(3):
+            answer = call(3 + turn, "session/prompt", {
+                "sessionId": sid, "prompt": [{"type": "text", "text": f"turn {turn}"}]})
+            assert answer["content"] == f"turn {turn}"
+        ours.shutdown(socket.SHUT_WR)  # the client is done: EOF on stdin
+        assert proc.wait(timeout=20) == 0
+    finally:
+        ours.close()
+        if proc.poll() is None:
+            proc.kill()
+        assert proc.stderr is not None
+        proc.stderr.close()
+        proc.wait()
 
 
 def test_stdout_to_dev_null_still_serves(tmp_path):
