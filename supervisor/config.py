@@ -11,6 +11,7 @@ safe to read from any thread.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
@@ -105,10 +106,18 @@ class Settings:
     """``[store] password_env``: the variable that holds the PostgreSQL password."""
     host_id: str = ""
     """``[store] host_id``: this host's name among the hosts of one PostgreSQL store
-    (default ``<hostname>:<a hash of the data dir>``, the same across restarts)."""
+    (default ``<hostname>:<a hash of the data dir>``, the same across restarts; a
+    ``zeroclaw acp`` process adds ``:acp-<pid>``, see :meth:`as_stdio_host`)."""
     lease_ttl_secs: float = 30.0
     """``[store] lease_ttl_secs``: how long a session's lease outlives its host's last
     heartbeat (renewed every third of it)."""
+
+    def as_stdio_host(self, pid: int) -> Settings:
+        """These settings for a ``zeroclaw acp`` process: a host of its own among those
+        of a shared store, so its id gains ``:acp-<pid>``. Editors start one such process
+        per window on one config (and a daemon may serve it too): with one id they would
+        each take, renew and release the others' leases as their own."""
+        return dataclasses.replace(self, host_id=f"{self.host_id}:acp-{pid}")
 
     @property
     def default_model(self) -> str:

@@ -172,6 +172,7 @@ def _run_acp(args: argparse.Namespace) -> int:
                           naming, args.provenance)
     from supervisor.servers.stdio import serve_acp_stdio
 
+    settings = settings.as_stdio_host(os.getpid())
     return _serve_stdio(serve_acp_stdio(settings, naming, args.provenance != "off",
                                         args.provenance == "meta+receipt"), 0)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -23,7 +24,7 @@ import pytest
 from tests.e2e.procs import write_config
 from tests.pg_support import fresh_database, password_role_login
 
-from .helpers import DaemonProc, RpcFailure, short_dir, zeroclaw_argv
+from .helpers import FRAME_TIMEOUT, DaemonProc, RpcClient, RpcFailure, short_dir, zeroclaw_argv
 
 Daemons = Callable[..., DaemonProc]
 
@@ -192,3 +193,48 @@ def test_a_killed_hosts_sessions_move_on_after_the_lease_ttl(
         replay = [u.get("text") for u in other.updates() if u["type"] == "user_message_chunk"]
         assert replay == ["before the crash"]
         assert _leases(database) == [(sid, "host-two")]
+
+
+class _StdioHost(RpcClient):
+    """A ``zeroclaw acp`` process on ``config_dir``, its stdin and stdout one end of a
+    socket pair (the editor's pipes), driven by :class:`RpcClient` on the other end."""
+
+    def __init__(self, config_dir: Path) -> None:
+        ours, theirs = socket.socketpair()
+        self.proc = subprocess.Popen(zeroclaw_argv("acp", "--config-dir", str(config_dir)),
+                                     stdin=theirs, stdout=theirs, stderr=subprocess.DEVNULL)
+        theirs.close()
+        ours.settimeout(FRAME_TIMEOUT)
+        self.sock = ours
+        self.notifications, self.frames = [], []
+        self._buffer, self._next_id, self._sent_at = b"", 1, {}
+        self.request("initialize", {"protocolVersion": 1})
+
+    def close(self) -> None:
+        self.sock.close()  # EOF: the host stops, releasing its leases
+        self.proc.wait(timeout=FRAME_TIMEOUT)
+
+
+def test_two_zeroclaw_acp_processes_on_one_config_are_two_hosts(
+    database: str, host_dirs: Callable[[], Path]
+) -> None:
+    """Editors start a ``zeroclaw acp`` per window on one config: each is a host of its
+    own (``<default id>:acp-<pid>``), so one never runs or frees the other's session."""
+    config_dir = host_dirs()
+    write_config(config_dir, f'[store]\nurl = "{database}"\n')
+    with _StdioHost(config_dir) as first, _StdioHost(config_dir) as second:
+        sid = first.request("session/new", {"cwd": str(config_dir.parent),
+                                            "mcpServers": []})["sessionId"]
+        first.request("session/prompt", {"sessionId": sid,
+                                         "prompt": [{"type": "text", "text": "mine"}]})
+        [(_, owner)] = _leases(database)
+        assert owner.endswith(f":acp-{first.proc.pid}")
+        _refused_by(owner, lambda: second.request(
+            "session/load", {"sessionId": sid, "cwd": str(config_dir.parent),
+                             "mcpServers": []}))
+        first.close()
+        assert _leases(database) == []
+        second.request("session/load", {"sessionId": sid, "cwd": str(config_dir.parent),
+                                        "mcpServers": []})
+        [(_, owner)] = _leases(database)
+        assert owner.endswith(f":acp-{second.proc.pid}")
