@@ -46,7 +46,7 @@ from typing import Any, Protocol
 import orjson
 
 from ipc.errors import InternalError
-from supervisor.config import Settings
+from supervisor.config.config import Settings
 
 __all__ = ["AttachRefused", "Channel", "EditorOutput", "LineSplitter", "SocketChannel",
            "run_attach"]

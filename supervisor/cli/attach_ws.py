@@ -110,7 +110,7 @@ def _checked_url(url: str) -> str:
 
 def _warn_plaintext(url: str, ca_file: str | None) -> None:
     """Say so when a ``ws://`` URL sends the token in clear text off this machine."""
-    from supervisor.gateway_config import is_loopback
+    from supervisor.config.gateway_config import is_loopback
 
     if ca_file is not None:
         log.warning("--ca-file is ignored for a ws:// URL (no TLS)")

@@ -82,14 +82,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run_acp(args)
     if args.command == "config":
         from supervisor.cli.config_cmd import run
-        from supervisor.config import resolve_config_dir
+        from supervisor.config.config import resolve_config_dir
 
         return run(list(args.args), resolve_config_dir(args.config_dir))
     if args.command == "daemon":
         return _run_daemon(args)
     if args.command == "tenant":
         from supervisor.cli.tenant_cmd import run as run_tenant
-        from supervisor.config import resolve_config_dir
+        from supervisor.config.config import resolve_config_dir
 
         return run_tenant(list(args.args), resolve_config_dir(args.config_dir), args.config_dir)
     if args.command == "status":
@@ -136,7 +136,7 @@ def _naming(args: argparse.Namespace) -> Any:
 
 
 def _run_acp(args: argparse.Namespace) -> int:
-    from supervisor.config import ConfigError, load_settings
+    from supervisor.config.config import ConfigError, load_settings
 
     naming = _naming(args)
     if (naming.named or args.provenance != "off") and args.attach is not None:
@@ -181,7 +181,7 @@ def _serve_stdio(serving: Coroutine[Any, Any, None], exit_code: int) -> int:
 
 
 def _run_daemon(args: argparse.Namespace) -> int:
-    from supervisor.config import ConfigError, load_settings
+    from supervisor.config.config import ConfigError, load_settings
 
     _configure_logging(args.log_level or os.environ.get("ZEROCLAW_LOG") or "info")
     try:
@@ -195,7 +195,7 @@ def _run_daemon(args: argparse.Namespace) -> int:
 
 
 def _run_status(args: argparse.Namespace) -> int:
-    from supervisor.config import ConfigError, load_settings
+    from supervisor.config.config import ConfigError, load_settings
 
     try:
         settings = load_settings(args.config_dir)

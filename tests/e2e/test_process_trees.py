@@ -30,7 +30,7 @@ import psutil
 import pytest
 
 from actors.worker.sandbox import detect
-from supervisor.host import ORPHAN_SWEEP_SECS
+from supervisor.host.host import ORPHAN_SWEEP_SECS
 
 from .conftest import SdkHostFactory
 from .helpers import tool

@@ -62,8 +62,8 @@ from ipc.worker_wire import (
     encode,
     split_envelopes,
 )
-from supervisor.ipc_path import IpcClaim, claim_ipc_path
-from supervisor.worker_env import worker_environment
+from supervisor.workers.ipc_path import IpcClaim, claim_ipc_path
+from supervisor.workers.worker_env import worker_environment
 
 __all__ = ["HUNG_AFTER_BEATS", "StartProcess", "WorkerPool", "WorkerStatus",
            "start_worker_process"]
@@ -134,7 +134,7 @@ class WorkerPool:
     ready. ``around_messages()`` is entered around each read of what the workers
     sent (the handlers' writes to clients can then go out together). ``env`` holds
     extra environment variables for the workers; of the host's own they get only what
-    :func:`supervisor.worker_env.worker_environment` keeps, plus ``inherit``.
+    :func:`supervisor.workers.worker_env.worker_environment` keeps, plus ``inherit``.
     """
 
     def __init__(

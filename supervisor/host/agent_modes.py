@@ -3,11 +3,11 @@
 Runs on the host's asyncio loop thread. The worker says when a hosted agent's
 session is open, with the agent's ``modes`` from its ``session/new`` (or
 ``load``/``resume``) answer (:class:`ipc.worker_wire.AgentOpened`, kept on the
-session's :class:`supervisor.routes.Route`). ``session/new``, ``load`` and
+session's :class:`supervisor.core.routes.Route`). ``session/new``, ``load`` and
 ``resume`` then answer the agent's modes in place of zeroclaw's autonomy levels
 (they wait for the agent's session, as long as its start may take), and
 ``session/set_mode`` with one of the agent's mode ids is forwarded to the agent
-as its own ``session/set_mode`` (:mod:`supervisor.agent_calls`); an autonomy
+as its own ``session/set_mode`` (:mod:`supervisor.hosted.agent_calls`); an autonomy
 level still sets zeroclaw's autonomy. A stored session that is not live (it was
 evicted) is reopened for a mode that is not an autonomy level, as a prompt reopens
 it, so the agent's own modes work on it too (:func:`may_be_agent_mode`). The
@@ -24,11 +24,11 @@ import contextlib
 from typing import TYPE_CHECKING, Any
 
 from ipc import acp_handshake
-from supervisor.config import AUTONOMY_LEVELS
+from supervisor.config.config import AUTONOMY_LEVELS
 
 if TYPE_CHECKING:
-    from supervisor.routes import Route
-    from supervisor.sessions import Sessions
+    from supervisor.core.routes import Route
+    from supervisor.host.sessions import Sessions
 
 __all__ = ["may_be_agent_mode", "session_modes", "set_agent_mode"]
 

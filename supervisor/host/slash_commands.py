@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING
 
 from ipc.errors import InternalError, RpcError
 from ipc.events import AvailableCommands, CommandInfo, MessageChunk, TextItem, TurnItem, TurnRecord
-from supervisor.config import AUTONOMY_LEVELS
+from supervisor.config.config import AUTONOMY_LEVELS
 
 if TYPE_CHECKING:
-    from supervisor.routes import Route, RunningTurn
-    from supervisor.sessions import Sessions
+    from supervisor.core.routes import Route, RunningTurn
+    from supervisor.host.sessions import Sessions
 
 __all__ = ["COMMANDS", "HostCommand", "agent_history", "available_commands", "parse",
            "run_host_command"]

@@ -2,10 +2,10 @@
 
 Everything here runs on the asyncio loop thread. The loop owns sockets (clients
 and the zmq ROUTER to workers) and the live-session table
-(:class:`supervisor.live.LiveTable`); the SupervisorActor does the host's slow
+(:class:`supervisor.core.live.LiveTable`); the SupervisorActor does the host's slow
 process work (starting workers, ending what dead workers left behind), asked with
 typed messages (:mod:`actors.bridge`); the PersistenceActor is the only writer. Session
-operations live in :mod:`supervisor.sessions`; this module is the lifecycle and
+operations live in :mod:`supervisor.host.sessions`; this module is the lifecycle and
 the routing of worker messages.
 """
 
@@ -63,23 +63,23 @@ from ipc.worker_wire import (
 )
 from storage.leases import Leases
 from storage.store import Store
-from supervisor.agent_calls import AgentCalls
-from supervisor.client_relay import ClientRelay
-from supervisor.closings import Closings
-from supervisor.config import Settings
-from supervisor.gateway_config import tenant_caps
-from supervisor.live import Eviction, Limits, LiveTable, workers_wanted
-from supervisor.orphans import become_subreaper
-from supervisor.pacing import TurnStream
-from supervisor.protected import host_protected_paths
-from supervisor.routes import Peer, Route
-from supervisor.store_open import open_configured_store
-from supervisor.supervisor import EndOrphans, StartWorker, SupervisorActor
-from supervisor.turn_stats import TurnStats
-from supervisor.turns import TurnBook
-from supervisor.usage import UsageTotals
-from supervisor.worker_env import agent_variables
-from supervisor.workers import WorkerPool
+from supervisor.config.config import Settings
+from supervisor.config.gateway_config import tenant_caps
+from supervisor.config.protected import host_protected_paths
+from supervisor.core.closings import Closings
+from supervisor.core.live import Eviction, Limits, LiveTable, workers_wanted
+from supervisor.core.pacing import TurnStream
+from supervisor.core.routes import Peer, Route
+from supervisor.core.turn_stats import TurnStats
+from supervisor.core.turns import TurnBook
+from supervisor.core.usage import UsageTotals
+from supervisor.host.store_open import open_configured_store
+from supervisor.hosted.agent_calls import AgentCalls
+from supervisor.hosted.client_relay import ClientRelay
+from supervisor.workers.orphans import become_subreaper
+from supervisor.workers.supervisor import EndOrphans, StartWorker, SupervisorActor
+from supervisor.workers.worker_env import agent_variables
+from supervisor.workers.workers import WorkerPool
 
 __all__ = ["Host"]
 
@@ -251,7 +251,7 @@ class Host:
         return worker_id
 
     def scale_workers(self, unplaced: int = 0) -> None:
-        """Grow the pool as :func:`supervisor.live.workers_wanted` says."""
+        """Grow the pool as :func:`supervisor.core.live.workers_wanted` says."""
         self.pool.scale_to(workers_wanted(self.live.workers_in_use(), unplaced,
                                           self.settings.sessions_per_worker))
 
@@ -313,7 +313,7 @@ class Host:
 
     def _on_turn_events(self, worker_id: str, events: list[TurnEvent], nbytes: int) -> None:
         """One turn's events that came together: paced to the turn's client (see
-        :mod:`supervisor.pacing`)."""
+        :mod:`supervisor.core.pacing`)."""
         sid, turn_id = events[0].sid, events[0].turn_id
         turn = self.turns.get(sid, turn_id)
         if turn is None or turn.failure is not None:

@@ -2,7 +2,7 @@
 load, resume, list, delete, set_mode, client events.
 
 Runs on the asyncio loop thread. Each operation changes its session's entry in
-the live-session table (:mod:`supervisor.live`: limits, busy, LRU eviction,
+the live-session table (:mod:`supervisor.core.live`: limits, busy, LRU eviction,
 decided there without a thread hop), sends envelopes to the session's worker,
 and writes through the PersistenceActor; a turn's result is returned only after
 its transaction committed. Requests that meet on one session wait on the
@@ -47,15 +47,15 @@ from ipc.session_names import PARENT_META_KEY
 from ipc.worker_wire import OpenSession, SetMode, StartTurn
 from storage.models import SessionName, StoredSession
 from storage.prepared_writes import title_of
-from supervisor.config import AUTONOMY_LEVELS, AgentConfig
-from supervisor.gateway_config import TenantConfig
-from supervisor.host import Host
-from supervisor.live import Eviction, LiveSession
-from supervisor.protected import canonical_dir, cwd_refusal
-from supervisor.routes import Peer, Route, RunningTurn
-from supervisor.session_keys import NO_NAMES, SessionKeys, SessionNames
-from supervisor.slash_commands import agent_history, parse, run_host_command
-from supervisor.tenants import TENANT_META_KEY, TENANT_NAME_META_KEY, confine_cwd, tenant_root
+from supervisor.config.config import AUTONOMY_LEVELS, AgentConfig
+from supervisor.config.gateway_config import TenantConfig
+from supervisor.config.protected import canonical_dir, cwd_refusal
+from supervisor.core.live import Eviction, LiveSession
+from supervisor.core.routes import Peer, Route, RunningTurn
+from supervisor.host.host import Host
+from supervisor.host.session_keys import NO_NAMES, SessionKeys, SessionNames
+from supervisor.host.slash_commands import agent_history, parse, run_host_command
+from supervisor.host.tenants import TENANT_META_KEY, TENANT_NAME_META_KEY, confine_cwd, tenant_root
 
 __all__ = ["Sessions", "TurnOutcome"]
 
@@ -173,7 +173,7 @@ class Sessions:
         (only the daemon dialect passes it), else a fresh UUID. ``tenant``: the gateway
         tenant it belongs to, kept in its stored ``meta`` (None: the host's owner); its
         cwd must be inside the tenant's root, which is its workspace. ``names``: its key,
-        label and parent session (:mod:`supervisor.session_keys`), stored with it."""
+        label and parent session (:mod:`supervisor.host.session_keys`), stored with it."""
         agent = self.resolve_agent(request.agent_alias)
         if tenant is not None and not tenant_may_use(agent.to_wire(), self.host.sandbox):
             raise InvalidParams(unconfined_refusal(agent.alias, self.host.sandbox.reason))

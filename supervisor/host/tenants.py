@@ -32,14 +32,14 @@ from typing import TYPE_CHECKING, Any
 
 from actors.worker.protected import path_component, within
 from ipc.errors import InvalidParams, SessionLimitReached, SessionNotFound
-from supervisor.protected import canonical_dir
+from supervisor.config.protected import canonical_dir
 
 if TYPE_CHECKING:
     from ipc.acp import NewSessionRequest
-    from supervisor.gateway_config import TenantConfig
-    from supervisor.routes import Peer, Route
-    from supervisor.session_keys import SessionNames
-    from supervisor.sessions import Sessions
+    from supervisor.config.gateway_config import TenantConfig
+    from supervisor.core.routes import Peer, Route
+    from supervisor.host.session_keys import SessionNames
+    from supervisor.host.sessions import Sessions
 
 __all__ = [
     "TENANT_META_KEY",
@@ -167,7 +167,7 @@ class TenantScope:
         """-32001 at once when the tenant is at its ``max_sessions`` and every live
         session of it is busy (``sid``: a session being restored, which needs no room
         when already live). At the cap with an idle session, admission evicts the
-        tenant's least recently used idle one (:meth:`supervisor.live.LiveTable.make_room`),
+        tenant's least recently used idle one (:meth:`supervisor.core.live.LiveTable.make_room`),
         as the host does at its own cap."""
         cap = self.tenant.max_sessions
         live = sessions.host.live

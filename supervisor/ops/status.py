@@ -5,14 +5,14 @@ the loop's own view of the live sessions (each route's entry, updated as its tur
 are admitted and settled), so ``status`` never asks the supervisor, a worker or
 the writer, and a prompt's answer is never followed by a status that still shows
 its turn running. On the daemon socket the session list goes out as JSON kept
-encoded between calls (:mod:`supervisor.status_book`): with thousands of idle
+encoded between calls (:mod:`supervisor.ops.status_book`): with thousands of idle
 sessions, a call re-encodes only what changed. Worker figures come from the pool
 plus psutil, sampled at most once a second per worker (Process objects are kept, since the
 first ``cpu_percent()`` of a new one is always 0.0). Each worker lists its hosted
 agent processes as its last heartbeat named them (restarts are the worker's count),
 with psutil figures sampled the same way, as are the host process's own
 (``rssBytes``, ``cpuPercent``). ``usage`` is the host's running totals
-(:mod:`supervisor.usage`); each session entry has its own. ``turnsCommitted``
+(:mod:`supervisor.core.usage`); each session entry has its own. ``turnsCommitted``
 counts the turns committed since the host started (a rate is its difference
 between two answers).
 """
@@ -30,14 +30,14 @@ import orjson
 import psutil
 
 from supervisor import __version__
-from supervisor.status_book import SessionStatusBook
+from supervisor.ops.status_book import SessionStatusBook
 
 if TYPE_CHECKING:
     from ipc.worker_wire import AgentProcessEntry
-    from supervisor.live import LiveTable
-    from supervisor.ownership import Owners
-    from supervisor.routes import Route
-    from supervisor.sessions import Sessions
+    from supervisor.core.live import LiveTable
+    from supervisor.core.ownership import Owners
+    from supervisor.core.routes import Route
+    from supervisor.host.sessions import Sessions
 
 __all__ = ["host_status", "process_figures"]
 
@@ -53,7 +53,7 @@ _books: weakref.WeakKeyDictionary[LiveTable, SessionStatusBook] = weakref.WeakKe
 def _session_entries(routes: list[Route],
                      owners: Owners) -> tuple[list[dict[str, Any]], Counter[str]]:
     """The wire entries of the live sessions (each route keeps its own up to date;
-    see :class:`supervisor.routes.Route`), and how many sessions each worker hosts.
+    see :class:`supervisor.core.routes.Route`), and how many sessions each worker hosts.
     ``status`` is polled every second, with thousands of sessions: no copies."""
     entries = [route.status for route in routes]
     count = owners.count

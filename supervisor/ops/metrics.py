@@ -2,7 +2,7 @@
 
 Runs on the asyncio loop thread when scraped. Nothing is instrumented on the turn's
 path: a custom collector reads the host's own state at scrape time (the live routes,
-the turn counts of :mod:`supervisor.turn_stats`, the worker pool with the RSS that
+the turn counts of :mod:`supervisor.core.turn_stats`, the worker pool with the RSS that
 ``status`` samples at most once a second, the gateway's connection and refusal
 counts). ``prometheus_client`` is imported only here, when the gateway is on.
 
@@ -37,12 +37,12 @@ from prometheus_client.core import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from supervisor.turn_stats import LATENCY_BUCKETS
+from supervisor.core.turn_stats import LATENCY_BUCKETS
 
 if TYPE_CHECKING:
-    from supervisor.host_handle import HostHandle
+    from supervisor.host.host_handle import HostHandle
+    from supervisor.host.sessions import Sessions
     from supervisor.servers.gateway import GatewayStats
-    from supervisor.sessions import Sessions
 
 __all__ = ["HostCollector", "MetricsPage", "health"]
 
@@ -104,7 +104,7 @@ def _turn_metrics(sessions: Sessions) -> Iterator[Metric]:
 
 
 def _worker_metrics(sessions: Sessions) -> Iterator[Metric]:
-    from supervisor.status import process_figures
+    from supervisor.ops.status import process_figures
 
     workers = [w for w in sessions.host.pool.info() if w.alive]
     yield GaugeMetricFamily("zeroclaw_workers", "Worker processes alive", value=len(workers))
@@ -135,7 +135,7 @@ async def health(host: HostHandle) -> tuple[bool, dict[str, Any]]:
         starting = host.starting is not None and not host.starting.done()
         return False, {"status": "unhealthy",
                        "reasons": ["the host is starting" if starting else "the host is down"]}
-    from supervisor.status import host_status
+    from supervisor.ops.status import host_status
 
     reasons = _store_problems(sessions)
     workers = host_status(sessions, host.owners)["workers"]

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 
 from actors.worker.agents.acp_process import NETWORK_ENV
 from actors.worker.tools.shell import command_environment
-from supervisor.config import AgentConfig
+from supervisor.config.config import AgentConfig
 
 __all__ = ["agent_variables", "worker_environment"]
 

@@ -2,7 +2,7 @@
 
 Runs on the asyncio loop thread. Recording a turn is a dict update and a bisect into
 fixed buckets (no metrics library on the turn's path); ``/metrics`` reads these
-figures when it is scraped (:mod:`supervisor.metrics`).
+figures when it is scraped (:mod:`supervisor.ops.metrics`).
 """
 
 from __future__ import annotations

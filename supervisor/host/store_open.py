@@ -12,7 +12,7 @@ import os
 from collections.abc import MutableMapping
 
 from storage.store import Store, open_store, open_store_url
-from supervisor.config import ConfigError, Settings
+from supervisor.config.config import ConfigError, Settings
 
 __all__ = ["open_configured_store", "store_password"]
 

@@ -22,8 +22,8 @@ from ipc.errors import InternalError, InvalidParams, error_for_code
 from ipc.worker_wire import AgentCall, AgentReply, EncodeError
 
 if TYPE_CHECKING:
-    from supervisor.host import Host
-    from supervisor.routes import Route
+    from supervisor.core.routes import Route
+    from supervisor.host.host import Host
 
 __all__ = ["AgentCalls"]
 

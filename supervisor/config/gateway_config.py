@@ -1,6 +1,6 @@
 """The ``[gateway]`` and ``[tenants.NAME]`` sections of ``config.toml``.
 
-Parsed once on the main thread with the rest of the settings (:mod:`supervisor.config`);
+Parsed once on the main thread with the rest of the settings (:mod:`supervisor.config.config`);
 the records are immutable afterwards and safe to read from any thread. Only the
 shape of each value is checked here (a malformed one is a configuration error,
 like any other key's). Whether a listen address may be used without TLS is judged
@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from supervisor.config import ConfigError
+from supervisor.config.config import ConfigError
 
 __all__ = [
     "GatewayConfig",
@@ -97,7 +97,7 @@ class TenantConfig:
 
 def tenant_caps(tenants: Mapping[str, TenantConfig]) -> dict[str, int]:
     """The ``max_sessions`` of each tenant that has one, by tenant id (the host's admission
-    keeps every tenant under its own cap: :attr:`supervisor.live.LiveTable.tenant_caps`)."""
+    keeps every tenant under its own cap: :attr:`supervisor.core.live.LiveTable.tenant_caps`)."""
     return {t.id: t.max_sessions for t in tenants.values() if t.max_sessions is not None}
 
 

@@ -19,10 +19,10 @@ from actors.persistence import StoreWrite, WriteTurn
 from ipc.errors import InternalError, RpcError
 from ipc.events import CANCEL_MARKER, TextItem, TurnRecord
 from ipc.worker_wire import CancelTurn, HostMessage
-from supervisor.live import LiveTable
-from supervisor.routes import Peer, RunningTurn
-from supervisor.turn_stats import TurnStats
-from supervisor.usage import UsageTotals
+from supervisor.core.live import LiveTable
+from supervisor.core.routes import Peer, RunningTurn
+from supervisor.core.turn_stats import TurnStats
+from supervisor.core.usage import UsageTotals
 
 __all__ = ["TurnBook", "TurnHost"]
 
@@ -39,7 +39,7 @@ class WorkerSender(Protocol):
 
 
 class TurnHost(Protocol):
-    """What a :class:`TurnBook` needs of its host (:class:`supervisor.host.Host`)."""
+    """What a :class:`TurnBook` needs of its host (:class:`supervisor.host.host.Host`)."""
 
     @property
     def pool(self) -> WorkerSender: ...

@@ -6,7 +6,7 @@ commands' process trees (each in a session of its own) are re-parented to PID 1.
 The host marks itself a *child subreaper*, so they become its children instead;
 :func:`end_orphans` then kills each as a whole tree and reaps it (when a worker
 exits, and every few seconds for stragglers). Runs on the SupervisorActor's thread
-(:class:`supervisor.supervisor.EndOrphans`), off the loop, and never blocks.
+(:class:`supervisor.workers.supervisor.EndOrphans`), off the loop, and never blocks.
 """
 
 from __future__ import annotations

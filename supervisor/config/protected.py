@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 
 from actors.worker.protected import ProtectedPaths
-from supervisor.config import Settings
+from supervisor.config.config import Settings
 from supervisor.servers.daemon_socket import socket_lock_path
 
 __all__ = ["acp_socket_path", "canonical_dir", "cwd_refusal", "host_protected_paths"]

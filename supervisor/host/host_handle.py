@@ -14,12 +14,12 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from supervisor.config import Settings
-from supervisor.ownership import Owners
+from supervisor.config.config import Settings
+from supervisor.core.ownership import Owners
 
 if TYPE_CHECKING:
-    from supervisor.gateway_config import TenantConfig
-    from supervisor.sessions import Sessions
+    from supervisor.config.gateway_config import TenantConfig
+    from supervisor.host.sessions import Sessions
 
 __all__ = ["HostHandle"]
 
@@ -44,8 +44,8 @@ class HostHandle:
         return self.starting
 
     async def _start(self) -> Sessions:
-        from supervisor.host import Host
-        from supervisor.sessions import Sessions
+        from supervisor.host.host import Host
+        from supervisor.host.sessions import Sessions
 
         host = Host(self.settings)
         await host.start()

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from ipc.errors import SessionNotFound, SessionNotOwned
 
 if TYPE_CHECKING:
-    from supervisor.routes import Peer
+    from supervisor.core.routes import Peer
 
 __all__ = ["Owners"]
 
@@ -34,7 +34,7 @@ class Owners:
     def __init__(self) -> None:
         self._clients: dict[str, list[Peer]] = {}
         self._departed: weakref.WeakSet[Peer] = weakref.WeakSet()
-        #: Told the session id whenever its clients change (:mod:`supervisor.status_book`).
+        #: Told the session id whenever its clients change (:mod:`supervisor.ops.status_book`).
         self.on_change: Callable[[str], None] | None = None
 
     def join(self, sid: str, peer: Peer) -> None:

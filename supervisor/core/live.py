@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ipc.errors import InvalidParams, SessionBusy, SessionLimitReached, SessionNotFound
-from supervisor.routes import Route, RunningTurn
+from supervisor.core.routes import Route, RunningTurn
 
 __all__ = [
     "Eviction",

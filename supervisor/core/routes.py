@@ -1,7 +1,7 @@
 """What the loop needs to move one live session's frames: which worker hosts it,
 who is watching it, and the turn it is running. Owned by the asyncio loop thread only.
 
-A session's entry in :class:`supervisor.live.LiveTable` holds its route (once it is
+A session's entry in :class:`supervisor.core.live.LiveTable` holds its route (once it is
 open on a worker) and its running turn; the table decides their states.
 """
 
@@ -19,7 +19,7 @@ from storage.prepared_writes import title_of
 
 if TYPE_CHECKING:
     from ipc.transports import WriteFlow
-    from supervisor.pacing import TurnStream
+    from supervisor.core.pacing import TurnStream
 
 __all__ = ["Peer", "Route", "RunningTurn"]
 
@@ -88,7 +88,7 @@ class Route:
     tenant: str | None = None  # the gateway tenant it belongs to (None: the host's owner)
     title: InitVar[str | None] = None
     status: dict[str, Any] = field(init=False)
-    #: A hosted agent's own modes, once its session is open (:mod:`supervisor.agent_modes`).
+    #: A hosted agent's own modes, once its session is open (:mod:`supervisor.host.agent_modes`).
     agent_modes: dict[str, Any] | None = None
     agent_opened: asyncio.Event = field(default_factory=asyncio.Event)
     #: Whether a client was answered with this session's id (``session/new``, ``load``);
@@ -97,7 +97,7 @@ class Route:
     #: The session it was started for (a reset key's old session), or None.
     parent: str | None = None
     early_updates: list[dict[str, Any]] = field(default_factory=list)
-    #: Told the session id whenever ``status`` changes (:mod:`supervisor.status_book`).
+    #: Told the session id whenever ``status`` changes (:mod:`supervisor.ops.status_book`).
     on_status_change: Callable[[str], None] | None = field(default=None, compare=False)
 
     def __post_init__(self, turns: int, tokens: int, title: str | None) -> None:

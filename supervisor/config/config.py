@@ -27,7 +27,7 @@ from actors.worker.sandbox import SANDBOX_CHOICES
 from ipc.modes import MODE_IDS
 
 if TYPE_CHECKING:
-    from supervisor.gateway_config import GatewayConfig, TenantConfig
+    from supervisor.config.gateway_config import GatewayConfig, TenantConfig
 
 __all__ = [
     "AUTONOMY_LEVELS",
@@ -96,7 +96,7 @@ class Settings:
     long is disconnected."""
     sandbox: str = "auto"  # [autonomy] sandbox: auto | bwrap | landlock | none
     allow_unsandboxed_shell: bool = False
-    gateway: GatewayConfig | None = None  # [gateway]: see supervisor.gateway_config
+    gateway: GatewayConfig | None = None  # [gateway]: see supervisor.config.gateway_config
     tenants: Mapping[str, TenantConfig] = field(default_factory=dict)  # [tenants.NAME]
     store_url: str | None = None
     """``[store] url`` when it names PostgreSQL (never holding a password); ``None``: the
@@ -270,7 +270,7 @@ def settings_from_document(
         not isinstance(default_agent, str) or default_agent not in agents
     ):
         raise ConfigError(f"acp.default_agent names no configured agent: {default_agent!r}")
-    from supervisor.gateway_config import gateway_from_document, tenants_from_document
+    from supervisor.config.gateway_config import gateway_from_document, tenants_from_document
 
     gateway = gateway_from_document(_section(doc, "gateway"))
     store_section = _section(doc, "store")

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING
 import orjson
 
 if TYPE_CHECKING:
-    from supervisor.live import LiveTable
-    from supervisor.ownership import Owners
-    from supervisor.routes import Route
+    from supervisor.core.live import LiveTable
+    from supervisor.core.ownership import Owners
+    from supervisor.core.routes import Route
 
 __all__ = ["SessionStatusBook"]
 

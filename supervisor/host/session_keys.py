@@ -8,7 +8,7 @@ the key (same key, fresh transcript; the label moves with it), the new one namin
 old as its ``parentSessionId``; the old session stays stored, listed and loadable.
 
 :class:`SessionKeys` runs on the asyncio loop thread (one per host, on
-:class:`supervisor.sessions.Sessions`); its reads are the store reader's few-ms queries.
+:class:`supervisor.host.sessions.Sessions`); its reads are the store reader's few-ms queries.
 Two ``session/new`` with one key wait for each other (a lock per name), so a key never
 gets two sessions by a race.
 """
@@ -29,8 +29,8 @@ from storage.models import SessionName
 
 if TYPE_CHECKING:
     from storage.store import StoreReader
-    from supervisor.routes import Route
-    from supervisor.sessions import Sessions
+    from supervisor.core.routes import Route
+    from supervisor.host.sessions import Sessions
 
 __all__ = ["NO_NAMES", "NamedOpen", "SessionKeys", "SessionNames"]
 

@@ -1,16 +1,16 @@
 """SupervisorActor: the host's slow process work, off the asyncio loop.
 
 Runs on its own pykka thread. The loop keeps the live-session table itself
-(:mod:`supervisor.live`: admission, LRU, placement and the idle sweep are
+(:mod:`supervisor.core.live`: admission, LRU, placement and the idle sweep are
 decided there, with no thread hop on a request's path); this actor gets the work
 that blocks or scans the system, as typed messages (:mod:`actors.bridge`), each
 answered with its own type:
 
 - :class:`StartWorker` → ``subprocess.Popen``: start a worker process (the fork
   and exec block; the pool asks for one as it grows, see
-  :class:`supervisor.workers.WorkerPool`).
+  :class:`supervisor.workers.workers.WorkerPool`).
 - :class:`EndOrphans` → ``tuple[int, ...]``: kill and reap what dead workers'
-  tool commands left behind (:func:`supervisor.orphans.end_orphans`: it reads
+  tool commands left behind (:func:`supervisor.workers.orphans.end_orphans`: it reads
   ``/proc`` and signals process groups), told when a worker exits and every few
   seconds.
 """
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from actors.bridge import MessageActor, Request
-from supervisor.orphans import end_orphans
-from supervisor.workers import start_worker_process
+from supervisor.workers.orphans import end_orphans
+from supervisor.workers.workers import start_worker_process
 
 __all__ = ["EndOrphans", "StartWorker", "SupervisorActor"]
 
