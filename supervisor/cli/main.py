@@ -15,7 +15,7 @@ import sys
 from collections.abc import Coroutine, Sequence
 from typing import Any
 
-from supervisor import __version__
+from ipc.version import __version__
 
 __all__ = ["main"]
 

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import psutil
 
-from supervisor import __version__
+from ipc.version import __version__
 from supervisor.ops.status_book import SessionStatusBook
 
 if TYPE_CHECKING:

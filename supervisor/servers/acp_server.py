@@ -40,7 +40,7 @@ from ipc.session_names import (
     naming_of,
 )
 from ipc.transports import BYTE_STREAM
-from supervisor import __version__
+from ipc.version import __version__
 from supervisor.host.agent_modes import may_be_agent_mode, session_modes, set_agent_mode
 from supervisor.host.host_handle import HostHandle
 

@@ -33,7 +33,7 @@ from ipc.errors import InvalidParams
 from ipc.jsonrpc import Endpoint
 from ipc.listener import ConnectionHandler, Listener, OpenFileGuard, raise_open_file_limit
 from ipc.transports import DEFAULT_WRITE_HIGH_WATER, serve_stream
-from supervisor import __version__
+from ipc.version import __version__
 from supervisor.config.config import Settings
 from supervisor.config.protected import acp_socket_path
 from supervisor.host.host_handle import HostHandle
