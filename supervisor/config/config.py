@@ -20,14 +20,18 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from actors.worker.sandbox import SANDBOX_CHOICES
 from ipc.modes import MODE_IDS
-
-if TYPE_CHECKING:
-    from supervisor.config.gateway_config import GatewayConfig, TenantConfig
+from supervisor.config.errors import ConfigError
+from supervisor.config.gateway_config import (
+    GatewayConfig,
+    TenantConfig,
+    gateway_from_document,
+    tenants_from_document,
+)
 
 __all__ = [
     "AUTONOMY_LEVELS",
@@ -43,10 +47,6 @@ log = logging.getLogger("zeroclaw.config")
 
 AUTONOMY_LEVELS = MODE_IDS  # the autonomy levels are the session modes
 DEFAULT_AGENT_ALIAS = "default"
-
-
-class ConfigError(ValueError):
-    """The configuration cannot be used; the message says which key and why."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,8 +270,6 @@ def settings_from_document(
         not isinstance(default_agent, str) or default_agent not in agents
     ):
         raise ConfigError(f"acp.default_agent names no configured agent: {default_agent!r}")
-    from supervisor.config.gateway_config import gateway_from_document, tenants_from_document
-
     gateway = gateway_from_document(_section(doc, "gateway"))
     store_section = _section(doc, "store")
     store_path, store_url, password_env = _store(store_section, data_dir)

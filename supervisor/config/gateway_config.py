@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from supervisor.config.config import ConfigError
+from supervisor.config.errors import ConfigError
 
 __all__ = [
     "GatewayConfig",

@@ -18,9 +18,14 @@ from pathlib import Path
 
 from actors.worker.protected import ProtectedPaths
 from supervisor.config.config import Settings
-from supervisor.servers.daemon_socket import socket_lock_path
 
-__all__ = ["acp_socket_path", "canonical_dir", "cwd_refusal", "host_protected_paths"]
+__all__ = [
+    "acp_socket_path",
+    "canonical_dir",
+    "cwd_refusal",
+    "host_protected_paths",
+    "socket_lock_path",
+]
 
 #: Beside the store: SQLite's write-ahead log, its shared memory, a rollback journal.
 _STORE_SIDECARS = ("-wal", "-shm", "-journal")
@@ -30,6 +35,12 @@ def acp_socket_path(settings: Settings) -> Path:
     """``<data_dir>/acp.sock`` (SPEC §6), whatever ``ZEROCLAW_SOCKET`` says: two daemons
     with different config dirs never meet on it."""
     return settings.data_dir / "acp.sock"
+
+
+def socket_lock_path(path: Path) -> Path:
+    """The lock file a host holds beside its socket ``path`` while it serves it
+    (:mod:`supervisor.servers.daemon_socket` takes it)."""
+    return path.with_name(path.name + ".lock")
 
 
 def host_protected_paths(settings: Settings) -> ProtectedPaths:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from ipc.errors import SessionNotFound, SessionNotOwned
 
 if TYPE_CHECKING:
-    from supervisor.core.routes import Peer
+    from supervisor.core.peer import Peer
 
 __all__ = ["Owners"]
 

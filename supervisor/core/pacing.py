@@ -26,7 +26,7 @@ from ipc.worker_wire import STREAM_WINDOW_BYTES
 
 if TYPE_CHECKING:
     from ipc.transports import WriteFlow
-    from supervisor.core.routes import Peer
+    from supervisor.core.peer import Peer
 
 __all__ = ["CREDIT_BATCH", "TurnStream"]
 

@@ -11,51 +11,16 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import InitVar, dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from ipc.events import Event, TurnRecord
-from ipc.worker_wire import PermissionAsk
+from ipc.events import TurnRecord
 from storage.prepared_writes import title_of
+from supervisor.core.peer import Peer
 
 if TYPE_CHECKING:
-    from ipc.transports import WriteFlow
     from supervisor.core.pacing import TurnStream
 
-__all__ = ["Peer", "Route", "RunningTurn"]
-
-
-class Peer(Protocol):
-    """A client connection in some dialect; the host talks to it through this."""
-
-    name: str
-
-    @property
-    def flow(self) -> WriteFlow | None:
-        """The pace of this peer's connection (None: never behind)."""
-
-    def send_event(self, sid: str, event: Event) -> None:
-        """Render ``event`` for this peer (a notification; never blocks). Raises
-        TypeError (orjson's encode error) when it cannot be encoded."""
-
-    async def ask_permission(self, sid: str, ask: PermissionAsk, timeout: float) -> str | None:
-        """Ask the user; ``allow_once``/``allow_always``/``reject_once`` or None (denied)."""
-
-    async def ask_user(
-        self, sid: str, message: str, schema: dict[str, Any], timeout: float
-    ) -> dict[str, Any] | None:
-        """Ask the user a question (``elicitation/create``); None if it cannot be asked."""
-
-    def offers(self, method: str) -> bool:
-        """Whether this client advertised what a hosted agent's ``method`` (``fs/*``,
-        ``terminal/*``) needs, so it can be relayed to it."""
-
-    async def call_client(self, sid: str, method: str, params: dict[str, Any],
-                          timeout: float) -> Any:
-        """Send a hosted agent's request; its result. Raises TimeoutError,
-        :class:`ipc.jsonrpc.ConnectionLost` or :class:`ipc.jsonrpc.RemoteError`."""
-
-    def notify_client(self, sid: str, method: str, params: dict[str, Any]) -> None:
-        """Send a hosted agent's notification (an extension ``_name``); never blocks."""
+__all__ = ["Route", "RunningTurn"]
 
 
 #: How many of a hosted agent's updates a session keeps before its id is answered.

@@ -20,7 +20,8 @@ from ipc.errors import InternalError, RpcError
 from ipc.events import CANCEL_MARKER, TextItem, TurnRecord
 from ipc.worker_wire import CancelTurn, HostMessage
 from supervisor.core.live import LiveTable
-from supervisor.core.routes import Peer, RunningTurn
+from supervisor.core.peer import Peer
+from supervisor.core.routes import RunningTurn
 from supervisor.core.turn_stats import TurnStats
 from supervisor.core.usage import UsageTotals
 

@@ -69,7 +69,8 @@ from supervisor.config.protected import host_protected_paths
 from supervisor.core.closings import Closings
 from supervisor.core.live import Eviction, Limits, LiveTable, workers_wanted
 from supervisor.core.pacing import TurnStream
-from supervisor.core.routes import Peer, Route
+from supervisor.core.peer import Peer
+from supervisor.core.routes import Route
 from supervisor.core.turn_stats import TurnStats
 from supervisor.core.turns import TurnBook
 from supervisor.core.usage import UsageTotals

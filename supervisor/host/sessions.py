@@ -51,7 +51,8 @@ from supervisor.config.config import AUTONOMY_LEVELS, AgentConfig
 from supervisor.config.gateway_config import TenantConfig
 from supervisor.config.protected import canonical_dir, cwd_refusal
 from supervisor.core.live import Eviction, LiveSession
-from supervisor.core.routes import Peer, Route, RunningTurn
+from supervisor.core.peer import Peer
+from supervisor.core.routes import Route, RunningTurn
 from supervisor.host.host import Host
 from supervisor.host.session_keys import NO_NAMES, SessionKeys, SessionNames
 from supervisor.host.slash_commands import agent_history, parse, run_host_command

@@ -37,7 +37,8 @@ from supervisor.config.protected import canonical_dir
 if TYPE_CHECKING:
     from ipc.acp import NewSessionRequest
     from supervisor.config.gateway_config import TenantConfig
-    from supervisor.core.routes import Peer, Route
+    from supervisor.core.peer import Peer
+    from supervisor.core.routes import Route
     from supervisor.host.session_keys import SessionNames
     from supervisor.host.sessions import Sessions
 

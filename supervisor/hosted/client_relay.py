@@ -31,7 +31,7 @@ from ipc.jsonrpc import ConnectionLost, RemoteError
 from ipc.worker_wire import ClientCall, ClientReply, EncodeError
 
 if TYPE_CHECKING:
-    from supervisor.core.routes import Peer
+    from supervisor.core.peer import Peer
     from supervisor.host.host import Host
 
 __all__ = ["ClientRelay", "advertises"]
