@@ -8,7 +8,8 @@ the key (same key, fresh transcript; the label moves with it), the new one namin
 old as its ``parentSessionId``; the old session stays stored, listed and loadable.
 
 :class:`SessionKeys` runs on the asyncio loop thread (one per host, on
-:class:`supervisor.host.sessions.Sessions`); its reads are the store reader's few-ms queries.
+:class:`supervisor.host.sessions.Sessions`, reading and writing through the host's
+store); its reads are the store reader's few-ms queries.
 Two ``session/new`` with one key wait for each other (a lock per name), so a key never
 gets two sessions by a race.
 """
@@ -30,7 +31,7 @@ from storage.models import SessionName
 if TYPE_CHECKING:
     from storage.store import StoreReader
     from supervisor.core.routes import Route
-    from supervisor.host.sessions import Sessions
+    from supervisor.host.host import Host
 
 __all__ = ["NO_NAMES", "NamedOpen", "SessionKeys", "SessionNames"]
 
@@ -78,13 +79,13 @@ Resume = Callable[[str], Awaitable["Route"]]
 class SessionKeys:
     """Resolving keys and labels to sessions; loop thread."""
 
-    def __init__(self, sessions: Sessions) -> None:
-        self._sessions = sessions
+    def __init__(self, host: Host) -> None:
+        self._host = host
         self._locks: dict[tuple[str, str, str], tuple[asyncio.Lock, int]] = {}
 
     @property
     def _reader(self) -> StoreReader:
-        return self._sessions.host.reader
+        return self._host.reader
 
     async def open(self, naming: SessionNaming, tenant: str, *, create: Create,
                    resume: Resume) -> NamedOpen:
@@ -150,7 +151,7 @@ class SessionKeys:
     async def _label(self, sid: str, tenant: str, label: str | None) -> None:
         if label is not None:
             self._check_free(tenant, label, allowed=sid)
-        if not await self._sessions.host.persist(SetLabel(sid, tenant, label)):
+        if not await self._host.persist(SetLabel(sid, tenant, label)):
             raise SessionNotFound(f"Session not found: {sid}")
 
     @contextlib.asynccontextmanager

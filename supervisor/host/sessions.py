@@ -56,7 +56,12 @@ from supervisor.core.routes import Route, RunningTurn
 from supervisor.host.host import Host
 from supervisor.host.session_keys import NO_NAMES, SessionKeys, SessionNames
 from supervisor.host.slash_commands import agent_history, parse, run_host_command
-from supervisor.host.tenants import TENANT_META_KEY, TENANT_NAME_META_KEY, confine_cwd, tenant_root
+from supervisor.host.tenant_dirs import (
+    TENANT_META_KEY,
+    TENANT_NAME_META_KEY,
+    confine_cwd,
+    tenant_root,
+)
 
 __all__ = ["Sessions", "TurnOutcome"]
 
@@ -95,7 +100,7 @@ class Sessions:
         #: The gateway's tenants by name, as last (re)loaded (``tenants/reload`` replaces it).
         self.tenants: Mapping[str, TenantConfig] = host.settings.tenants
         #: Session keys and labels (``_meta.sessionKey`` on ``session/new``).
-        self.keys = SessionKeys(self)
+        self.keys = SessionKeys(host)
 
     # --- session/new ------------------------------------------------------------------
 

@@ -24,18 +24,20 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ipc.errors import InternalError, RpcError
 from ipc.events import AvailableCommands, CommandInfo, MessageChunk, TextItem, TurnItem, TurnRecord
 from supervisor.config.config import AUTONOMY_LEVELS
 
 if TYPE_CHECKING:
+    from supervisor.config.config import Settings
+    from supervisor.core.peer import Peer
     from supervisor.core.routes import Route, RunningTurn
-    from supervisor.host.sessions import Sessions
+    from supervisor.host.host import Host
 
-__all__ = ["COMMANDS", "HostCommand", "agent_history", "available_commands", "parse",
-           "run_host_command"]
+__all__ = ["COMMANDS", "CommandSessions", "HostCommand", "agent_history",
+           "available_commands", "parse", "run_host_command"]
 
 COMMANDS: tuple[CommandInfo, ...] = (
     CommandInfo("help", "List the commands the host answers itself"),
@@ -56,6 +58,19 @@ class HostCommand:
 
     name: str
     argument: str
+
+
+class CommandSessions(Protocol):
+    """What a command needs of the session operations that run it
+    (:class:`supervisor.host.sessions.Sessions`, which imports this module)."""
+
+    @property
+    def host(self) -> Host: ...
+
+    @property
+    def settings(self) -> Settings: ...
+
+    async def set_mode(self, peer: Peer, sid: str, mode: str) -> None: ...
 
 
 def available_commands() -> AvailableCommands:
@@ -88,7 +103,7 @@ def agent_history(items: Sequence[TurnItem]) -> list[TurnItem]:
     return kept
 
 
-async def run_host_command(sessions: Sessions, turn: RunningTurn, route: Route, text: str,
+async def run_host_command(sessions: CommandSessions, turn: RunningTurn, route: Route, text: str,
               command: HostCommand) -> None:
     """Answer ``command`` as the turn's reply, store it as a turn, and settle the prompt
     (this owns the turn's ending, as a worker's ``TurnEnded`` does for agent turns)."""
@@ -108,7 +123,7 @@ async def run_host_command(sessions: Sessions, turn: RunningTurn, route: Route, 
         await host.evict(turn.sid)  # prompt restores it as the store says (after the marker)
 
 
-async def _help(sessions: Sessions, turn: RunningTurn, route: Route, argument: str) -> str:
+async def _help(sessions: CommandSessions, turn: RunningTurn, route: Route, argument: str) -> str:
     lines = ["Commands answered by zeroclaw itself (other text goes to the agent):"]
     for command in COMMANDS:
         usage = f"/{command.name}" + (" NAME" if command.hint else "")
@@ -116,7 +131,7 @@ async def _help(sessions: Sessions, turn: RunningTurn, route: Route, argument: s
     return "\n".join(lines)
 
 
-async def _status(sessions: Sessions, turn: RunningTurn, route: Route, argument: str) -> str:
+async def _status(sessions: CommandSessions, turn: RunningTurn, route: Route, argument: str) -> str:
     agent = sessions.settings.agents.get(route.agent_alias)
     provider = f" ({agent.provider})" if agent is not None else ""
     return "\n".join([
@@ -129,7 +144,7 @@ async def _status(sessions: Sessions, turn: RunningTurn, route: Route, argument:
     ])
 
 
-async def _mode(sessions: Sessions, turn: RunningTurn, route: Route, argument: str) -> str:
+async def _mode(sessions: CommandSessions, turn: RunningTurn, route: Route, argument: str) -> str:
     """As ``session/set_mode``: persisted, and a ``current_mode_update`` goes to the client."""
     choices = ", ".join(AUTONOMY_LEVELS)
     mode = argument.split()[0] if argument else ""
@@ -141,11 +156,11 @@ async def _mode(sessions: Sessions, turn: RunningTurn, route: Route, argument: s
     return f"Mode set to {mode}."
 
 
-async def _clear(sessions: Sessions, turn: RunningTurn, route: Route, argument: str) -> str:
+async def _clear(sessions: CommandSessions, turn: RunningTurn, route: Route, argument: str) -> str:
     return CLEARED
 
 
-_ANSWERS: dict[str, Callable[[Sessions, RunningTurn, Route, str], Awaitable[str]]] = {
+_ANSWERS: dict[str, Callable[[CommandSessions, RunningTurn, Route, str], Awaitable[str]]] = {
     "help": _help,
     "status": _status,
     "mode": _mode,

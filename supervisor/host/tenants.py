@@ -9,10 +9,8 @@ session does not exist (-32000), whether it exists or not, so no tenant learns
 another's session ids, titles or cwds. Local clients (the Unix sockets) carry no
 scope: they are the host's owner and see every session, as before tenants existed.
 
-Every tenant is confined to a root of its own (:func:`tenant_root`): its
-``workspace_root``, else ``<data_dir>/tenants/<id>/`` (made 0700). A session's cwd must
-be inside it (:func:`confine_cwd`, -32602 otherwise); the root is the session's only
-writable root for tools, and its hosted agent processes' too.
+Every tenant is confined to a root of its own (:mod:`supervisor.host.tenant_dirs`, where
+the session operations find it too).
 
 Tokens are stored only as SHA-256 hex digests (``[tenants.NAME] token_sha256``) and
 compared with :func:`hmac.compare_digest`; the token itself is never kept or logged.
@@ -20,19 +18,15 @@ compared with :func:`hmac.compare_digest`; the token itself is never kept or log
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import hmac
-import os
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from actors.worker.protected import path_component, within
-from ipc.errors import InvalidParams, SessionLimitReached, SessionNotFound
-from supervisor.config.protected import canonical_dir
+from ipc.errors import SessionLimitReached, SessionNotFound
+from supervisor.host.tenant_dirs import TENANT_META_KEY, confine_cwd, tenant_root
 
 if TYPE_CHECKING:
     from ipc.acp import NewSessionRequest
@@ -43,64 +37,11 @@ if TYPE_CHECKING:
     from supervisor.host.sessions import Sessions
 
 __all__ = [
-    "TENANT_META_KEY",
-    "TENANT_NAME_META_KEY",
     "Tenancy",
     "TenantScope",
-    "confine_cwd",
     "hash_token",
-    "make_private_dir",
     "tenant_of_token",
-    "tenant_root",
 ]
-
-TENANT_META_KEY = "tenant"
-"""The key of a session's stored ``meta`` that holds its tenant's id (absent: the owner's)."""
-TENANT_NAME_META_KEY = "tenantName"
-"""The key of a session's stored ``meta`` with its tenant's name when it was made (display)."""
-
-
-def tenant_root(data_dir: Path, tenant_id: str, tenant: TenantConfig | None) -> str:
-    """The canonical root a tenant's sessions are confined to, made if missing: its
-    ``workspace_root``, else ``<data_dir>/tenants/<id>`` (``tenant`` None: a removed
-    tenant's sessions, opened by the owner, keep the default root of their id).
-    Runs on the loop thread (a few ``mkdir`` at most)."""
-    if tenant is not None and tenant.workspace_root is not None:
-        root = Path(os.path.realpath(tenant.workspace_root))
-    else:
-        root = Path(os.path.realpath(data_dir)) / "tenants" / path_component(tenant_id)
-    make_private_dir(root)
-    return str(root)
-
-
-def make_private_dir(path: Path) -> None:
-    """``path`` and its missing parents made 0700; existing ones are left as they are."""
-    missing = []
-    while not path.exists():
-        missing.append(path)
-        path = path.parent
-    for directory in reversed(missing):
-        with contextlib.suppress(FileExistsError):  # made meanwhile (another open)
-            directory.mkdir(mode=0o700)
-
-
-def confine_cwd(cwd: str | None, root: str) -> str:
-    """The canonical cwd of a tenant's session under its ``root`` (the root itself when
-    omitted); -32602 for a relative cwd, one outside the root once ``..`` and symlinks
-    are resolved, or one that is no directory."""
-    if cwd is None or cwd.strip() in ("", "."):
-        return root
-    if not os.path.isabs(cwd):
-        raise InvalidParams("cwd must be an absolute path inside the tenant's workspace root")
-    resolved = canonical_dir(cwd)
-    if resolved is None:
-        if not within(Path(os.path.realpath(cwd)), Path(root)):
-            raise InvalidParams("cwd must be inside the tenant's workspace root")
-        raise InvalidParams(f"cwd is not a usable directory: {cwd[:200]}")
-    if not within(Path(resolved), Path(root)):
-        raise InvalidParams("cwd must be inside the tenant's workspace root")
-    return resolved
-
 
 def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 from ipc.errors import InternalError, InvalidParams, error_for_code
 from ipc.worker_wire import AgentCall, AgentReply, EncodeError
+from supervisor.hosted.relay_host import RelayHost
 
 if TYPE_CHECKING:
     from supervisor.core.routes import Route
-    from supervisor.host.host import Host
 
 __all__ = ["AgentCalls"]
 
@@ -31,7 +31,7 @@ __all__ = ["AgentCalls"]
 class AgentCalls:
     """The extension requests waiting for a hosted agent's answer (loop thread)."""
 
-    def __init__(self, host: Host) -> None:
+    def __init__(self, host: RelayHost) -> None:
         self.host = host
         self._numbers = itertools.count(1)
         self._pending: dict[str, tuple[str, asyncio.Future[AgentReply]]] = {}

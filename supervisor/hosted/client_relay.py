@@ -29,10 +29,10 @@ from ipc.errors import InternalError, InvalidParams
 from ipc.extensions import is_extension
 from ipc.jsonrpc import ConnectionLost, RemoteError
 from ipc.worker_wire import ClientCall, ClientReply, EncodeError
+from supervisor.hosted.relay_host import RelayHost
 
 if TYPE_CHECKING:
     from supervisor.core.peer import Peer
-    from supervisor.host.host import Host
 
 __all__ = ["ClientRelay", "advertises"]
 
@@ -62,7 +62,7 @@ def advertises(capabilities: Any, method: str) -> bool:
 class ClientRelay:
     """The host's relay of hosted agents' client requests (loop thread)."""
 
-    def __init__(self, host: Host) -> None:
+    def __init__(self, host: RelayHost) -> None:
         self.host = host
         #: Terminals clients created, by session and terminal id: where their requests go.
         self._terminals: dict[str, dict[str, Peer]] = {}
