@@ -26,7 +26,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client.core import (
     CollectorRegistry,
@@ -42,15 +42,27 @@ from supervisor.core.turn_stats import LATENCY_BUCKETS
 if TYPE_CHECKING:
     from supervisor.host.host_handle import HostHandle
     from supervisor.host.sessions import Sessions
-    from supervisor.servers.gateway import GatewayStats
 
-__all__ = ["HostCollector", "MetricsPage", "health"]
+__all__ = ["GatewayFigures", "HostCollector", "MetricsPage", "health"]
+
+
+class GatewayFigures(Protocol):
+    """What ``/metrics`` reads of the gateway serving it, which counts them
+    (:class:`supervisor.servers.gateway.GatewayStats`)."""
+
+    @property
+    def connections(self) -> int:
+        """Open ``/acp`` connections."""
+
+    @property
+    def auth_failures(self) -> Counter[str]:
+        """Refused requests by reason (``missing``, ``invalid``, ``rate_limited``)."""
 
 
 class HostCollector:
     """Reads the host's state when the registry is collected (loop thread)."""
 
-    def __init__(self, host: HostHandle, gateway: GatewayStats) -> None:
+    def __init__(self, host: HostHandle, gateway: GatewayFigures) -> None:
         self._host = host
         self._gateway = gateway
 
@@ -120,7 +132,7 @@ class MetricsPage:
 
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, host: HostHandle, gateway: GatewayStats) -> None:
+    def __init__(self, host: HostHandle, gateway: GatewayFigures) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(HostCollector(host, gateway))
 
