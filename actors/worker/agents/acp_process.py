@@ -348,7 +348,7 @@ class AgentProcess:
 
     def refusal(self, what: str, error: RemoteError) -> str:
         """Why the agent refused ``what``; for ACP's "authentication required" also how
-        to log in (zeroclaw relays no ``authenticate``: see the README)."""
+        to log in (zeroclaw relays no ``authenticate``: see docs/agents.md)."""
         text = f"agent {self.alias} refused {what}: {error}"
         if error.code != AUTH_REQUIRED:
             return text
