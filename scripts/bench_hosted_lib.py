@@ -204,7 +204,7 @@ async def streamed_chunks(sizes: BenchSizes, side: Side) -> Sample:
     """Turns of :data:`STREAM_CHUNKS` chunks each: the agent's chunks relayed per second.
 
     zeroclaw merges consecutive chunks into one update while its client reads
-    behind (see supervisor/pacing.py), so the chunks are counted by their text
+    behind (see supervisor/core/pacing.py), so the chunks are counted by their text
     (each is ``"x "``), and the updates that carried them are in ``details``, with
     the CPU microseconds per chunk of each process (from /proc: steadier than the
     rate on a machine shared with other jobs)."""

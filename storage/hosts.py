@@ -19,7 +19,7 @@ Both tables are made by the PostgreSQL schema step :func:`create_tables` (safe t
 rerun; an SQLite store has one host, and its tenants are its configuration's).
 
 Threads: every function runs on the caller's thread, on a connection it alone uses
-(the host's shared-store watch: :mod:`supervisor.shared_store`; ``zeroclaw tenant``).
+(the host's shared-store watch: :mod:`supervisor.host.shared_store`; ``zeroclaw tenant``).
 """
 
 from __future__ import annotations

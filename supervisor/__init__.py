@@ -1,3 +1,6 @@
-"""The host process: supervisor actor, worker pool, transports and the CLI."""
+"""The host process in packages, each importing only those after it in this order:
+``cli`` → ``servers`` → ``ops`` → ``host`` → ``hosted`` → ``workers`` → ``core`` → ``config``.
 
-__version__ = "0.1.0"
+Below every one of them: ``ipc``, ``actors``, ``storage``, which never import ``supervisor``
+(the version is :mod:`ipc.version`). ``tests/test_import_rules.py`` holds the rules.
+"""

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from supervisor.cli.attach import LineSplitter, Link
+from supervisor.cli.attach import Link
+from supervisor.cli.attach_channel import LineSplitter
 
 
 def collect(limit: int, chunks: list[bytes]) -> tuple[list[bytes], LineSplitter]:

@@ -1,8 +1,8 @@
-"""Close confirmations reach exactly the close that asked (supervisor/closings.py)."""
+"""Close confirmations reach exactly the close that asked (supervisor/core/closings.py)."""
 
 from __future__ import annotations
 
-from supervisor.closings import Closings
+from supervisor.core.closings import Closings
 
 
 async def test_each_confirmation_releases_its_own_close_only() -> None:

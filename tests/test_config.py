@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.config import ConfigError, load_settings
+from supervisor.config.config import ConfigError, load_settings
 
 
 def test_no_config_file_gives_the_echo_default_agent(tmp_path):

@@ -4,7 +4,7 @@ A block is marked by an HTML comment in the run of comment lines right above its
 fence: ``<!-- test: KIND [OPTION...] [(note)] -->``. The kinds:
 
 - ``config``: a ``config.toml`` of zeroclaw's; it goes through the real loader
-  (``supervisor.config.load_settings``) and every agent in it through the check the
+  (``supervisor.config.config.load_settings``) and every agent in it through the check the
   host makes at ``session/new`` (``agent_config_problem``), with fake values for the
   key variables it names. Option ``absent-command``: the agent's program is not
   installed here (goose), so the one problem allowed is that it is not found.
@@ -53,7 +53,7 @@ import pytest
 import yaml
 
 from actors.worker.agents import agent_config_problem
-from supervisor.config import load_settings
+from supervisor.config.config import load_settings
 from tests.daemon.gateway_helpers import GatewayDaemon
 from tests.daemon.helpers import DaemonProc, short_dir
 from tests.e2e.procs import host_env

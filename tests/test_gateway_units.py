@@ -10,20 +10,20 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.config import ConfigError
-from supervisor.gateway_config import (
+from supervisor.config.config import ConfigError
+from supervisor.config.gateway_config import (
     exposure_problem,
     gateway_from_document,
     parse_listen,
     tenants_from_document,
 )
+from supervisor.host.tenants import tenant_of_token
 from supervisor.servers.gateway import (
     AuthLimiter,
     _connect_accepted,
     _listening_socket,
     limiter_key,
 )
-from supervisor.tenants import tenant_of_token
 
 
 @pytest.mark.parametrize(("text", "expected"), [

@@ -6,7 +6,7 @@ import platform
 
 import pytest
 
-from supervisor.heap import keep_freed_buffers
+from supervisor.ops.heap import keep_freed_buffers
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="a glibc setting")

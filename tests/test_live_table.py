@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from ipc.errors import InvalidParams, SessionBusy, SessionLimitReached, SessionNotFound
-from supervisor.live import (
+from supervisor.core.live import (
     Limits,
     LiveSession,
     LiveTable,
@@ -23,7 +23,7 @@ from supervisor.live import (
     stale_sessions,
     workers_wanted,
 )
-from supervisor.routes import Route, RunningTurn
+from supervisor.core.routes import Route, RunningTurn
 
 PEER: Any = object()
 
@@ -241,7 +241,7 @@ async def test_the_tables_lru_victim_is_the_plain_functions(
     any sequence of opens, uses, turns, evictions, closes and worker deaths it is the
     one :func:`least_recently_used_idle` picks from all entries."""
     clock = iter(range(1, 1_000_000))
-    monkeypatch.setattr("supervisor.live.time.monotonic", lambda: float(next(clock)))
+    monkeypatch.setattr("supervisor.core.live.time.monotonic", lambda: float(next(clock)))
     rng = random.Random(7)
     table = table_of(max_sessions=6)
     turns: dict[str, RunningTurn] = {}

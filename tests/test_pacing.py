@@ -22,7 +22,7 @@ from ipc.events import (
     UserChunk,
 )
 from ipc.transports import WriteFlow, held_writes
-from supervisor.pacing import CREDIT_BATCH, TurnStream
+from supervisor.core.pacing import CREDIT_BATCH, TurnStream
 from supervisor.servers.acp_server import AcpPeer
 from tests.test_transports import handlers, start_pair
 

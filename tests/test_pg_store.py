@@ -18,8 +18,8 @@ import pytest
 from storage import SCHEMA_VERSION, StoredSession
 from storage.pg import SCHEMA_LOCK_KEY, redact_url
 from storage.store import open_store_url, write_transaction
-from supervisor.config import ConfigError, load_settings
-from supervisor.store_open import store_password
+from supervisor.config.config import ConfigError, load_settings
+from supervisor.host.store_open import store_password
 from tests.pg_support import fresh_database, password_role_login, pg_server_url, rows
 
 WAIT = 20.0

@@ -16,7 +16,7 @@ from actors.worker.sandbox import (
 )
 from actors.worker.tools import PathPolicy, ShellTool, ToolEnv, ToolError
 from actors.worker.tools.sandbox import landlock_rules
-from supervisor.config import ConfigError, Settings, settings_from_document
+from supervisor.config.config import ConfigError, Settings, settings_from_document
 from tests.test_tools import none_left, sleep_marker
 
 BACKENDS = [pytest.param(name, marks=pytest.mark.skipif(

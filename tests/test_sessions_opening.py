@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from ipc.worker_wire import EncodeError, OpenSession
-from supervisor.host import Host
-from supervisor.live import Eviction, Limits, LiveTable, SessionState
-from supervisor.routes import Route
-from supervisor.sessions import Sessions
+from supervisor.core.live import Eviction, Limits, LiveTable, SessionState
+from supervisor.core.routes import Route
+from supervisor.host.host import Host
+from supervisor.host.sessions import Sessions
 
 
 async def test_a_cancelled_close_leaves_the_open_and_later_closes_working() -> None:

@@ -7,10 +7,10 @@ from typing import Any
 
 import orjson
 
-from supervisor.live import Limits, LiveTable
-from supervisor.ownership import Owners
-from supervisor.routes import Route
-from supervisor.status_book import SessionStatusBook
+from supervisor.core.live import Limits, LiveTable
+from supervisor.core.ownership import Owners
+from supervisor.core.routes import Route
+from supervisor.ops.status_book import SessionStatusBook
 
 
 class _Peer:

@@ -117,8 +117,8 @@ def test_a_tenant_removed_on_a_shared_store_is_logged_there(
 
 
 def test_the_watch_finds_revocations_and_a_shared_host_id(database: str) -> None:
-    from supervisor.gateway_config import TenantConfig
-    from supervisor.shared_store import SharedStoreWatch
+    from supervisor.config.gateway_config import TenantConfig
+    from supervisor.host.shared_store import SharedStoreWatch
 
     store = open_store_url(database)
     assert store.connect is not None

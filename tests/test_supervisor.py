@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import pytest
 
 from actors.bridge import Request, ask, tell
-from supervisor.supervisor import EndOrphans, StartWorker, SupervisorActor
+from supervisor.workers.supervisor import EndOrphans, StartWorker, SupervisorActor
 
 
 @dataclass(frozen=True, slots=True)

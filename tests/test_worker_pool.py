@@ -38,7 +38,7 @@ from ipc.worker_wire import (
     WorkerMessage,
     encode,
 )
-from supervisor.workers import WorkerPool
+from supervisor.workers.workers import WorkerPool
 
 WAIT = 10.0
 BEAT = 0.2
@@ -374,7 +374,7 @@ async def test_workers_ignore_packages_in_the_hosts_cwd(
 HOST_SCRIPT = """
 import asyncio, json, sys
 from pathlib import Path
-from supervisor.workers import WorkerPool
+from supervisor.workers.workers import WorkerPool
 
 async def main():
     pool = WorkerPool(run_dir=Path(sys.argv[1]), on_message=lambda w, m: None,

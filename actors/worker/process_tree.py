@@ -11,7 +11,7 @@ its grace, then :func:`kill_tree` (every descendant stopped, then killed).
 A worker is itself a child subreaper (:func:`become_subreaper`, at start): what escapes
 a tree whose launcher was killed is re-parented to it, and :func:`end_adopted` (each
 heartbeat, and for all of them at exit) ends it. The host is a subreaper too and ends
-what a dead worker left with the same :func:`kill_tree` (:mod:`supervisor.orphans`).
+what a dead worker left with the same :func:`kill_tree` (:mod:`supervisor.workers.orphans`).
 
 Safe from any thread: :func:`start` and :func:`end_adopted` share a lock, so a tree
 just started is never taken for an orphan.

@@ -1,7 +1,7 @@
 """The host's own paths, refused to every session: its config and data dirs, store
 files, sockets and their locks, TLS key and cert.
 
-The host computes them once (:func:`supervisor.protected.host_protected_paths`) and
+The host computes them once (:func:`supervisor.config.protected.host_protected_paths`) and
 gives them to its workers in one variable, :data:`PROTECTED_VARIABLE`; a session's
 :class:`~actors.worker.tools.paths.PathPolicy` carries them to every way in (the file
 tools, the shell sandbox, a hosted agent's jail and its fs/terminal relay).
@@ -52,7 +52,7 @@ def path_component(name: str) -> str:
 class ProtectedPaths:
     """The host's own directories and files, canonical: refused to every session.
 
-    Built once by the host (:func:`supervisor.protected.host_protected_paths`) and
+    Built once by the host (:func:`supervisor.config.protected.host_protected_paths`) and
     given to workers in :data:`PROTECTED_VARIABLE`; read here by :meth:`from_env`.
     """
 

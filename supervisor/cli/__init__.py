@@ -4,5 +4,6 @@
 hands over to a server (:mod:`supervisor.servers`) or to a client program here
 (``--attach``, ``status``, ``config``, ``tenant``, ``store``), which never runs the host.
 
-Kept empty: ``zeroclaw acp`` imports this package on its way to ``initialize``.
+Imports: every other supervisor package; nothing imports cli. Kept empty: ``zeroclaw
+acp`` imports this package on its way to ``initialize``.
 """

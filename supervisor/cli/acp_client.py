@@ -25,7 +25,7 @@ import orjson
 
 from ipc.framing import DEFAULT_FRAME_LIMIT, OVERSIZED, FrameReader
 from ipc.jsonrpc import ConnectionLost, Endpoint, RemoteError
-from supervisor import __version__
+from ipc.version import __version__
 
 __all__ = ["CANCELLED", "ClientSession", "ConnectionLost", "RemoteError", "ServerConnection",
            "ServerStartError", "selected"]

@@ -10,14 +10,12 @@ import argparse
 import shlex
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["EXIT_PROMPT_ERROR", "EXIT_SERVER", "EXIT_USAGE", "ClientOptions", "parse", "run"]
+from supervisor.cli.acp_client_options import EXIT_USAGE, ClientOptions
 
-EXIT_PROMPT_ERROR = 1
-EXIT_USAGE = 2
-EXIT_SERVER = 3
+__all__ = ["parse", "run"]
+
 _EPILOG = """\
 commands (interactive): /cancel  /mode [ID]  /load ID  /list  /help  /quit
 auto-approval: only zeroclaw's file_read, file_list and search (named in the request's
@@ -25,18 +23,6 @@ _meta.zeroclaw.tool) whose every path resolves inside --cwd; a tool call's kind 
 trusted; everything else is asked (in --json mode: rejected unless --approve-all).
 exit codes: 0 every prompt ended (or /quit), 1 a prompt got a JSON-RPC error,
 2 usage error, 3 the server could not start or exited early"""
-
-
-@dataclass(frozen=True, slots=True)
-class ClientOptions:
-    """What the flags asked for. ``server``: the command to start."""
-
-    server: list[str]
-    cwd: Path
-    auto_approve: bool
-    json: bool
-    prompts: list[str]
-    approve_all: bool
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -29,7 +29,7 @@ from supervisor.cli.acp_client import (
     ServerStartError,
     selected,
 )
-from supervisor.cli.acp_client_cli import EXIT_PROMPT_ERROR, EXIT_SERVER, ClientOptions
+from supervisor.cli.acp_client_options import EXIT_PROMPT_ERROR, EXIT_SERVER, ClientOptions
 from supervisor.cli.acp_client_policy import auto_approval, option_of_kind
 
 __all__ = ["run_json"]

@@ -32,7 +32,7 @@ from supervisor.cli.acp_client import (
     ServerStartError,
     selected,
 )
-from supervisor.cli.acp_client_cli import EXIT_SERVER, ClientOptions
+from supervisor.cli.acp_client_options import EXIT_SERVER, ClientOptions
 from supervisor.cli.acp_client_policy import auto_approval
 from supervisor.cli.acp_client_view import (
     Line,

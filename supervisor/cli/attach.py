@@ -25,9 +25,10 @@ With ``--session`` / ``--session-label`` (and ``--require-existing``,
 names the session, and with ``--provenance`` its ``initialize`` asks for that mode
 (:mod:`supervisor.cli.attach_naming`); every other byte is copied as it is.
 
-The connection is a :class:`Channel`: here a Unix socket (:class:`SocketChannel`);
-:mod:`supervisor.cli.attach_ws` supplies one over a WebSocket to a remote gateway
-(``--attach ws://…``), and the bridge, its replay and its ending rules are the same.
+The connection is a :class:`~supervisor.cli.attach_channel.Channel`: here a Unix socket
+(:class:`SocketChannel`); :mod:`supervisor.cli.attach_ws` supplies one over a WebSocket
+to a remote gateway (``--attach ws://…``), and the bridge, its replay and its ending
+rules are the same.
 """
 
 from __future__ import annotations
@@ -44,18 +45,25 @@ import sys
 import termios
 import threading
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
 
 from ipc.errors import InternalError
 from ipc.session_names import SessionNaming
+from supervisor.cli.attach_channel import (
+    AttachRefused,
+    Channel,
+    Dialing,
+    EditorOutput,
+    LineSplitter,
+)
 from supervisor.cli.attach_naming import RequestRewriter
-from supervisor.config import Settings
+from supervisor.config.config import Settings
 
-__all__ = ["AttachRefused", "Channel", "EditorOutput", "LineSplitter", "SocketChannel",
+__all__ = ["SocketChannel",
            "run_attach"]
 
 log = logging.getLogger("zeroclaw.attach")
@@ -65,63 +73,11 @@ REDIALS = 3  # connections that end unanswered, dialled again before giving up
 _RESTART_SECS = 0.5  # at most one daemon start per this, while an old one exits
 _CHUNK = 256 * 1024
 LOST = InternalError("the zeroclaw daemon went away before answering").to_error()
-HEAD_BYTES = 256
 # How the daemon's answers begin (orjson keeps the Endpoint's key order): the id of
 # an answer too long to parse whole is read from its first bytes.
 _ANSWER_HEAD = re.compile(
     rb'\{"jsonrpc":"2\.0","id":("(?:[^"\\]|\\.)*"|-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|null),'
     rb'"(?:result|error)"')
-
-
-class Channel(Protocol):
-    """One connection to the host, as the bridge uses it.
-
-    ``send`` and ``end_input`` run on the stdin thread (under the link's send lock),
-    ``recv`` on the main thread; ``input_settled`` and ``close`` on either.
-    """
-
-    def send(self, data: bytes) -> None:
-        """The editor's bytes, as read (any chunking); raises OSError when broken."""
-
-    def end_input(self) -> None:
-        """The editor closed stdin; answers to its requests may still come."""
-
-    def input_settled(self) -> None:
-        """The editor's input ended and every one of its requests was answered."""
-
-    def recv(self) -> bytes:
-        """The next bytes for the editor (whole lines or not); b"" at the end."""
-
-    def close(self) -> None: ...
-
-    def ending(self) -> str:
-        """How the host ended the connection, for the error message ("" if unknown)."""
-
-
-class Dialing(Protocol):
-    """Opens channels to one host; ``where`` and ``hint`` name it in messages."""
-
-    where: str
-    hint: str
-
-    def dial(self) -> Channel | None: ...
-
-
-class AttachRefused(Exception):
-    """The host refused us for good (a bad token, a bad address): dialling again
-    cannot help. Its text is for the user and never holds the token."""
-
-
-class EditorOutput:
-    """Stdout, written whole frame by whole frame from either thread."""
-
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
-        self._lock = threading.Lock()
-
-    def write(self, data: bytes) -> None:
-        with self._lock:
-            _write_all(self._fd, data)
 
 
 class SocketChannel:
@@ -308,7 +264,8 @@ def _connect(path: Path) -> socket.socket | None:
 
 
 class Link:
-    """The host connection (a :class:`Channel`), shared by both threads.
+    """The host connection (a :class:`~supervisor.cli.attach_channel.Channel`), shared by
+    both threads.
 
     Until the host's first byte arrives, what the editor sent is kept so that
     :meth:`replace` can replay it on a new connection. Also tracks the editor's
@@ -414,51 +371,6 @@ def _id_key(value: Any) -> Hashable:
     return (type(value).__name__, value if isinstance(value, (str, int)) else repr(value))
 
 
-class LineSplitter:
-    """Feeds each complete line of a byte stream to ``on_line``; keeps the partial tail.
-
-    A line longer than ``limit`` is not kept (memory stays bounded and the copy
-    linear): it is skipped up to its newline, and ``on_skipped`` gets its first
-    :data:`HEAD_BYTES` bytes (enough to find the id of a long answer).
-    """
-
-    def __init__(self, on_line: Callable[[bytes], None], limit: int,
-                 on_skipped: Callable[[bytes], None] | None = None) -> None:
-        self._on_line = on_line
-        self._on_skipped = on_skipped
-        self._limit = limit
-        self._tail = bytearray()
-        self._head = b""  # the start of the line being skipped
-        self._skipping = False
-
-    @property
-    def mid_line(self) -> bool:
-        """The stream so far ends inside a line (no newline after its last bytes)."""
-        return bool(self._tail) or self._skipping
-
-    def feed(self, data: bytes) -> None:
-        start = 0
-        while (end := data.find(b"\n", start)) >= 0:
-            if not self._skipping and len(self._tail) + end - start > self._limit:
-                self._head = bytes((self._tail + data[start:start + HEAD_BYTES])[:HEAD_BYTES])
-                self._skipping = True  # over the limit, though it came whole
-            if not self._skipping:
-                self._tail += data[start:end]
-                if self._tail.strip():
-                    self._on_line(bytes(self._tail))
-            elif self._on_skipped is not None:
-                self._on_skipped(self._head)
-            self._tail.clear()
-            self._skipping = False
-            start = end + 1
-        if not self._skipping:
-            self._tail += data[start:]
-            if len(self._tail) > self._limit:
-                self._head = bytes(self._tail[:HEAD_BYTES])
-                self._tail.clear()
-                self._skipping = True
-
-
 def _bridge(link: Link, dialer: Dialing, frame_limit: int, output: EditorOutput,
             rewriter: RequestRewriter | None = None) -> int | None:
     """Copy both ways until the host closes; None when that was the normal end,
@@ -544,9 +456,3 @@ def _unread_bytes(fd: int) -> int:
     except OSError:
         return 0
     return int(struct.unpack("i", raw)[0])
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]

@@ -2,8 +2,9 @@
 remote gateway's ``/acp`` (:mod:`supervisor.servers.gateway`).
 
 The bridge, its replay of a connection that ended unanswered and its ending rules are
-:mod:`supervisor.cli.attach`'s; this module is the :class:`~supervisor.cli.attach.Channel`
-over a WebSocket (the ``websockets`` library's threading client) and its dialer.
+:mod:`supervisor.cli.attach`'s; this module is the
+:class:`~supervisor.cli.attach_channel.Channel` over a WebSocket (the ``websockets``
+library's threading client) and its dialer.
 
 - Each line the editor writes goes out as one text frame (a line that is not UTF-8
   as a binary frame, which the gateway answers -32700); each frame the gateway sends
@@ -47,7 +48,7 @@ from urllib.parse import parse_qs, urlsplit
 import orjson
 
 from ipc.errors import InternalError, InvalidRequest
-from supervisor.cli.attach import AttachRefused, EditorOutput, LineSplitter
+from supervisor.cli.attach_channel import AttachRefused, EditorOutput, LineSplitter
 
 if TYPE_CHECKING:
     from websockets.sync.client import ClientConnection
@@ -110,7 +111,7 @@ def _checked_url(url: str) -> str:
 
 def _warn_plaintext(url: str, ca_file: str | None) -> None:
     """Say so when a ``ws://`` URL sends the token in clear text off this machine."""
-    from supervisor.gateway_config import is_loopback
+    from supervisor.config.gateway_config import is_loopback
 
     if ca_file is not None:
         log.warning("--ca-file is ignored for a ws:// URL (no TLS)")
@@ -214,7 +215,7 @@ def _refusal(where: str, status: int, body: bytes) -> str:
 
 
 class WebSocketChannel:
-    """One ``/acp`` connection as a :class:`~supervisor.cli.attach.Channel`."""
+    """One ``/acp`` connection as a :class:`~supervisor.cli.attach_channel.Channel`."""
 
     def __init__(self, connection: ClientConnection, frame_limit: int,
                  output: EditorOutput) -> None:

@@ -36,7 +36,7 @@ import tomlkit
 from tomlkit.exceptions import TOMLKitError
 from tomlkit.items import InlineTable, Item, Table
 
-from supervisor.config import ConfigError, settings_from_document
+from supervisor.config.config import ConfigError, settings_from_document
 
 __all__ = ["ConfigCommandError", "format_value", "parse_key", "parse_value", "run"]
 

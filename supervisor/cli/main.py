@@ -15,7 +15,7 @@ import sys
 from collections.abc import Coroutine, Sequence
 from typing import Any
 
-from supervisor import __version__
+from ipc.version import __version__
 
 __all__ = ["main"]
 
@@ -85,14 +85,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run_acp(args)
     if args.command == "config":
         from supervisor.cli.config_cmd import run
-        from supervisor.config import resolve_config_dir
+        from supervisor.config.config import resolve_config_dir
 
         return run(list(args.args), resolve_config_dir(args.config_dir))
     if args.command == "daemon":
         return _run_daemon(args)
     if args.command == "tenant":
         from supervisor.cli.tenant_cmd import run as run_tenant
-        from supervisor.config import resolve_config_dir
+        from supervisor.config.config import resolve_config_dir
 
         return run_tenant(list(args.args), resolve_config_dir(args.config_dir), args.config_dir)
     if args.command == "status":
@@ -144,7 +144,7 @@ def _naming(args: argparse.Namespace) -> Any:
 
 
 def _run_acp(args: argparse.Namespace) -> int:
-    from supervisor.config import ConfigError, load_settings
+    from supervisor.config.config import ConfigError, load_settings
 
     naming = _naming(args)
     level = args.log_level or os.environ.get("ZEROCLAW_LOG") or "warning"
@@ -187,7 +187,7 @@ def _serve_stdio(serving: Coroutine[Any, Any, None], exit_code: int) -> int:
 
 
 def _run_daemon(args: argparse.Namespace) -> int:
-    from supervisor.config import ConfigError, load_settings
+    from supervisor.config.config import ConfigError, load_settings
 
     _configure_logging(args.log_level or os.environ.get("ZEROCLAW_LOG") or "info")
     try:
@@ -201,7 +201,7 @@ def _run_daemon(args: argparse.Namespace) -> int:
 
 
 def _run_status(args: argparse.Namespace) -> int:
-    from supervisor.config import ConfigError, load_settings
+    from supervisor.config.config import ConfigError, load_settings
 
     try:
         settings = load_settings(args.config_dir)

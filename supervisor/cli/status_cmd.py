@@ -2,7 +2,7 @@
 
 A plain blocking client on the main thread (no asyncio, no host imports):
 connect to the socket, ``initialize``, then ``status``. Exit codes (documented
-in the README): 0 running and healthy, 1 degraded (a worker not responsive, or
+in docs/operations.md): 0 running and healthy, 1 degraded (a worker not responsive, or
 the daemon answered with an error), 3 not running (no socket, or nothing
 listening), 4 no answer within 5 s. Usage errors (2) are argparse's.
 """

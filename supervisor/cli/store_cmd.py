@@ -71,7 +71,7 @@ def run(argv: list[str], config_flag: str | None) -> int:
 
 def _source_and_password(args: argparse.Namespace,
                          config_flag: str | None) -> tuple[Path, str | None]:
-    from supervisor.config import ConfigError, load_settings
+    from supervisor.config.config import ConfigError, load_settings
 
     try:
         settings = load_settings(config_flag)

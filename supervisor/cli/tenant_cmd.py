@@ -45,7 +45,7 @@ from supervisor.cli.config_cmd import (
     _parent_table,
     _save,
 )
-from supervisor.tenants import hash_token
+from supervisor.host.tenants import hash_token
 
 __all__ = ["run"]
 
@@ -97,7 +97,7 @@ def run(argv: list[str], config_dir: Path, config_flag: str | None = None) -> in
 def _reload_running_daemon(config_flag: str | None) -> None:
     """Ask a daemon on this configuration's socket to reload its tenants (see above)."""
     from supervisor.cli.status_cmd import DaemonError, NoAnswer, NotRunning, StatusClient
-    from supervisor.config import ConfigError, load_settings
+    from supervisor.config.config import ConfigError, load_settings
 
     try:
         socket_path = load_settings(config_flag).socket_path

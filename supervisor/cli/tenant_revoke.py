@@ -23,8 +23,8 @@ def revoke_in_shared_store(config_flag: str | None, tenant_id: str,
     """Log the tenant's revocation in the configured shared store; what to tell the
     user (None: the store is not shared). :class:`ConfigCommandError` on failure."""
     from storage.store import open_store_url
-    from supervisor.config import ConfigError, load_settings
-    from supervisor.store_open import store_password
+    from supervisor.config.config import ConfigError, load_settings
+    from supervisor.host.store_open import store_password
 
     try:
         settings = load_settings(config_flag)

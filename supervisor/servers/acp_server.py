@@ -3,11 +3,11 @@ operations, for stdio (``zeroclaw acp``) and the daemon's ``acp.sock``.
 
 Everything here runs on the asyncio loop thread. On a daemon's shared host the
 connections hold sessions through the host's one ownership table
-(:mod:`supervisor.ownership`): prompting, cancelling, closing, stopping, deleting
+(:mod:`supervisor.core.ownership`): prompting, cancelling, closing, stopping, deleting
 or setting the mode of a session other connections hold answers -32003, while
 ``session/load``/``resume`` joins its holders (editors share sessions that way).
 A gateway connection also carries its tenant's scope (``state["scope"]``,
-:mod:`supervisor.tenants`): it sees and touches only its tenant's sessions.
+:mod:`supervisor.host.tenants`): it sees and touches only its tenant's sessions.
 ``initialize`` is answered inline
 from a handshake prepared at start, without touching the actors, so the first
 answer does not wait for the store, the actors or the worker pool; those start
@@ -40,9 +40,9 @@ from ipc.session_names import (
     naming_of,
 )
 from ipc.transports import BYTE_STREAM
-from supervisor import __version__
-from supervisor.agent_modes import may_be_agent_mode, session_modes, set_agent_mode
-from supervisor.host_handle import HostHandle
+from ipc.version import __version__
+from supervisor.host.agent_modes import may_be_agent_mode, session_modes, set_agent_mode
+from supervisor.host.host_handle import HostHandle
 from supervisor.servers.provenance import ProvenanceMode, connection_mode, with_receipt
 
 if TYPE_CHECKING:
@@ -50,11 +50,11 @@ if TYPE_CHECKING:
     from ipc.events import Event
     from ipc.transports import WriteFlow
     from ipc.worker_wire import PermissionAsk
-    from supervisor.config import Settings
-    from supervisor.routes import Route, RunningTurn
-    from supervisor.session_keys import SessionNames
-    from supervisor.sessions import Sessions, TurnOutcome
-    from supervisor.tenants import TenantScope
+    from supervisor.config.config import Settings
+    from supervisor.core.routes import Route, RunningTurn
+    from supervisor.host.session_keys import SessionNames
+    from supervisor.host.sessions import Sessions, TurnOutcome
+    from supervisor.host.tenants import TenantScope
 
 __all__ = ["AcpServer", "probe_store"]
 
@@ -199,7 +199,7 @@ class AcpPeer:
                                      preview, ask.tool_name)
 
     def offers(self, method: str) -> bool:
-        from supervisor.client_relay import advertises  # off the way to initialize
+        from supervisor.hosted.client_relay import advertises  # off the way to initialize
 
         return advertises(self.endpoint.state.get("client"), method)
 
@@ -550,7 +550,7 @@ class AcpServer:
 
     async def extension(self, method: str, params: Any, endpoint: Endpoint) -> Any:
         """A ``_``-prefixed request: forwarded to the hosted agent of the session it
-        names (:mod:`supervisor.agent_calls`); it adopts a session nobody holds, as a
+        names (:mod:`supervisor.hosted.agent_calls`); it adopts a session nobody holds, as a
         prompt does."""
         return await self._to_agent(method, params, endpoint, notification=False)
 
@@ -578,7 +578,7 @@ class AcpServer:
             return await calls.call(route, method, dict(params))
 
     async def status(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
-        from supervisor.status import host_status
+        from supervisor.ops.status import host_status
 
         sessions = await self.sessions()
         status = host_status(sessions, self.host.owners)
@@ -659,7 +659,7 @@ def _after_answer(peer: AcpPeer, route: Route, hosted: bool) -> None:
 
 
 def _answered(peer: AcpPeer, route: Route, hosted: bool) -> None:
-    from supervisor.slash_commands import available_commands  # off the way to initialize
+    from supervisor.host.slash_commands import available_commands  # off the way to initialize
 
     if not hosted:
         peer.send_event(route.sid, available_commands())

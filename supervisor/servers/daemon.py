@@ -33,11 +33,11 @@ from ipc.errors import InvalidParams
 from ipc.jsonrpc import Endpoint
 from ipc.listener import ConnectionHandler, Listener, OpenFileGuard, raise_open_file_limit
 from ipc.transports import DEFAULT_WRITE_HIGH_WATER, serve_stream
-from supervisor import __version__
-from supervisor.config import Settings
-from supervisor.heap import keep_freed_buffers
-from supervisor.host_handle import HostHandle
-from supervisor.protected import acp_socket_path
+from ipc.version import __version__
+from supervisor.config.config import Settings
+from supervisor.config.protected import acp_socket_path
+from supervisor.host.host_handle import HostHandle
+from supervisor.ops.heap import keep_freed_buffers
 from supervisor.servers.acp_server import AcpServer
 from supervisor.servers.daemon_socket import (
     DaemonAlreadyRunning,
@@ -199,7 +199,7 @@ class Daemon:
 
     def reload_tenants(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
         """``tenants/reload`` (loop thread): see the module doc."""
-        from supervisor.config import ConfigError, load_settings
+        from supervisor.config.config import ConfigError, load_settings
 
         try:
             tenants = load_settings(str(self.settings.config_dir)).tenants
@@ -213,7 +213,7 @@ class Daemon:
 
     def apply_tenants(self) -> tuple[int, int]:
         """Serve the configured tenants but those revoked on any host of a shared store
-        (:mod:`supervisor.shared_store`); how many, and the connections closed."""
+        (:mod:`supervisor.host.shared_store`); how many, and the connections closed."""
         sessions = self.host.started()
         watch = sessions.host.shared if sessions is not None else None
         tenants = watch.allowed(self.config_tenants) if watch is not None \
@@ -344,7 +344,7 @@ def _gateway_problem(settings: Settings) -> str | None:
     """Why the configured gateway must not start (plain HTTP off loopback), if it must not."""
     if settings.gateway is None or not settings.gateway.listen:
         return None
-    from supervisor.gateway_config import exposure_problem
+    from supervisor.config.gateway_config import exposure_problem
 
     return exposure_problem(settings.gateway)
 

@@ -24,6 +24,8 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from supervisor.config.protected import socket_lock_path
+
 __all__ = [
     "MAX_SOCKET_PATH_BYTES",
     "DaemonAlreadyRunning",
@@ -92,11 +94,6 @@ def peer_credentials(sock: socket.socket | None) -> tuple[int, int, int] | None:
         return None
     pid, uid, gid = _CREDS.unpack(data)
     return pid, uid, gid
-
-
-def socket_lock_path(path: Path) -> Path:
-    """The lock file a host holds beside its socket ``path`` while it serves it."""
-    return path.with_name(path.name + ".lock")
 
 
 def claim_socket(path: Path, private_dir: Path | None = None) -> SocketClaim:

@@ -9,11 +9,11 @@ module is imported only when the gateway is on. Routes, all ``GET``:
 - ``/acp``: the ACP v1 dialect of ``acp.sock``, one JSON-RPC message per text frame,
   through the same :meth:`supervisor.servers.acp_server.AcpServer.make_endpoint` (handshake,
   envelope rules, ownership, out-of-band cancel, permission relay); the connection
-  carries its tenant's :class:`~supervisor.tenants.TenantScope` and ``?agent=`` as its
+  carries its tenant's :class:`~supervisor.host.tenants.TenantScope` and ``?agent=`` as its
   default agent. The token is checked before the upgrade (401 without a valid one).
 - ``/health``: 200 or 503 with ``{"status", "reasons"}``; no token needed.
 - ``/status``: the ``status`` JSON as the token's tenant may see it (an admin: all).
-- ``/metrics``: Prometheus text format (:mod:`supervisor.metrics`); admin token only.
+- ``/metrics``: Prometheus text format (:mod:`supervisor.ops.metrics`); admin token only.
 - ``/``: the status page (:mod:`supervisor.servers.status_page`): static files, no token; its
   script reads ``/status`` with the token.
 
@@ -46,7 +46,7 @@ socket then gets its connection, with Nagle's algorithm off.
 Backpressure, as on the Unix sockets: frames to a client that is behind queue in its
 :class:`~supervisor.servers.ws_transport.Outbox`, which is also the connection's write
 flow, so a running turn whose client is behind holds its updates and slows its own
-agent (:mod:`supervisor.pacing`). A client that takes nothing for
+agent (:mod:`supervisor.core.pacing`). A client that takes nothing for
 ``acp.client_stall_timeout_secs`` while behind, or whose queue passes the write
 high-water mark (``ZEROCLAW_WRITE_HIGH_WATER``), is disconnected, so a stuck client
 cannot grow the host's memory.
@@ -72,10 +72,10 @@ from urllib.parse import parse_qs, urlsplit
 import orjson
 
 from ipc.listener import AdoptingListener
-from supervisor.gateway_config import GatewayConfig, tenant_caps
+from supervisor.config.gateway_config import GatewayConfig, tenant_caps
+from supervisor.host.tenants import Tenancy, TenantScope, tenant_of_token
 from supervisor.servers.status_page import PAGE_PATHS, page_response
 from supervisor.servers.ws_transport import CLOSE_TIMEOUT, OPEN_TIMEOUT, Outbox, WsConnection
-from supervisor.tenants import Tenancy, TenantScope, tenant_of_token
 
 if TYPE_CHECKING:
     from websockets.http11 import Request, Response
@@ -83,8 +83,8 @@ if TYPE_CHECKING:
 
     from ipc.jsonrpc import Endpoint
     from ipc.listener import OpenFileGuard
-    from supervisor.config import Settings
-    from supervisor.gateway_config import TenantConfig
+    from supervisor.config.config import Settings
+    from supervisor.config.gateway_config import TenantConfig
     from supervisor.servers.acp_server import AcpServer
 
 __all__ = ["TOKEN_SUBPROTOCOL_PREFIX", "AuthLimiter", "Gateway", "GatewayStats", "limiter_key"]
@@ -223,7 +223,7 @@ class Gateway:
             weakref.WeakKeyDictionary())
         self._endpoints: dict[Endpoint, WsConnection] = {}
         self._counter = itertools.count(1)
-        from supervisor.metrics import MetricsPage
+        from supervisor.ops.metrics import MetricsPage
 
         self.metrics = MetricsPage(acp.host, self.stats)
 
@@ -394,13 +394,13 @@ class Gateway:
         return None, tenant
 
     async def _health(self, connection: WsConnection) -> Response:
-        from supervisor.metrics import health
+        from supervisor.ops.metrics import health
 
         ok, body = await health(self.acp.host)
         return _json(connection, 200 if ok else 503, body)
 
     async def _status(self, connection: WsConnection, tenant: TenantConfig) -> Response:
-        from supervisor.status import host_status
+        from supervisor.ops.status import host_status
 
         try:
             sessions = await asyncio.wait_for(self.acp.host.sessions(), 10)

@@ -41,11 +41,11 @@ from typing import TYPE_CHECKING, Any
 
 from ipc.errors import InvalidParams
 from ipc.session_names import check_name
-from supervisor.slash_commands import parse
+from supervisor.host.slash_commands import parse
 
 if TYPE_CHECKING:
     from ipc.acp import PromptRequest
-    from supervisor.sessions import Sessions
+    from supervisor.host.sessions import Sessions
 
 __all__ = ["MODES", "ProvenanceMode", "connection_mode", "receipt", "with_receipt"]
 

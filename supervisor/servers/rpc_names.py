@@ -1,6 +1,6 @@
 """Session keys and labels in the daemon's RPC dialect (``daemon.sock``).
 
-The rules are those of the ACP dialect (:mod:`supervisor.session_keys`), in this
+The rules are those of the ACP dialect (:mod:`supervisor.host.session_keys`), in this
 dialect's convention of plain params (camelCase, snake_case accepted) instead of
 ACP's ``_meta``:
 
@@ -27,13 +27,14 @@ from typing import TYPE_CHECKING, Any
 
 from ipc.errors import InvalidParams
 from ipc.session_names import PARENT_META_KEY, SessionNaming, check_name
-from supervisor.session_keys import NamedOpen, SessionNames
+from supervisor.host.session_keys import NamedOpen, SessionNames
 
 if TYPE_CHECKING:
     from ipc.acp import NewSessionRequest
     from storage.models import SessionName
-    from supervisor.routes import Peer, Route
-    from supervisor.sessions import Sessions
+    from supervisor.core.peer import Peer
+    from supervisor.core.routes import Route
+    from supervisor.host.sessions import Sessions
 
 __all__ = ["OWNER", "label_param", "listed_names", "named_answer", "open_named", "rpc_naming"]
 

@@ -1,13 +1,13 @@
 """The daemon RPC server: binds the dialect of :mod:`ipc.rpc` (SPEC §4) to the host's
-session operations (:mod:`supervisor.sessions`), for every ``daemon.sock`` connection.
+session operations (:mod:`supervisor.host.sessions`), for every ``daemon.sock`` connection.
 
 Everything here runs on the asyncio loop thread. Each connection gets a
-:class:`DaemonPeer`. Ownership is the host's one table (:mod:`supervisor.ownership`,
+:class:`DaemonPeer`. Ownership is the host's one table (:mod:`supervisor.core.ownership`,
 shared with ``acp.sock``): another connection's ``session/cancel``, ``close``,
 ``prompt`` or ``approve`` is refused with -32003. A session whose connections all
 went away is unowned and the next connection that prompts it adopts it.
 
-Prompts are queued per session (:mod:`supervisor.prompt_queue`, depth 32, then
+Prompts are queued per session (:mod:`supervisor.servers.prompt_queue`, depth 32, then
 -32002): a ``session/prompt`` while a turn runs waits its turn, and prompts run in
 arrival order. ``session/cancel`` cancels the running turn only; the queued
 prompts behind it still run. A connection that goes away has its queued prompts
@@ -32,7 +32,8 @@ from ipc.errors import (
     SessionNotFound,
 )
 from ipc.jsonrpc import ConnectionLost, Endpoint, RemoteError
-from supervisor.prompt_queue import PromptQueues, Ticket
+from supervisor.ops.status import host_status
+from supervisor.servers.prompt_queue import PromptQueues, Ticket
 from supervisor.servers.rpc_names import (
     OWNER,
     label_param,
@@ -41,15 +42,14 @@ from supervisor.servers.rpc_names import (
     open_named,
     rpc_naming,
 )
-from supervisor.status import host_status
 
 if TYPE_CHECKING:
     from ipc.acp import PromptRequest
     from ipc.events import Event
     from ipc.transports import WriteFlow
     from ipc.worker_wire import PermissionAsk
-    from supervisor.ownership import Owners
-    from supervisor.sessions import Sessions
+    from supervisor.core.ownership import Owners
+    from supervisor.host.sessions import Sessions
 
 __all__ = ["DaemonPeer", "RpcServer"]
 
@@ -57,7 +57,7 @@ log = logging.getLogger("zeroclaw.rpc")
 
 
 class DaemonPeer:
-    """One ``daemon.sock`` connection as the host sees it (a :class:`supervisor.routes.Peer`).
+    """One ``daemon.sock`` connection as the host sees it (a :class:`supervisor.core.routes.Peer`).
 
     Approvals: the request is announced as an ``approval_request`` update and waits
     for ``session/approve`` on this connection; no answer in time, a cancelled turn

@@ -19,8 +19,8 @@ from ipc.framing import DEFAULT_FRAME_LIMIT
 from ipc.jsonrpc import Endpoint, Handler
 from ipc.session_names import SessionNaming
 from ipc.transports import open_stdio, serve_stream
-from supervisor import __version__
-from supervisor.config import Settings
+from ipc.version import __version__
+from supervisor.config.config import Settings
 from supervisor.servers.acp_server import AcpServer
 
 __all__ = ["serve_acp_stdio", "serve_config_error"]

@@ -26,7 +26,7 @@ closed by the peer or, ``CLOSE_TIMEOUT`` later, by us.
 Writes (:class:`Outbox`): a frame goes to the socket at once unless the transport
 holds more than :data:`~ipc.transports.PACE_MARK` bytes (its high mark); then it
 queues here until the transport drains, and the queue is the connection's write flow
-for paced senders (:mod:`supervisor.pacing`, the duck type of
+for paced senders (:mod:`supervisor.core.pacing`, the duck type of
 :class:`ipc.transports.WriteFlow`). A client that takes no byte for
 ``stall_timeout`` seconds while behind, or whose queue passes ``high_water`` bytes,
 is disconnected.

@@ -34,7 +34,7 @@ client lagged, then sent it on as one chunk) the worker grew by ~170 MiB. Bounde
 each grows by the copies of the 4 MB text that a turn holds at its end (the answer,
 the record's items and updates, their encodings): ~45-60 MiB for the worker, ~35 MiB
 for ``zeroclaw acp``'s host and ~42 MiB for the daemon's (which keeps freed buffers
-for reuse, see :mod:`supervisor.heap`; 60-100 MiB before its malloc arenas were capped)."""
+for reuse, see :mod:`supervisor.ops.heap`; 60-100 MiB before its malloc arenas were capped)."""
 CANCEL_MARKER = "[turn cancelled via client]"
 
 

@@ -20,8 +20,8 @@ import pytest
 from ipc import acp, rpc
 from ipc.errors import InternalError, SessionBusy
 from ipc.jsonrpc import Endpoint
-from supervisor.ownership import Owners
-from supervisor.prompt_queue import PromptQueues
+from supervisor.core.ownership import Owners
+from supervisor.servers.prompt_queue import PromptQueues
 from supervisor.servers.rpc_server import DaemonPeer, RpcServer
 
 from .helpers import DaemonProc, RpcClient, RpcFailure

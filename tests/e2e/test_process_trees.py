@@ -32,7 +32,7 @@ import pytest
 from acp.schema import McpServerStdio
 
 from actors.worker.sandbox import detect
-from supervisor.host import ORPHAN_SWEEP_SECS
+from supervisor.host.host import ORPHAN_SWEEP_SECS
 
 from .conftest import SdkHostFactory
 from .helpers import tool

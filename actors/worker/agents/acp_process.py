@@ -57,6 +57,7 @@ from ipc.errors import MethodNotFound, clip
 from ipc.extensions import ExtensionMethods
 from ipc.framing import OVERSIZED
 from ipc.jsonrpc import ConnectionLost, Endpoint, RemoteError
+from ipc.version import __version__
 
 __all__ = [
     "NETWORK_ENV", "AgentProcess", "LaunchSpec", "SessionLink", "TurnInbox", "clean_env"]
@@ -347,7 +348,7 @@ class AgentProcess:
 
     def refusal(self, what: str, error: RemoteError) -> str:
         """Why the agent refused ``what``; for ACP's "authentication required" also how
-        to log in (zeroclaw relays no ``authenticate``: see the README)."""
+        to log in (zeroclaw relays no ``authenticate``: see docs/agents.md)."""
         text = f"agent {self.alias} refused {what}: {error}"
         if error.code != AUTH_REQUIRED:
             return text
@@ -407,7 +408,7 @@ class AgentProcess:
         self._watch_exit(proc)
         result = await self._endpoint.request("initialize", {
             "protocolVersion": 1, "clientCapabilities": client_capabilities,
-            "clientInfo": {"name": "zeroclaw", "title": "ZeroClaw", "version": _version()},
+            "clientInfo": {"name": "zeroclaw", "title": "ZeroClaw", "version": __version__},
         })
         self.initialize_result = result if isinstance(result, dict) else {}
         self._command_pid = process_tree.command_pid(proc)
@@ -649,11 +650,3 @@ def _wait_or_kill(proc: subprocess.Popen[bytes]) -> int:
         log.warning("agent pid %d closed its stdout but did not exit; killing it", proc.pid)
         process_tree.kill_tree(proc.pid)
         return proc.wait()
-
-
-def _version() -> str:
-    try:
-        from supervisor import __version__
-    except ImportError:  # pragma: no cover - the package is always installed whole
-        return "0"
-    return str(__version__)

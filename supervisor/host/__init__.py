@@ -1,0 +1,1 @@
+"""The Host assembled, and session operations for all dialects. Imports: hosted and below."""

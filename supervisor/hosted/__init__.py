@@ -1,0 +1,1 @@
+"""Relays between hosted ACP agents and their sessions' clients. Imports: workers, core, config."""

@@ -1,0 +1,1 @@
+"""What operators read: status, /metrics, the daemon's heap. Imports: host and everything below."""

@@ -1,0 +1,1 @@
+"""Worker processes: the pool, their env and socket, the SupervisorActor. Imports: core, config."""
