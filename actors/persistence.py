@@ -120,7 +120,9 @@ class StoreWrite(Generic[R]):
 class CreateSession(StoreWrite[None]):
     """Insert the session's row (a duplicate id fails), with its key and label when
     ``name`` is given: the label moves to it from any other session of its tenant (the
-    host decided it may: a reset's). Group-committed."""
+    host decided it may: a reset's). On a shared store, this host's lease of the session
+    is taken in the same transaction (a row never exists without its owner, nor a new
+    session's lease without its row). Group-committed."""
 
     info: StoredSession
     name: SessionName | None = None
@@ -202,7 +204,8 @@ class RecordEvent(StoreWrite[None]):
 
 @dataclass(frozen=True, slots=True)
 class DeleteSession(StoreWrite[bool]):
-    """Delete the session and all recorded for it; replies whether one was deleted."""
+    """Delete the session and all recorded for it; replies whether one was deleted
+    (another live host's session: :class:`ipc.errors.SessionOwnedByAnotherHost`)."""
 
     session_id: str
 
@@ -358,6 +361,8 @@ class PersistenceActor(SimpleInboxActor):
                 self._prepared.insert_session(info)
                 if name is not None:
                     self._insert_name(name)
+                if self._leases is not None:  # owned from its first commit: no window
+                    self._leases.take(self._db, info.id)
                 return None
             case WriteTurn(record=record):
                 if self._leases is not None:
@@ -458,8 +463,13 @@ class PersistenceActor(SimpleInboxActor):
         return True
 
     def _delete(self, session_id: str) -> bool:
+        """On a shared store, a session another live host owns is not deleted under it
+        (-32004), and its lease goes with its rows."""
         self._prepared.forget(session_id)
         with write_transaction(self._db):
+            if self._leases is not None:
+                self._leases.take(self._db, session_id)
+                self._leases.release(self._db, session_id)
             for model in (MessageRow, ToolCallRow, TurnUpdatesRow, SessionEventRow,
                           SessionKeyRow):
                 model.delete().where(model.session == session_id).execute(self._db)

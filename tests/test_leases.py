@@ -16,6 +16,8 @@ import pytest
 
 from actors.persistence import (
     CreateSession,
+    DeleteSession,
+    PersistBatch,
     PersistenceActor,
     PersistRequest,
     ReleaseLease,
@@ -167,3 +169,47 @@ def test_hosts_racing_for_expired_sessions_never_both_own_one(
     assert len(won["one"]) + len(won["two"]) == RACED
     assert owners(database) == {**dict.fromkeys(won["one"], "one"),
                                 **dict.fromkeys(won["two"], "two")}
+
+
+def test_a_new_session_is_owned_from_its_first_commit_and_deleted_only_by_its_owner(
+    database: str, hosts: list[Host]
+) -> None:
+    one, two = Host(database, "one"), Host(database, "two")
+    hosts += [one, two]
+    assert one.write(CreateSession(session("s1"))) is None
+    assert owners(database) == {"s1": "one"}  # no TakeLease: the row came with it
+    refused = two.write(CreateSession(session("s1")))
+    assert isinstance(refused, StoreWriteError)  # the row's key; one still owns it
+    refused = two.write(DeleteSession("s1"))
+    assert isinstance(refused, SessionOwnedByAnotherHost)
+    assert one.store.reader.get_session("s1") is not None
+    assert one.write(DeleteSession("s1")) is True
+    assert owners(database) == {}
+
+
+def test_a_grouped_new_session_whose_id_another_host_holds_fails_alone(
+    database: str, hosts: list[Host]
+) -> None:
+    """A lease left on an id without a row (a host that died mid-open, say): the group
+    it is committed in is redone one by one, and only that session is refused."""
+    one, two = Host(database, "one"), Host(database, "two")
+    hosts += [one, two]
+    with psycopg.connect(database) as admin:
+        admin.execute("INSERT INTO session_leases VALUES ('held', 'two', "
+                      "EXTRACT(EPOCH FROM clock_timestamp()) + 30)")
+    outcomes: list[object] = []
+    done = threading.Event()
+
+    def reply(error: BaseException | None, value: object) -> None:
+        outcomes.append(error if error is not None else value)
+        if len(outcomes) == 3:
+            done.set()
+
+    one.ref.tell(PersistBatch(tuple(PersistRequest(CreateSession(session(sid)), reply)
+                                    for sid in ("a", "held", "b"))))
+    assert done.wait(WAIT)
+    assert outcomes.count(None) == 2
+    refused = next(o for o in outcomes if o is not None)
+    assert isinstance(refused, SessionOwnedByAnotherHost) and "host two" in refused.message
+    assert owners(database) == {"a": "one", "b": "one", "held": "two"}
+    assert one.store.reader.get_session("held") is None
