@@ -25,11 +25,17 @@ __all__ = ["LeaseHeld", "LeaseLost", "Leases", "create_table"]
 
 
 class LeaseHeld(Exception):
-    """Another live host owns the session."""
+    """Another host owns the session: a live lease, or (takeover ``never``) an expired
+    one (``expires_in`` < 0)."""
 
     def __init__(self, session_id: str, owner: str, expires_in: float) -> None:
-        super().__init__(f"session {session_id} is owned by host {owner} "
-                         f"(its lease ends in {max(0.0, expires_in):.0f} s unless renewed)")
+        if expires_in >= 0:
+            why = f"its lease ends in {expires_in:.0f} s unless renewed"
+        else:
+            why = (f"its lease expired {-expires_in:.0f} s ago, and this host takes over "
+                   'no session ([store] takeover = "never"): it waits for that host or '
+                   "for an operator to free it")
+        super().__init__(f"session {session_id} is owned by host {owner} ({why})")
         self.session_id = session_id
         self.owner = owner
         self.expires_in = expires_in
@@ -53,21 +59,24 @@ _NOW = "EXTRACT(EPOCH FROM clock_timestamp())"
 
 @dataclass(frozen=True, slots=True)
 class Leases:
-    """This host's leases: its id and how long a lease lasts without renewal."""
+    """This host's leases: its id, how long a lease lasts without renewal, and whether
+    it takes over a lease that expired (``[store] takeover``)."""
 
     host_id: str
     ttl_secs: float
+    take_over_expired: bool = True
 
     def take(self, db: peewee.Database, session_id: str) -> None:
         """Own ``session_id`` from now for the TTL, unless another host's lease is live
         (:class:`LeaseHeld`). Taking over an expired lease is how a dead host's
-        sessions move on."""
+        sessions move on; without ``take_over_expired`` an expired lease refuses too."""
         taken = db.execute_sql(
             "INSERT INTO session_leases AS l (session_id, host_id, expires_at) "
             f"VALUES (%s, %s, {_NOW} + %s) ON CONFLICT (session_id) DO UPDATE SET "
             "host_id = EXCLUDED.host_id, expires_at = EXCLUDED.expires_at "
-            f"WHERE l.host_id = EXCLUDED.host_id OR l.expires_at < {_NOW} "
-            "RETURNING host_id", (session_id, self.host_id, self.ttl_secs)).fetchone()
+            f"WHERE l.host_id = EXCLUDED.host_id OR (%s AND l.expires_at < {_NOW}) "
+            "RETURNING host_id",
+            (session_id, self.host_id, self.ttl_secs, self.take_over_expired)).fetchone()
         if taken is not None:
             return
         found = db.execute_sql(f"SELECT host_id, expires_at - {_NOW} FROM session_leases "

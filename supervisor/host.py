@@ -127,7 +127,8 @@ class Host:
         self.store = await asyncio.to_thread(open_configured_store, settings)
         self.reader = self.store.reader
         self.usage.seed(await asyncio.to_thread(self.reader.usage_totals))
-        self.leases = (Leases(settings.host_id, settings.lease_ttl_secs)
+        self.leases = (Leases(settings.host_id, settings.lease_ttl_secs,
+                              settings.takeover == "expired")
                        if self.store.backend == "postgresql" else None)
         self.persistence = PersistenceActor.start(self.store, self.leases)
         if self.leases is not None:  # a host of this id that died left its leases

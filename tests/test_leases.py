@@ -46,9 +46,10 @@ def database() -> Iterator[str]:
 class Host:
     """A store and a persistence actor with this host's leases."""
 
-    def __init__(self, database: str, host_id: str, ttl: float = 30.0) -> None:
+    def __init__(self, database: str, host_id: str, ttl: float = 30.0, *,
+                 take_over_expired: bool = True) -> None:
         self.store: Store = open_store_url(database)
-        self.ref = PersistenceActor.start(self.store, Leases(host_id, ttl))
+        self.ref = PersistenceActor.start(self.store, Leases(host_id, ttl, take_over_expired))
         self.proxy = self.ref.proxy()
 
     def write(self, write: object) -> object:
@@ -213,3 +214,23 @@ def test_a_grouped_new_session_whose_id_another_host_holds_fails_alone(
     assert isinstance(refused, SessionOwnedByAnotherHost) and "host two" in refused.message
     assert owners(database) == {"a": "one", "b": "one", "held": "two"}
     assert one.store.reader.get_session("held") is None
+
+
+def test_a_host_that_takes_over_nothing_is_refused_an_expired_lease_until_it_is_freed(
+    database: str, hosts: list[Host]
+) -> None:
+    one = Host(database, "one")
+    careful = Host(database, "careful", take_over_expired=False)
+    hosts += [one, careful]
+    one.write(CreateSession(session("s1")))
+    expire(database, "one")  # one died; its TTL ran out
+    refused = careful.write(TakeLease("s1"))
+    assert isinstance(refused, SessionOwnedByAnotherHost)
+    assert "owned by host one (its lease expired" in refused.message
+    assert 'takeover = "never"' in refused.message
+    assert refused.data["leaseExpiresInSecs"] < 0
+    assert owners(database) == {"s1": "one"}
+    with psycopg.connect(database) as admin:  # an operator frees it
+        admin.execute("DELETE FROM session_leases WHERE host_id = 'one'")
+    assert careful.write(TakeLease("s1")) is None
+    assert owners(database) == {"s1": "careful"}

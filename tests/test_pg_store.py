@@ -59,6 +59,17 @@ def test_sqlite_urls_and_the_default_stay_the_sqlite_file(tmp_path: Path) -> Non
     assert chosen.store_url is None and chosen.store_path == tmp_path / "elsewhere.db"
 
 
+def test_takeover_is_expired_by_default_never_on_request_and_nothing_else(
+    tmp_path: Path
+) -> None:
+    assert load_settings(str(tmp_path), env={}).takeover == "expired"
+    never = load_settings(str(tmp_path), env={"ZEROCLAW_store__takeover": "never"})
+    assert never.takeover == "never"
+    (tmp_path / "config.toml").write_text('[store]\ntakeover = "always"\n')
+    with pytest.raises(ConfigError, match=r"store\.takeover must be one of 'expired', 'never'"):
+        load_settings(str(tmp_path), env={})
+
+
 @pytest.mark.parametrize(("url", "words"), [
     ("postgresql://zc:hunter2@h/db", "must not hold a password"),
     ("postgresql://zc@h/db?password=hunter2", "must not hold a password"),

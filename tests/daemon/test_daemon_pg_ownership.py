@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,7 +21,7 @@ import pytest
 from tests.e2e.procs import write_config
 from tests.pg_support import fresh_database
 
-from .helpers import DaemonProc, RpcClient, short_dir
+from .helpers import DaemonProc, RpcClient, RpcFailure, short_dir
 
 Daemons = Callable[..., DaemonProc]
 
@@ -143,3 +144,42 @@ def test_a_new_sessions_row_and_lease_commit_together_on_two_hosts(
     with psycopg.connect(database) as check:
         rows = check.execute("SELECT count(*) FROM sessions").fetchone()
     assert rows == (len(owned),)
+
+
+def wait_expired(database: str, host_id: str, timeout: float = 20.0) -> None:
+    """Until every lease of ``host_id`` has run out in the database's clock."""
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(database, autocommit=True) as check:
+        while check.execute("SELECT count(*) FROM session_leases WHERE host_id = %s AND "
+                            "expires_at >= EXTRACT(EPOCH FROM clock_timestamp())",
+                            (host_id,)).fetchone() != (0,):
+            assert time.monotonic() < deadline, f"the leases of {host_id} never expired"
+            time.sleep(0.05)
+
+
+def test_takeover_never_refuses_a_dead_hosts_session_until_an_operator_frees_it(
+    daemons: Daemons, database: str, host_dirs: Callable[[], Path]
+) -> None:
+    one = daemons(host_config(host_dirs(), database, "host-one", ttl=1))
+    two = daemons(host_config(host_dirs(), database, "host-two", ttl=1,
+                              extra='takeover = "never"'))
+    with one.client() as client:
+        sid = client.request("session/new")["sessionId"]
+        client.request("session/prompt", {"sessionId": sid, "prompt": "before the crash"})
+    one.proc.kill()
+    one.wait(10)
+    wait_expired(database, "host-one")
+    with two.client() as other:
+        for method, params in (("session/load", {"sessionId": sid}),
+                               ("session/prompt", {"sessionId": sid, "prompt": "mine?"})):
+            with pytest.raises(RpcFailure) as refused:
+                other.request(method, params)
+            assert refused.value.code == -32004
+            assert "owned by host host-one (its lease expired" in refused.value.message
+        assert owners(database) == {sid: "host-one"}
+        with psycopg.connect(database) as admin:  # the operator frees the dead host's
+            admin.execute("DELETE FROM session_leases WHERE host_id = 'host-one'")
+        other.request("session/load", {"sessionId": sid})
+        replay = [u.get("text") for u in other.updates() if u["type"] == "user_message_chunk"]
+        assert replay == ["before the crash"]
+        assert owners(database) == {sid: "host-two"}
