@@ -226,8 +226,12 @@ class ReleaseLease(StoreWrite[None]):
 
 
 @dataclass(frozen=True, slots=True)
-class RenewLeases(StoreWrite[int]):
-    """The heartbeat: every lease of this host lasts the TTL from now."""
+class RenewLeases(StoreWrite[list[str]]):
+    """The heartbeat: the leases of the sessions ``live`` on this host (None: all of its
+    leases) last the TTL from now, its others are released; replies the ids renewed
+    (:meth:`storage.leases.Leases.renew`)."""
+
+    live: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -432,15 +436,15 @@ class PersistenceActor(SimpleInboxActor):
     def _lease_work(self, write: StoreWrite[Any]) -> Any:
         leases = self._leases
         if leases is None:  # one host owns the store: nothing to hold
-            return 0 if isinstance(write, RenewLeases | ReleaseAllLeases) else None
+            return {RenewLeases: [], ReleaseAllLeases: 0}.get(type(write))
         with write_transaction(self._db):
             match write:
                 case TakeLease(session_id=sid):
                     return leases.take(self._db, sid)
                 case ReleaseLease(session_id=sid):
                     return leases.release(self._db, sid)
-                case RenewLeases():
-                    return leases.renew_all(self._db)
+                case RenewLeases(live=live):
+                    return leases.renew(self._db, live)
                 case ReleaseAllLeases():
                     return leases.release_all(self._db)
         raise TypeError(type(write).__name__)

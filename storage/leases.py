@@ -2,8 +2,8 @@
 
 A row of ``session_leases`` (session id, host id, expiry in the database's clock) says
 which host owns a live session. A host takes it before it opens the session (a lease
-of another host that has not expired refuses the open, naming that host), renews all
-of its own every third of the TTL (the heartbeat), checks it in the transaction of
+of another host that has not expired refuses the open, naming that host), renews those
+of its live sessions every third of the TTL (the heartbeat), checks it in the transaction of
 every turn it commits (a host whose lease was taken over after it stalled commits
 nothing more), and releases it when the session closes or is evicted, and all of
 them when it stops. Taking is one ``INSERT ... ON CONFLICT DO UPDATE ... WHERE``:
@@ -17,6 +17,7 @@ Threads: the persistence actor's (every function runs inside its transaction).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import peewee
@@ -95,11 +96,23 @@ class Leases:
             raise LeaseLost(f"session {session_id} is no longer owned by this host "
                             f"({self.host_id}): another host took it over")
 
-    def renew_all(self, db: peewee.Database) -> int:
-        """The heartbeat: every lease of this host lasts the TTL from now; how many."""
-        return int(db.execute_sql(f"UPDATE session_leases SET expires_at = {_NOW} + %s "
-                                  "WHERE host_id = %s",
-                                  (self.ttl_secs, self.host_id)).rowcount)
+    def renew(self, db: peewee.Database, live: Sequence[str] | None = None) -> list[str]:
+        """The heartbeat: the leases of the sessions ``live`` here (None: all of this
+        host's) last the TTL from now, and this host's leases of other sessions are
+        released (a session that left while its release could not be written). Returns
+        the ids renewed: a live session missing from them is no longer this host's."""
+        if live is None:
+            cursor = db.execute_sql(f"UPDATE session_leases SET expires_at = {_NOW} + %s "
+                                    "WHERE host_id = %s RETURNING session_id",
+                                    (self.ttl_secs, self.host_id))
+            return [str(row[0]) for row in cursor.fetchall()]
+        ids = list(live)
+        db.execute_sql("DELETE FROM session_leases WHERE host_id = %s "
+                       "AND NOT (session_id = ANY(%s))", (self.host_id, ids))
+        cursor = db.execute_sql(f"UPDATE session_leases SET expires_at = {_NOW} + %s "
+                                "WHERE host_id = %s AND session_id = ANY(%s) "
+                                "RETURNING session_id", (self.ttl_secs, self.host_id, ids))
+        return [str(row[0]) for row in cursor.fetchall()]
 
     def release(self, db: peewee.Database, session_id: str) -> None:
         db.execute_sql("DELETE FROM session_leases WHERE session_id = %s AND host_id = %s",

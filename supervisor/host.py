@@ -15,7 +15,7 @@ import asyncio
 import logging
 import subprocess
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any, TypeVar
 
 import pykka
@@ -68,6 +68,7 @@ from supervisor.client_relay import ClientRelay
 from supervisor.closings import Closings
 from supervisor.config import Settings
 from supervisor.gateway_config import tenant_caps
+from supervisor.lease_keeper import LeaseKeeper
 from supervisor.live import Eviction, Limits, LiveTable, workers_wanted
 from supervisor.orphans import become_subreaper
 from supervisor.pacing import TurnStream
@@ -156,7 +157,9 @@ class Host:
         self._sweeper = asyncio.create_task(self._sweep_idle())
         self._orphan_sweeper = asyncio.create_task(self._sweep_orphans())
         if self.leases is not None:
-            self._heartbeat = asyncio.create_task(self._renew_leases(self.leases))
+            keeper = LeaseKeeper(self.leases.ttl_secs, self._leased_here, self._renew_leases,
+                                 self.stop_sessions)
+            self._heartbeat = asyncio.create_task(keeper.run())
 
     async def stop(self) -> None:
         """Cancel running turns, let them persist, then stop workers and actors."""
@@ -458,14 +461,29 @@ class Host:
         if self.leases is not None:
             self._hand_over(PersistRequest(ReleaseLease(sid)))
 
-    async def _renew_leases(self, leases: Leases) -> None:
-        period = max(0.2, leases.ttl_secs / 3)
-        while True:
-            await asyncio.sleep(period)
-            try:
-                await self.persist(RenewLeases())
-            except Exception as exc:
-                log.warning("lease heartbeat failed: %s", exc)
+    def _leased_here(self) -> list[str]:
+        """The sessions live or opening here: those whose leases the heartbeat renews."""
+        return [sid for sid, entry in self.live.entries.items()
+                if entry.route is not None or entry.opening is not None]
+
+    def _renew_leases(self, live: tuple[str, ...]) -> asyncio.Future[list[str]]:
+        return self.persist(RenewLeases(live))
+
+    def stop_sessions(self, sids: Collection[str], reason: str) -> None:
+        """Sessions whose leases this host may lose (:mod:`supervisor.lease_keeper`): a
+        running turn fails with ``reason`` (-32603, not kept), an idle session is
+        evicted (its next prompt restores it, taking its lease first); one opening or
+        closing is left to end."""
+        for sid in sids:
+            entry = self.live.get(sid)
+            if entry is None or entry.opening is not None or entry.closing is not None:
+                continue
+            if entry.turn is not None:
+                self.turns.fail(entry.turn, reason)
+                continue
+            eviction = self.live.evict(sid)
+            if eviction is not None:
+                self.close_evicted([eviction])
 
     async def close_on_worker(self, route: Route) -> None:
         """Drop the session's actor and wait (bounded) for the worker to confirm."""

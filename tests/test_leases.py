@@ -113,7 +113,7 @@ def test_a_live_lease_refuses_another_host_and_names_the_owner(
     assert "owned by host one" in refused.message
     assert refused.data["ownerHost"] == "one"
     assert one.write(TakeLease("s1")) is None  # its own: renewed
-    assert one.write(RenewLeases()) == 1
+    assert one.write(RenewLeases()) == ["s1"]
     one.write(ReleaseLease("s1"))
     assert two.write(TakeLease("s1")) is None
     assert owners(database) == {"s1": "two"}
