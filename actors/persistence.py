@@ -55,6 +55,8 @@ from storage.models import (
     ToolCallRow,
     TurnUpdatesRow,
 )
+from storage.pg import PgDatabase
+from storage.pg_pipeline import write_pipelined
 from storage.prepared_writes import TITLE_MAX_CHARS, MissingSession, PreparedWrites, title_of
 from storage.store import (
     Store,
@@ -324,9 +326,20 @@ class PersistenceActor(SimpleInboxActor):
         held, self._held = self._held, []
         if not held:
             return
-        if len(held) == 1:
-            self.perform(held[0].write, held[0].reply)
+        try:
+            results = self._pipelined(held)
+        except Exception as exc:
+            self._group_failed(held, exc)
             return
+        if results is not None:
+            self._group_committed(held, results)
+        elif len(held) == 1:
+            self.perform(held[0].write, held[0].reply)
+        else:
+            self._write_group(held)
+
+    def _write_group(self, held: list[PersistRequest]) -> None:
+        """The group statement by statement, in one transaction."""
         db = self._db
         try:
             db.begin()
@@ -341,10 +354,34 @@ class PersistenceActor(SimpleInboxActor):
             db.commit()
         except Exception as exc:
             self._abandon()
-            error = self._failure(exc, f"group commit of {len(held)} writes", None)
-            reply_all([(request.reply, error, None) for request in held
-                       if request.reply is not None])
+            self._group_failed(held, exc)
             return
+        self._group_committed(held, results)
+
+    def _pipelined(self, held: list[PersistRequest]) -> list[Any] | None:
+        """On PostgreSQL, the group in one pipelined transaction (two round trips,
+        :mod:`storage.pg_pipeline`); None when it is to be written the usual way: an
+        SQLite store, a new session with a key or label, or a check that failed
+        (nothing was committed then). Raises when its commit failed."""
+        if not isinstance(self._db, PgDatabase):
+            return None
+        writes: list[StoredSession | TurnRecord] = []
+        for request in held:
+            match request.write:
+                case CreateSession(info=info, name=None):
+                    writes.append(info)
+                case WriteTurn(record=record):
+                    writes.append(record)
+                case _:
+                    return None
+        return write_pipelined(self._db, self._prepared, self._leases, writes)
+
+    def _group_failed(self, held: list[PersistRequest], exc: Exception) -> None:
+        error = self._failure(exc, f"group commit of {len(held)} writes", None)
+        reply_all([(request.reply, error, None) for request in held
+                   if request.reply is not None])
+
+    def _group_committed(self, held: list[PersistRequest], results: list[Any]) -> None:
         self._prepared.commit_staged()
         self._store.last_commit = time.time()
         logger.debug("%d writes committed together", len(held))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import peewee
 
@@ -71,15 +72,23 @@ class Leases:
         """Own ``session_id`` from now for the TTL, unless another host's lease is live
         (:class:`LeaseHeld`). Taking over an expired lease is how a dead host's
         sessions move on; without ``take_over_expired`` an expired lease refuses too."""
-        taken = db.execute_sql(
-            "INSERT INTO session_leases AS l (session_id, host_id, expires_at) "
-            f"VALUES (%s, %s, {_NOW} + %s) ON CONFLICT (session_id) DO UPDATE SET "
-            "host_id = EXCLUDED.host_id, expires_at = EXCLUDED.expires_at "
-            f"WHERE l.host_id = EXCLUDED.host_id OR (%s AND l.expires_at < {_NOW}) "
-            "RETURNING host_id",
-            (session_id, self.host_id, self.ttl_secs, self.take_over_expired)).fetchone()
+        taken = db.execute_sql(*self.take_statement(session_id)).fetchone()
         if taken is not None:
             return
+        self.refused(db, session_id)
+
+    def take_statement(self, session_id: str) -> tuple[str, list[Any]]:
+        """:meth:`take` as one statement: it returns a row when the lease is taken, none
+        when :meth:`refused` should say why."""
+        return ("INSERT INTO session_leases AS l (session_id, host_id, expires_at) "
+                f"VALUES (%s, %s, {_NOW} + %s) ON CONFLICT (session_id) DO UPDATE SET "
+                "host_id = EXCLUDED.host_id, expires_at = EXCLUDED.expires_at "
+                f"WHERE l.host_id = EXCLUDED.host_id OR (%s AND l.expires_at < {_NOW}) "
+                "RETURNING host_id",
+                [session_id, self.host_id, self.ttl_secs, self.take_over_expired])
+
+    def refused(self, db: peewee.Database, session_id: str) -> None:
+        """Raise :class:`LeaseHeld` for a take that was refused, naming the owner."""
         found = db.execute_sql(f"SELECT host_id, expires_at - {_NOW} FROM session_leases "
                                "WHERE session_id = %s", (session_id,)).fetchone()
         owner, left = found if found is not None else ("unknown", 0.0)
@@ -88,13 +97,16 @@ class Leases:
     def hold(self, db: peewee.Database, session_id: str) -> None:
         """Renew the lease of a session this host writes a turn of; :class:`LeaseLost`
         when it is no longer this host's."""
-        cursor = db.execute_sql(
-            f"UPDATE session_leases SET expires_at = {_NOW} + %s "
-            "WHERE session_id = %s AND host_id = %s",
-            (self.ttl_secs, session_id, self.host_id))
+        cursor = db.execute_sql(*self.hold_statement(session_id))
         if cursor.rowcount != 1:
             raise LeaseLost(f"session {session_id} is no longer owned by this host "
                             f"({self.host_id}): another host took it over")
+
+    def hold_statement(self, session_id: str) -> tuple[str, list[Any]]:
+        """:meth:`hold` as one statement: its row count is 1 while the lease is this host's."""
+        return (f"UPDATE session_leases SET expires_at = {_NOW} + %s "
+                "WHERE session_id = %s AND host_id = %s",
+                [self.ttl_secs, session_id, self.host_id])
 
     def renew(self, db: peewee.Database, live: Sequence[str] | None = None) -> list[str]:
         """The heartbeat: the leases of the sessions ``live`` here (None: all of this

@@ -155,6 +155,21 @@ class PgDatabase(peewee.PostgresqlDatabase):
         except peewee.PeeweeException as exc:
             raise self._failure(exc) from None
 
+    def pipeline_connection(self) -> Any:
+        """The driver's connection, for a transaction sent pipelined
+        (:mod:`storage.pg_pipeline`); one the server closed is replaced first."""
+        self.drop_if_broken()
+        return self.connection()
+
+    def pipeline_failed(self, exc: Exception) -> peewee.PeeweeException:
+        """A pipelined transaction failed: it is rolled back (a connection that is gone
+        is forgotten), and ``exc`` is returned as peewee's error or
+        :class:`StoreUnreachable`."""
+        if not self.drop_if_broken() and self.in_open_transaction():
+            with contextlib.suppress(Exception):
+                self.connection().execute("ROLLBACK")
+        return self._failure(peewee.DatabaseError(exc, *exc.args))
+
     def _failure(self, exc: peewee.PeeweeException) -> peewee.PeeweeException:
         """``exc`` as :class:`StoreUnreachable` when the server is gone, else as it is."""
         if isinstance(exc, StoreUnreachable) or not is_connection_failure(exc):

@@ -479,7 +479,8 @@ class Host:
             if entry is None or entry.opening is not None or entry.closing is not None:
                 continue
             if entry.turn is not None:
-                self.turns.fail(entry.turn, reason)
+                if not entry.turn.recorded:  # a recorded one: its commit checks the lease
+                    self.turns.fail(entry.turn, reason)
                 continue
             eviction = self.live.evict(sid)
             if eviction is not None:
