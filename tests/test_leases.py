@@ -31,7 +31,7 @@ from ipc.events import TextItem, TurnRecord
 from storage import Store, StoredSession
 from storage.leases import Leases
 from storage.store import open_store_url
-from tests.pg_support import fresh_database
+from tests.pg_support import fresh_database, stop_tracing, trace_statements
 
 WAIT = 20.0
 RACED = 100
@@ -234,3 +234,35 @@ def test_a_host_that_takes_over_nothing_is_refused_an_expired_lease_until_it_is_
         admin.execute("DELETE FROM session_leases WHERE host_id = 'one'")
     assert careful.write(TakeLease("s1")) is None
     assert owners(database) == {"s1": "careful"}
+
+
+def test_a_turn_is_one_statement_and_a_group_one_transaction_of_them(
+    database: str, hosts: list[Host]
+) -> None:
+    """storage.pg_pipeline: a turn of a session this host knows is one statement; a group
+    is BEGIN, one statement per write, COMMIT (sent pipelined)."""
+    one = Host(database, "one")
+    hosts.append(one)
+    for k in range(8):
+        one.write(CreateSession(session(f"s{k}")))
+        one.write(WriteTurn(turn(f"s{k}", "first")))
+    statements = trace_statements(one.store)
+    assert one.write(WriteTurn(turn("s0", "alone"))) == 2
+    assert [s.split()[0] for s in statements] == ["BEGIN", "WITH", "COMMIT"]
+    statements.clear()
+    done = threading.Event()
+    counts: list[object] = []
+
+    def reply(error: BaseException | None, value: object) -> None:
+        counts.append(error or value)
+        if len(counts) == 8:
+            done.set()
+
+    one.ref.tell(PersistBatch(tuple(PersistRequest(WriteTurn(turn(f"s{k}", "grouped")), reply)
+                                    for k in range(8))))
+    assert done.wait(WAIT)
+    stop_tracing(one.store)
+    assert counts == [3] + [2] * 7
+    assert [s.split()[0] for s in statements] == ["BEGIN", *["WITH"] * 8, "COMMIT"]
+    assert [getattr(i, "text", None) for i in one.store.reader.load_items("s0")] == [
+        "first", "first", "alone", "alone", "grouped", "grouped"]
