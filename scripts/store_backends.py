@@ -18,6 +18,10 @@ with the echo agent, ``[store] url`` of a fresh database against the SQLite
 default): prompt turns per second at 8 and 64 sessions at once (a connection
 each) and sequential ``session/new`` per second, best of ``--rounds`` alternated
 rounds (the daemons of scripts/bench's load_lib; the bench's asyncio clients).
+
+``--two-hosts [--clients 64] [--ttl 3]``: two daemons on one database against one
+(turns/s, the database's commits/s, lock waits, connections, its CPU per turn) and
+the takeover time after a SIGKILL (``store_hosts_lib.py``).
 """
 
 from __future__ import annotations
@@ -182,7 +186,21 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--hosts", action="store_true",
                         help="compare whole daemons (turns, session/new), not the store")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--two-hosts", action="store_true",
+                        help="two daemons on one database against one (and a takeover)")
+    parser.add_argument("--clients", type=int, default=64, help="--two-hosts: connections")
+    parser.add_argument("--ttl", type=float, default=3.0, help="--two-hosts: lease TTL")
     args = parser.parse_args(argv)
+    if args.two_hosts:
+        if not args.url:
+            parser.error("--two-hosts needs --url (or ZC_TEST_PG_URL)")
+        from store_hosts_lib import two_hosts
+
+        found = two_hosts(fresh_database, args.url, args.clients, args.ttl, args.rounds)
+        for name in ("one host", "two hosts"):
+            print(f"{name:10s} " + "  ".join(f"{k} {v:.1f}" for k, v in found[name].items()))
+        print(json.dumps(found))
+        return 0
     if args.hosts:
         if not args.url:
             parser.error("--hosts needs --url (or ZC_TEST_PG_URL)")
