@@ -4,11 +4,11 @@ trips per transaction.
 Statement by statement, a turn costs six statements and round trips to the server
 (``BEGIN``, the lease, the session's row, its messages, its updates, ``COMMIT``), each
 a wake-up of the server's process and of this one and the client library's work. Here
-a turn is one statement (:func:`turn_statement`), and in psycopg's pipeline mode the
-statements of a group go without waiting for each answer: :func:`write_pipelined`
-sends ``BEGIN`` and every write's statement, waits once, checks what each did, then
-sends ``COMMIT``: two round trips for a whole group of writes (group commit), however
-many sessions it holds.
+a turn is one statement (:func:`turn_statement`): alone, it is its own transaction,
+one round trip. In psycopg's pipeline mode the statements of a group go without
+waiting for each answer: :func:`write_pipelined` sends ``BEGIN`` and every write's
+statement, waits once, checks what each did, then sends ``COMMIT``: two round trips
+for a whole group of writes (group commit), however many sessions it holds.
 
 Whatever the check does not confirm (another host's lease, a session this writer
 remembers nothing of, or whose turn count moved) is rolled back before anything is
@@ -24,12 +24,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import peewee
 import psycopg
 
 from ipc.events import TurnRecord
 from storage.leases import Leases
 from storage.models import StoredSession
-from storage.pg import PgDatabase
+from storage.pg import PgDatabase, is_connection_failure
 from storage.prepared_writes import PreparedWrites, Statement
 
 __all__ = ["write_pipelined"]
@@ -107,6 +108,8 @@ def write_pipelined(db: PgDatabase, prepared: PreparedWrites, leases: Leases | N
     caller's to commit (:meth:`PreparedWrites.commit_staged`) or discard. Raises what
     the server or the connection raised (:class:`storage.pg.StoreUnreachable` when it
     is gone) once ``COMMIT`` may have been sent."""
+    if len(writes) == 1 and isinstance(writes[0], TurnRecord):
+        return _write_turn_alone(db, prepared, leases, writes[0])
     plan = _plan(db, prepared, leases, writes)
     if plan is None:
         prepared.discard_staged()
@@ -137,3 +140,36 @@ def write_pipelined(db: PgDatabase, prepared: PreparedWrites, leases: Leases | N
             raise failure from None
         return None  # nothing was committed: written the usual way (a new connection)
     return plan.results
+
+
+def _write_turn_alone(db: PgDatabase, prepared: PreparedWrites, leases: Leases | None,
+                      record: TurnRecord) -> list[int | None] | None:
+    """A turn with nothing grouped with it: its one statement, which is its own
+    transaction (one round trip). When the connection is lost under it, whether the
+    server committed it is read back on a new connection (this host is the session's
+    only writer while it holds the lease): done, or written the usual way."""
+    made = turn_statement(db, prepared, leases, record)
+    if made is None:
+        prepared.discard_staged()
+        return None
+    (sql, params), turn = made
+    try:
+        done = db.execute_sql(sql, params).fetchone()[0] == 1
+    except peewee.PeeweeException as exc:
+        prepared.discard_staged()
+        if not is_connection_failure(exc):
+            return None  # refused whole: the usual way says why
+        return [turn] if _stored_turns(db, record.session_id) == turn else None
+    if not done:
+        prepared.discard_staged()
+        return None
+    return [turn]
+
+
+def _stored_turns(db: PgDatabase, session_id: str) -> int | None:
+    """The session's stored turn count, on a new connection; raises when the server is
+    still gone (the turn's fate is then unknown: it is reported failed)."""
+    db.drop_if_broken()
+    row = db.execute_sql("SELECT turn_count FROM sessions WHERE id = %s",
+                         (session_id,)).fetchone()
+    return int(row[0]) if row else None
