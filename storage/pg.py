@@ -33,6 +33,7 @@ __all__ = [
     "PgDatabase",
     "StoreUnreachable",
     "connect_writer",
+    "connection_factory",
     "is_postgresql_url",
     "reader_factory",
     "redact_url",
@@ -267,6 +268,17 @@ def reader_factory(url: str, password: str | None) -> Callable[[], peewee.Databa
     def make() -> peewee.Database:
         return _database(url, password, read_only=True,
                          application_name="zeroclaw-reader", options=_READ_OPTIONS)
+
+    return make
+
+
+def connection_factory(url: str, password: str | None) -> Callable[[], PgDatabase]:
+    """Makes a read-write database object (autocommit outside ``atomic``) for a caller
+    that uses it from one thread at a time (the host's shared-store watch)."""
+
+    def make() -> PgDatabase:
+        return _database(url, password, application_name="zeroclaw-hosts",
+                         options="-c lock_timeout=5000 -c statement_timeout=10000")
 
     return make
 

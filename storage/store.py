@@ -44,7 +44,7 @@ import orjson
 import peewee
 
 from ipc.events import StoredTurn, TextItem, ToolItem, TurnItem
-from storage import leases, pg
+from storage import hosts, leases, pg
 from storage.models import (
     MODELS,
     SCHEMA_VERSION,
@@ -136,6 +136,9 @@ class Store:
         self.reader = reader or StoreReader(self.location, busy_timeout_ms, uri=uri)
         self.url = url
         self.backend = "sqlite" if url is None else "postgresql"
+        #: A PostgreSQL store's factory of further read-write connections (the
+        #: password inside, never shown); None for SQLite.
+        self.connect: Callable[[], peewee.Database] | None = None
         self._temp_dir = temp_dir
         self._file_id = _file_id(path) if persistent and url is None else None
 
@@ -212,9 +215,11 @@ def open_store_url(url: str, password: str | None = None, *,
     writer = pg.connect_writer(url, password, _migrate_pg, lock_timeout_ms=busy_timeout_ms)
     shown = pg.redact_url(url)
     reader = StoreReader(shown, connect=pg.reader_factory(url, password))
-    return Store(path=Path(), requested_path=Path(), persistent=True, writer=writer,
-                 busy_timeout_ms=DEFAULT_BUSY_TIMEOUT_MS, location=shown, reader=reader,
-                 url=shown)
+    store = Store(path=Path(), requested_path=Path(), persistent=True, writer=writer,
+                  busy_timeout_ms=DEFAULT_BUSY_TIMEOUT_MS, location=shown, reader=reader,
+                  url=shown)
+    store.connect = pg.connection_factory(url, password)
+    return store
 
 
 def in_open_transaction(db: peewee.Database) -> bool:
@@ -390,6 +395,7 @@ SCHEMA_STEPS: tuple[Callable[[peewee.Database, int], None], ...] = (
 #: on one database need (an SQLite file has one host).
 PG_SCHEMA_STEPS: tuple[Callable[[peewee.Database, int], None], ...] = (
     leases.create_table,
+    hosts.create_tables,
 )
 
 

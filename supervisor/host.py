@@ -63,6 +63,7 @@ from ipc.worker_wire import (
 )
 from storage.leases import Leases
 from storage.store import Store
+from supervisor import __version__
 from supervisor.agent_calls import AgentCalls
 from supervisor.client_relay import ClientRelay
 from supervisor.closings import Closings
@@ -74,6 +75,7 @@ from supervisor.orphans import become_subreaper
 from supervisor.pacing import TurnStream
 from supervisor.protected import host_protected_paths
 from supervisor.routes import Peer, Route
+from supervisor.shared_store import SharedStoreWatch
 from supervisor.store_open import open_configured_store
 from supervisor.supervisor import EndOrphans, StartWorker, SupervisorActor
 from supervisor.turn_stats import TurnStats
@@ -111,6 +113,7 @@ class Host:
         self._orphan_sweeper: asyncio.Task[None] | None = None
         self._heartbeat: asyncio.Task[None] | None = None
         self.leases: Leases | None = None
+        self.shared: SharedStoreWatch | None = None  # on a store shared with other hosts
         self._closings = Closings()
         self.turns = TurnBook(self, self.live)
         self.client_relay = ClientRelay(self)
@@ -160,6 +163,11 @@ class Host:
             keeper = LeaseKeeper(self.leases.ttl_secs, self._leased_here, self._renew_leases,
                                  self.stop_sessions)
             self._heartbeat = asyncio.create_task(keeper.run())
+        if self.store.connect is not None:
+            self.shared = SharedStoreWatch(self.store.connect, settings.host_id,
+                                           ttl_secs=settings.lease_ttl_secs,
+                                           started_at=self.started_at, version=__version__)
+            await self.shared.start()
 
     async def stop(self) -> None:
         """Cancel running turns, let them persist, then stop workers and actors."""
@@ -169,6 +177,8 @@ class Host:
             if sweeper is not None:
                 sweeper.cancel()
         await self.pool.close()
+        if self.shared is not None:
+            await self.shared.stop()
         if self.leases is not None:
             try:  # another host may take this one's sessions now
                 await self.persist(ReleaseAllLeases())

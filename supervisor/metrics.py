@@ -18,6 +18,12 @@ Metrics:
 | ``zeroclaw_gateway_connections`` | gauge | |
 | ``zeroclaw_gateway_auth_failures_total`` | counter | ``reason`` (missing, invalid, rate_limited) |
 | ``zeroclaw_uptime_seconds`` | gauge | |
+| ``zeroclaw_store_hosts`` | gauge | ``state`` (alive, dead): hosts of a shared store |
+| ``zeroclaw_store_host_live_sessions`` | gauge | ``host_id`` (each host's live leases) |
+| ``zeroclaw_store_host_heartbeat_age_seconds`` | gauge | ``host_id`` |
+
+The ``zeroclaw_store_host*`` figures are only there on a PostgreSQL store, as of the
+host's last pass over ``zeroclaw_hosts`` (:mod:`supervisor.shared_store`, every second).
 """
 
 from __future__ import annotations
@@ -61,6 +67,7 @@ class HostCollector:
             yield from _session_metrics(sessions)
             yield from _turn_metrics(sessions)
             yield from _worker_metrics(sessions)
+            yield from _store_host_metrics(sessions)
 
     def _gateway_metrics(self) -> Iterator[Metric]:
         stats = self._gateway
@@ -113,6 +120,28 @@ def _worker_metrics(sessions: Sessions) -> Iterator[Metric]:
     for worker in workers:
         rss.add_metric([str(worker.pid)], process_figures(worker.pid)[0])
     yield rss
+
+
+def _store_host_metrics(sessions: Sessions) -> Iterator[Metric]:
+    watch = sessions.host.shared
+    if watch is None:
+        return
+    rows = watch.hosts
+    alive = sum(1 for row in rows if row.alive(watch.ttl_secs))
+    count = GaugeMetricFamily("zeroclaw_store_hosts", "Hosts of the shared store, by state",
+                              labels=["state"])
+    count.add_metric(["alive"], alive)
+    count.add_metric(["dead"], len(rows) - alive)
+    yield count
+    live = GaugeMetricFamily("zeroclaw_store_host_live_sessions",
+                             "Live sessions (unexpired leases) of each host", labels=["host_id"])
+    age = GaugeMetricFamily("zeroclaw_store_host_heartbeat_age_seconds",
+                            "Seconds since each host's last heartbeat", labels=["host_id"])
+    for row in rows:
+        live.add_metric([row.host_id], row.live_sessions)
+        age.add_metric([row.host_id], max(0.0, row.heartbeat_age_secs))
+    yield live
+    yield age
 
 
 class MetricsPage:

@@ -153,6 +153,8 @@ def host_status(sessions: Sessions, owners: Owners, *,
                    "sessionTimeoutSecs": settings.session_timeout_secs},
         "store": {"path": host.store.where, "backend": host.store.backend,
                   "persistent": host.store.persistent, "lastCommit": host.store.last_commit},
+        "hostId": settings.host_id,
+        **({"hosts": host.shared.hosts_wire()} if host.shared is not None else {}),
         "sandbox": {**host.sandbox.to_wire(),
                     "allowUnsandboxedShell": settings.allow_unsandboxed_shell},
     }

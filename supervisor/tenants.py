@@ -217,4 +217,5 @@ class TenantScope:
 
 
 _SHARED_STATUS = ("serverVersion", "protocolVersion", "uptimeSecs", "limits", "sandbox")
-"""The keys of ``status`` every tenant sees (the rest are the host's or an admin's)."""
+"""The keys of ``status`` every tenant sees (the rest are the host's or an admin's: not
+the host id either, which by default names the machine)."""

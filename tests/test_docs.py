@@ -16,7 +16,10 @@ fence: ``<!-- test: KIND [OPTION...] [(note)] -->``. The kinds:
   meanwhile (``127.0.0.1:8080`` in the block is its real address) and must stop
   cleanly after (``localhost:8443`` too). Option ``acpx``: needs the pinned acpx of
   ``scripts/test``. Option ``continues``: runs after the page's shell block before
-  it, in the same directories (a setup, then its use).
+  it, in the same directories (a setup, then its use). Option ``postgresql``: the
+  block's ``postgresql://zeroclaw@db.internal:5432/zeroclaw`` is a fresh database of
+  the test cluster of ``scripts/test`` (skipped without one), and
+  ``ZEROCLAW_PG_PASSWORD`` is set (the cluster trusts loopback logins).
 - ``daemon``: one ``zeroclaw daemon ...`` command line; it is started (port 8080
   becomes a free one), must answer ``zeroclaw status`` and exit 0 on SIGTERM.
 - ``unit``: the text of ``docs/zeroclaw.service``, which is checked on its own below.
@@ -235,10 +238,24 @@ def test_shell_blocks_run(chain: list[Block], tmp_path: Path) -> None:
             env = _shell_env(config_dir, home, extra)
             if "daemon" in block.options:
                 _run_beside_a_daemon(block, env, config_dir, home, work)
+            elif "postgresql" in block.options:
+                _run_on_postgresql(block, env, work)
             else:
                 _run_shell(block.text, env, work)
     finally:
         shutil.rmtree(config_dir, ignore_errors=True)
+
+
+DOCS_PG_URL = "postgresql://zeroclaw@db.internal:5432/zeroclaw"
+
+
+def _run_on_postgresql(block: Block, env: dict[str, str], work: Path) -> None:
+    """``block`` with :data:`DOCS_PG_URL` a fresh database of the test cluster."""
+    from tests.pg_support import fresh_database
+
+    with fresh_database() as url:
+        _run_shell(block.text.replace(DOCS_PG_URL, url),
+                   {**env, "ZEROCLAW_PG_PASSWORD": "unused-by-the-test-cluster"}, work)
 
 
 def _run_beside_a_daemon(block: Block, env: dict[str, str], config_dir: Path, home: Path,

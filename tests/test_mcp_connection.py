@@ -86,3 +86,58 @@ def test_an_http_server_that_is_not_there_is_a_clear_start_failure(tmp_path: Pat
     assert notice.startswith("MCP server 'web' could not start"), notice
     assert mcp.tools(()) == {}
     mcp.stop()
+
+
+def exited_within(mcp: SessionMcp, seen: threading.Event, timeout: float = 10.0) -> bool:
+    """The server's death was reported (``on_change``) and status says so."""
+    return seen.wait(timeout) and mcp.status()[0]["state"] == "exited"
+
+
+def test_a_server_killed_while_idle_is_reported_at_once_and_starts_again(
+        tmp_path: Path) -> None:
+    mcp = servers(tmp_path, [{"name": "fx", "command": sys.executable, "args": [str(FIXTURE)]}])
+    seen = threading.Event()
+    mcp.on_change = seen.set
+    mcp.start()
+    try:
+        assert mcp.ready() == []
+        [before] = mcp.status()
+        psutil.Process(before["pid"]).kill()
+        assert exited_within(mcp, seen), mcp.status()
+        assert "exited" in mcp.status()[0].get("problem", "")
+        changed, notices = mcp.revive()
+        assert changed and notices == []
+        [after] = mcp.status()
+        assert after["state"] == "running" and after["pid"] != before["pid"]
+        assert after["restarts"] == 1
+        env = ToolEnv(paths=mcp.paths, cancelled=threading.Event())
+        assert mcp.tools(())["fx__echo"].run({"text": "back"}, env).text == "echo: back"
+        assert mcp.revive() == (False, [])  # nothing died since
+    finally:
+        mcp.stop()
+    assert gone(after["pid"])
+
+
+def test_a_server_that_cannot_start_again_is_given_up_with_a_reason(tmp_path: Path) -> None:
+    marker = tmp_path / "started-once"
+    mcp = servers(tmp_path, [{"name": "fx", "command": sys.executable,
+                              "args": [str(FIXTURE), "--once", str(marker)]}])
+    seen = threading.Event()
+    mcp.on_change = seen.set
+    mcp.start()
+    try:
+        assert mcp.ready() == []
+        psutil.Process(mcp.status()[0]["pid"]).kill()
+        assert exited_within(mcp, seen)
+        started = time.monotonic()
+        changed, [notice] = mcp.revive()
+        assert changed and time.monotonic() - started < 20
+        assert "MCP server 'fx' exited" in notice
+        assert "could not be started again (3 attempts)" in notice
+        assert "refusing to start" in notice  # the last attempt's stderr
+        [entry] = mcp.status()
+        assert entry["state"] == "failed" and "could not start" in entry["problem"]
+        assert mcp.tools(()) == {}
+        assert mcp.revive() == (False, [])  # given up: not tried at every turn
+    finally:
+        mcp.stop()

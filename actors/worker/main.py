@@ -173,13 +173,21 @@ class Outbox:
         """Queue ``message`` without waking the IO thread and take everything queued,
         for the caller to send now (holding the DEALER): its size, and the frames."""
         frame = encode(message)
-        with self._lock:
-            if self._closed:
-                return 0, []
-            frames, self._frames = self._frames, []
-            self._events_held = False
+        frames = self.take_queued()
+        if self._closed:
+            return 0, []
         frames.append(frame)
         return len(frame), frames
+
+    def take_queued(self) -> list[bytes]:
+        """Everything queued so far, for a caller that sends it now holding the DEALER
+        (any thread): the IO thread's ticking and wake-up state stay as they are."""
+        with self._lock:
+            if self._closed:
+                return []
+            frames, self._frames = self._frames, []
+            self._events_held = False
+        return frames
 
     def wake(self) -> None:
         """Wake the IO thread (any thread): the DEALER needs it."""
@@ -279,6 +287,41 @@ class WorkerProcess:
             if self._backlog or self._dealer_pending():  # the IO thread must see to it:
                 self.outbox.wake()  # this send may have taken the FD's signal
             return size
+        finally:
+            self._dealer_lock.release()
+
+    def send_queued_now(self) -> None:
+        """Send what the outbox holds now (any thread): from the calling thread when
+        the DEALER is free (:meth:`_send_from_caller`), else by waking the IO thread."""
+        if not self._send_from_caller(None):
+            self.outbox.wake()
+
+    def send_frame_now(self, frame: bytes) -> int:
+        """:meth:`Outbox.put_event_frame` of ``frame`` and :meth:`send_queued_now` in one
+        (any thread): an event after a quiet spell (a paced model's delta) so leaves
+        without waking a second thread to fight for the GIL. Its size on the wire."""
+        if self._send_from_caller(frame):
+            return len(frame)
+        size = self.outbox.put_event_frame(frame)
+        self.outbox.wake()
+        return size
+
+    def _send_from_caller(self, frame: bytes | None) -> bool:
+        """Send what the outbox holds, then ``frame``, on the calling thread if the
+        DEALER is free and nothing waits for back-pressure; False (nothing taken) if
+        not. The IO thread is woken only for what this leaves to it."""
+        if not self._dealer_lock.acquire(blocking=False):
+            return False
+        try:
+            if self._backlog or self._dealer.closed:
+                return False
+            self._backlog.extend(self.outbox.take_queued())
+            if frame is not None:
+                self._backlog.append(frame)
+            self._flush()
+            if self._backlog or self._dealer_pending():  # the IO thread must see to it
+                self.outbox.wake()
+            return True
         finally:
             self._dealer_lock.release()
 
@@ -401,8 +444,9 @@ class WorkerProcess:
             return
         actor = SessionActor.start(config=config, state=state, agent=agent,
                                    send=self.send, permissions=self.permissions,
-                                   wake=self.outbox.wake,
-                                   send_event_frame=self.outbox.put_event_frame)
+                                   wake=self.send_queued_now,
+                                   send_event_frame=self.outbox.put_event_frame,
+                                   send_event_frame_now=self.send_frame_now)
         self.sessions[sid] = _LiveSession(actor, state, agent)
         if message.confirm:
             self.outbox.put(SessionOpened(sid=sid))

@@ -297,6 +297,7 @@ class SessionActor(SimpleInboxActor):
         tools: dict[str, Tool] | None = None,
         wake: Callable[[], None] | None = None,
         send_event_frame: Callable[[bytes], int | None] | None = None,
+        send_event_frame_now: Callable[[bytes], int | None] | None = None,
     ) -> None:
         super().__init__()
         self.config = config
@@ -309,6 +310,9 @@ class SessionActor(SimpleInboxActor):
         #: Queues an encoded TurnEvent (a streamed chunk) as ``send`` would queue the
         #: message; without it, chunks go through ``send`` as TurnEvents.
         self.send_event_frame = send_event_frame
+        #: ``send_event_frame`` and ``wake`` in one, for an event after a quiet spell
+        #: (any thread); without it, the two are called.
+        self.send_event_frame_now = send_event_frame_now
         self.permissions = permissions
         self.tools = tools if tools is not None else default_tools()
         self.history: list[TurnItem] = list(config.history)

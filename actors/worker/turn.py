@@ -61,8 +61,9 @@ __all__ = [
 logger = logging.getLogger("zeroclaw.turn")
 
 QUIET_SECONDS = 0.0005
-"""An event this long after its turn's previous one (or the turn's start) wakes the IO
-thread at once: the stream was quiet (the agent waited on a model, a process), so
+"""An event this long after its turn's previous one (or the turn's start) is sent at
+once (by the emitting thread when the DEALER is free, else by waking the IO thread): the
+stream was quiet (the agent waited on a model, a process), so
 nothing would join the event if it waited for the IO thread's tick. A short turn's
 burst (the echo agent's) comes faster and leaves with the turn's end, unwoken."""
 
@@ -348,6 +349,8 @@ class TurnSession(Protocol):
     def wake(self) -> None: ...
     @property
     def send_event_frame(self) -> Callable[[bytes], int | None] | None: ...
+    @property
+    def send_event_frame_now(self) -> Callable[[bytes], int | None] | None: ...
 
 
 class ActorTurnContext:
@@ -365,6 +368,7 @@ class ActorTurnContext:
         self._window = window
         self._last_event = time.monotonic()
         self._send_frame = session.send_event_frame
+        self._send_frame_now = session.send_event_frame_now or self._send_and_wake
         #: Each text chunk kind's frame up to its text (see :func:`encode_chunk`).
         self._chunk_prefixes: dict[type[Any], bytes] = {
             kind: chunk_frame_prefix(self._sid, turn_id, kind.KIND)
@@ -438,14 +442,11 @@ class ActorTurnContext:
             prefix = self._run_prefixes[kind] = chunk_frame_prefix(
                 self._sid, self._turn_id, kind.KIND, run=True)
         assert self._send_frame is not None
-        quiet = self._note_event()
+        send = self._send_frame_now if self._note_event() else self._send_frame
         try:
-            size = self._send_frame(encode_chunk_run(prefix, texts))
+            return send(encode_chunk_run(prefix, texts))
         except EncodeError as exc:
             raise self._unstreamable(exc) from None
-        if quiet:
-            self._session.wake()
-        return size
 
     def _note_event(self) -> bool:
         """Note an event sent now; whether it is the first after a quiet spell."""
@@ -456,25 +457,34 @@ class ActorTurnContext:
 
     def _stream(self, event: Event) -> int | None:
         """Send ``event``; the first after a quiet spell (see :data:`QUIET_SECONDS`)
-        wakes the IO thread, which otherwise may wait for its tick to send it."""
+        goes at once (from this thread when the DEALER is free, else by waking the IO
+        thread), where others may wait for the IO thread's tick."""
         quiet = self._note_event()
         prefix = self._chunk_prefixes.get(type(event))
         if prefix is not None and self._send_frame is not None:  # the way of every chunk
-            size = self._send_chunk(prefix, event.text)  # type: ignore[union-attr]
-        else:
-            size = self._send(TurnEvent(sid=self._sid, turn_id=self._turn_id,
-                                        event=event_to_wire(event)))
+            return self._send_chunk(prefix, event.text, now=quiet)  # type: ignore[union-attr]
+        size = self._send(TurnEvent(sid=self._sid, turn_id=self._turn_id,
+                                    event=event_to_wire(event)))
         if quiet:
             self._session.wake()
         return size
 
-    def _send_chunk(self, prefix: bytes, text: str) -> int | None:
-        """:meth:`_send` for a text chunk, encoded straight to its frame."""
+    def _send_chunk(self, prefix: bytes, text: str, *, now: bool) -> int | None:
+        """:meth:`_send` for a text chunk, encoded straight to its frame; ``now``: sent
+        at once (it came after a quiet spell), not left for the IO thread's tick."""
         assert self._send_frame is not None
+        send = self._send_frame_now if now else self._send_frame
         try:
-            return self._send_frame(encode_chunk(prefix, text))
+            return send(encode_chunk(prefix, text))
         except EncodeError as exc:
             raise self._unstreamable(exc) from None
+
+    def _send_and_wake(self, frame: bytes) -> int | None:
+        """``send_event_frame_now`` for a session without it: queue, then wake."""
+        assert self._send_frame is not None
+        size = self._send_frame(frame)
+        self._session.wake()
+        return size
 
     def _send(self, message: WorkerMessage) -> int | None:
         """Hand ``message`` to the IO thread; raises :class:`TurnAborted` when it

@@ -20,6 +20,11 @@ what the editor sent so far is replayed on it. A daemon that goes away after it
 answered something cannot be replayed: each unanswered request gets -32603, the
 cause goes to stderr and the exit status is 1.
 
+With ``--session`` / ``--session-label`` (and ``--require-existing``,
+``--reset-session``) the editor's ``session/new`` requests gain the ``_meta`` that
+names the session, and with ``--provenance`` its ``initialize`` asks for that mode
+(:mod:`supervisor.cli.attach_naming`); every other byte is copied as it is.
+
 The connection is a :class:`Channel`: here a Unix socket (:class:`SocketChannel`);
 :mod:`supervisor.cli.attach_ws` supplies one over a WebSocket to a remote gateway
 (``--attach ws://…``), and the bridge, its replay and its ending rules are the same.
@@ -46,6 +51,8 @@ from typing import Any, Protocol
 import orjson
 
 from ipc.errors import InternalError
+from ipc.session_names import SessionNaming
+from supervisor.cli.attach_naming import RequestRewriter
 from supervisor.config import Settings
 
 __all__ = ["AttachRefused", "Channel", "EditorOutput", "LineSplitter", "SocketChannel",
@@ -143,9 +150,12 @@ class SocketChannel:
 
 
 def run_attach(settings: Settings, url: str | None = None, token_file: str | None = None,
-               ca_file: str | None = None) -> int:
+               ca_file: str | None = None, naming: SessionNaming | None = None,
+               provenance: str = "off") -> int:
     """``zeroclaw acp --attach [URL]``: the exit code. No URL: the local daemon's
-    ``acp.sock``; a ``ws://`` or ``wss://`` URL: a remote gateway's ``/acp``."""
+    ``acp.sock``; a ``ws://`` or ``wss://`` URL: a remote gateway's ``/acp``.
+    ``naming``: ``--session KEY`` and its kin, given to each ``session/new``;
+    ``provenance``: ``--provenance``, asked for at ``initialize``."""
     output = EditorOutput(sys.stdout.fileno())
     try:
         dialer = _dialer(settings, output, url, token_file, ca_file)
@@ -154,7 +164,10 @@ def run_attach(settings: Settings, url: str | None = None, token_file: str | Non
             log.error("no zeroclaw host answers at %s%s", dialer.where, dialer.hint)
             return 1
         link = Link(channel)
-        unanswered = _bridge(link, dialer, settings.frame_limit, output)
+        naming = naming or SessionNaming()
+        rewriter = (RequestRewriter(naming, settings.frame_limit, provenance)
+                    if naming.named or provenance != "off" else None)
+        unanswered = _bridge(link, dialer, settings.frame_limit, output, rewriter)
     except AttachRefused as refusal:
         log.error("zeroclaw acp --attach: %s", refusal)
         return 1
@@ -446,13 +459,14 @@ class LineSplitter:
                 self._skipping = True
 
 
-def _bridge(link: Link, dialer: Dialing, frame_limit: int,
-            output: EditorOutput) -> int | None:
+def _bridge(link: Link, dialer: Dialing, frame_limit: int, output: EditorOutput,
+            rewriter: RequestRewriter | None = None) -> int | None:
     """Copy both ways until the host closes; None when that was the normal end,
     else how many requests were left unanswered (each answered -32603 here)."""
     stdin_fd = sys.stdin.fileno()
     requests = LineSplitter(link.sent, frame_limit)
-    threading.Thread(target=_copy_in, args=(stdin_fd, link, requests), daemon=True).start()
+    threading.Thread(target=_copy_in, args=(stdin_fd, link, requests, rewriter),
+                     daemon=True).start()
     replies = LineSplitter(link.received, frame_limit, link.received_long)
     for _ in range(REDIALS + 1):
         with contextlib.suppress(OSError):
@@ -485,8 +499,10 @@ def _bridge(link: Link, dialer: Dialing, frame_limit: int,
     return len(pending)
 
 
-def _copy_in(stdin_fd: int, link: Link, requests: LineSplitter) -> None:
-    """Stdin thread: copy the editor's input to the daemon until EOF.
+def _copy_in(stdin_fd: int, link: Link, requests: LineSplitter,
+             rewriter: RequestRewriter | None = None) -> None:
+    """Stdin thread: copy the editor's input to the daemon until EOF (through
+    ``rewriter`` when the command line names a session).
 
     Each chunk is read and handled under ``link.input_lock`` (the wait for input is
     outside it), so :func:`_take_written_input` sees every byte either handled or
@@ -499,8 +515,14 @@ def _copy_in(stdin_fd: int, link: Link, requests: LineSplitter) -> None:
                 data = os.read(stdin_fd, _CHUNK)
                 if not data:
                     break
+                if rewriter is not None:
+                    data = rewriter.feed(data)
                 requests.feed(data)
                 link.send(data)
+    if rewriter is not None and (tail := rewriter.flush()):
+        with link.input_lock:
+            requests.feed(tail)
+            link.send(tail)
     link.end_input()
 
 

@@ -53,6 +53,9 @@ def _parser() -> argparse.ArgumentParser:
     tenant = commands.add_parser("tenant", help="add, list or remove gateway tenants")
     tenant.add_argument("--config-dir", help="configuration directory (default ~/.zeroclaw)")
     tenant.add_argument("args", nargs=argparse.REMAINDER)
+    store = commands.add_parser("store", help="copy an SQLite store into PostgreSQL")
+    store.add_argument("--config-dir", help="configuration directory (default ~/.zeroclaw)")
+    store.add_argument("args", nargs=argparse.REMAINDER)
     status = commands.add_parser(
         "status", help="the daemon's sessions, workers and limits",
         description="exit codes: 0 running, 1 degraded, 2 usage, 3 not running, 4 no answer",
@@ -94,6 +97,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_tenant(list(args.args), resolve_config_dir(args.config_dir), args.config_dir)
     if args.command == "status":
         return _run_status(args)
+    if args.command == "store":
+        from supervisor.cli.store_cmd import run as run_store
+
+        return run_store(list(args.args), args.config_dir)
     _parser().print_help(sys.stderr)
     return 2
 
@@ -109,9 +116,10 @@ def _naming_arguments(acp: argparse.ArgumentParser) -> None:
                        help="the editor's new session continues the session with this label")
     acp.add_argument("--require-existing", action="store_true",
                      help="with --session: fail when no session has the key yet")
-    acp.add_argument("--provenance", choices=("off", "meta"), default="off",
+    acp.add_argument("--provenance", choices=("off", "meta", "meta+receipt"), default="off",
                      help="meta: each prompt result's _meta.provenance names the host, "
-                          "agent and model")
+                          "agent and model; meta+receipt: also a source receipt at the end "
+                          "of each prompt, for the agent to read")
     acp.add_argument("--reset-session", action="store_true",
                      help="give the key (or label) a fresh transcript before its first use; "
                           "the old session stays stored")
@@ -139,11 +147,6 @@ def _run_acp(args: argparse.Namespace) -> int:
     from supervisor.config import ConfigError, load_settings
 
     naming = _naming(args)
-    if (naming.named or args.provenance != "off") and args.attach is not None:
-        _parser().error("--session, --session-label and --provenance are not taken with "
-                        "--attach yet "
-                        "(the bridge copies bytes as they are): have the editor send "
-                        "_meta.sessionKey on session/new instead")
     level = args.log_level or os.environ.get("ZEROCLAW_LOG") or "warning"
     _configure_logging(level)
     overrides = {"acp.max_sessions": args.max_sessions,
@@ -165,10 +168,12 @@ def _run_acp(args: argparse.Namespace) -> int:
         if args.max_sessions is not None or args.session_timeout is not None:
             logging.getLogger("zeroclaw").warning(
                 "--attach: limits come from the daemon's configuration; flags ignored")
-        return run_attach(settings, args.attach or None, args.token_file, args.ca_file)
+        return run_attach(settings, args.attach or None, args.token_file, args.ca_file,
+                          naming, args.provenance)
     from supervisor.servers.stdio import serve_acp_stdio
 
-    return _serve_stdio(serve_acp_stdio(settings, naming, args.provenance == "meta"), 0)
+    return _serve_stdio(serve_acp_stdio(settings, naming, args.provenance != "off",
+                                        args.provenance == "meta+receipt"), 0)
 
 
 def _serve_stdio(serving: Coroutine[Any, Any, None], exit_code: int) -> int:

@@ -175,6 +175,7 @@ def render(status: dict[str, Any], now: float | None = None) -> str:
         committed = store.get("lastCommit")
         last = f", last commit {_duration(now - committed)} ago" if committed else ""
         lines.append(f"store: {store.get('path')} ({kind}{last})")
+    lines += _host_lines(status)
     sandbox = status.get("sandbox")
     if isinstance(sandbox, dict):
         lines.append(f"sandbox: {sandbox.get('backend')} {sandbox.get('version') or ''}".rstrip()
@@ -199,6 +200,17 @@ def render(status: dict[str, Any], now: float | None = None) -> str:
                      f"{'ok' if ok else 'UNRESPONSIVE'}")
         lines += _agent_lines(w.get("agents") or [])
     return "\n".join(lines)
+
+
+def _host_lines(status: dict[str, Any]) -> list[str]:
+    """This host's id and, on a shared store, every host the database knows."""
+    lines = [f"host: {status['hostId']}"] if status.get("hostId") else []
+    for h in status.get("hosts") or []:
+        state = "alive" if h.get("alive") else "NOT BEATING"
+        lines.append(f"  {'*' if h.get('self') else ' '} {h.get('hostId')}: "
+                     f"{h.get('liveSessions', 0)} live session(s), heartbeat "
+                     f"{float(h.get('lastHeartbeatSecsAgo') or 0):.1f} s ago ({state})")
+    return lines
 
 
 def _agent_lines(agents: list[dict[str, Any]]) -> list[str]:

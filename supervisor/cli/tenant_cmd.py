@@ -12,7 +12,10 @@ Wire (command line) format::
     zeroclaw tenant list [--json]     NAME, id, admin, max_sessions, workspace_root,
                                       sandbox_network
     zeroclaw tenant remove NAME       its id is retired (gateway.retired_tenant_ids): a
-                                      tenant added again under NAME is another tenant
+                                      tenant added again under NAME is another tenant;
+                                      on a shared PostgreSQL store, every host on it
+                                      refuses its token within seconds
+                                      (:mod:`supervisor.cli.tenant_revoke`)
 
 Exit codes: 0 done, 1 unknown or existing tenant / unusable file, 2 usage.
 
@@ -83,7 +86,7 @@ def run(argv: list[str], config_dir: Path, config_flag: str | None = None) -> in
             _list(path, as_json=args.json)
             return 0
         else:
-            _remove(path, args.name)
+            _remove(path, args.name, config_flag)
     except ConfigCommandError as error:
         print(f"zeroclaw tenant: {error}", file=sys.stderr)
         return error.exit_code
@@ -163,12 +166,18 @@ def _list(path: Path, *, as_json: bool) -> None:
                        + [e for e in extras if e]))
 
 
-def _remove(path: Path, name: str) -> None:
+def _remove(path: Path, name: str, config_flag: str | None) -> None:
+    from supervisor.cli.tenant_revoke import revoke_in_shared_store
+
     document = _load(path)
     tenants = _tenants(document)
     if name not in tenants:
         raise ConfigCommandError(f"no tenant {name}")
     tenant_id = str(tenants[name].get("id", name))
+    told = revoke_in_shared_store(config_flag, tenant_id,
+                                  str(tenants[name].get("token_sha256", "")))
+    if told is not None:
+        print(f"zeroclaw tenant: {told}", file=sys.stderr)
     del tenants[name]  # type: ignore[attr-defined]
     gateway, _ = _parent_table(document, ["gateway", "retired_tenant_ids"])
     retired = gateway.get("retired_tenant_ids", [])

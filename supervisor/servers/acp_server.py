@@ -43,6 +43,7 @@ from ipc.transports import BYTE_STREAM
 from supervisor import __version__
 from supervisor.agent_modes import may_be_agent_mode, session_modes, set_agent_mode
 from supervisor.host_handle import HostHandle
+from supervisor.servers.provenance import ProvenanceMode, connection_mode, with_receipt
 
 if TYPE_CHECKING:
     from ipc import acp
@@ -238,14 +239,17 @@ class AcpServer:
     """Handler table and lifecycle shared by every ACP connection of one host."""
 
     def __init__(self, settings: Settings, version: str, host: HostHandle | None = None,
-                 default_naming: SessionNaming | None = None, provenance: bool = False) -> None:
+                 default_naming: SessionNaming | None = None, provenance: bool = False,
+                 receipt: bool = False) -> None:
         """``host``: a daemon's shared host; without one the server has its own (embedded).
         ``default_naming``: ``zeroclaw acp --session KEY`` (or ``--session-label``), for
         each ``session/new`` that names no session of its own."""
         self.settings = settings
         self.default_naming = default_naming or SessionNaming()
         #: ``zeroclaw acp --provenance meta``: host, agent and model on each prompt result.
-        self.provenance = provenance
+        #: ``--provenance meta+receipt``: each prompt ends with a source receipt. A
+        #: connection may ask for its own mode at ``initialize`` (``--attach``).
+        self.provenance = ProvenanceMode(provenance, receipt)
         self.version = version
         self.owns_host = host is None
         self.host = host if host is not None else HostHandle(settings)
@@ -345,6 +349,7 @@ class AcpServer:
             raise InvalidParams("params must be an object")
         acp_handshake.check_protocol_version(params.get("protocolVersion"))
         endpoint.state["client"] = params.get("clientCapabilities") or {}
+        endpoint.state["provenance"] = connection_mode(params) or self.provenance
         asyncio.get_running_loop().call_soon(self.host.start)
         started = self.host.started()
         if started is not None and started.host.store.persistent != self.persistent:
@@ -419,26 +424,33 @@ class AcpServer:
         no task per prompt); any other takes :meth:`_prompt`. Both give the same answers."""
         request = acp.prompt_request(params)
         sessions = self.host.started()
+        mode: ProvenanceMode = endpoint.state.get("provenance", self.provenance)
+        if mode.receipt and sessions is not None:
+            request = with_receipt(sessions, request, mode.origin_host)
         text = (sessions.startable_now(request) if sessions is not None and endpoint.in_order_now
                 and endpoint.state.get("scope") is None else None)
         if sessions is None or text is None:
-            return self._prompt(request, params, endpoint)
+            return self._prompt(request, params, endpoint, receipted=sessions is not None)
         peer = endpoint.state["peer"]
         self.host.owners.check(request.session_id, peer, adopt=True)
         turn = sessions.start_now(peer, request.session_id, text)
         answer = LaterAnswer(lambda: sessions.withdraw(turn))
-        turn.on_settled = partial(_answer_turn, sessions, turn, answer, self.provenance)
+        turn.on_settled = partial(_answer_turn, sessions, turn, answer, mode.meta)
         if turn.finished.is_set():  # it could not start
-            _answer_turn(sessions, turn, answer, self.provenance)
+            _answer_turn(sessions, turn, answer, mode.meta)
         return answer
 
-    async def _prompt(self, request: acp.PromptRequest, params: Any,
-                      endpoint: Endpoint) -> dict[str, Any]:
+    async def _prompt(self, request: acp.PromptRequest, params: Any, endpoint: Endpoint,
+                      receipted: bool = False) -> dict[str, Any]:
         peer = endpoint.state["peer"]
         await self._visible(params, endpoint)
+        sessions = await self.sessions()
+        mode: ProvenanceMode = endpoint.state.get("provenance", self.provenance)
+        if mode.receipt and not receipted:
+            request = with_receipt(sessions, request, mode.origin_host)
         with self.host.owners.adopting(request.session_id, peer):
-            outcome = await (await self.sessions()).prompt(peer, request)
-        return _prompt_result(outcome, self.provenance)
+            outcome = await sessions.prompt(peer, request)
+        return _prompt_result(outcome, mode.meta)
 
     async def cancel(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
         sid = await self._held(params, endpoint)

@@ -144,6 +144,7 @@ class Daemon:
         self._listeners: list[Listener] = []
         self.gateway = self._gateway() if settings.gateway and settings.gateway.listen else None
         self.rpc.methods["tenants/reload"] = self.reload_tenants
+        self.config_tenants = settings.tenants  # as configured; minus the revoked ones
 
     def _gateway(self) -> Gateway:
         from supervisor.servers.gateway import Gateway
@@ -179,6 +180,7 @@ class Daemon:
         log.info("zeroclaw daemon %s listening on %s and %s (pid %d%s)", __version__,
                  claim.path, acp_claim.path, os.getpid(), ", ephemeral" if self.ephemeral else "")
         starting = self.host.start()
+        starting.add_done_callback(self._watch_revocations)
         stopping = asyncio.ensure_future(self.stop.wait())
         await asyncio.wait((starting, stopping), return_when=asyncio.FIRST_COMPLETED)
         code = 0
@@ -203,11 +205,38 @@ class Daemon:
             tenants = load_settings(str(self.settings.config_dir)).tenants
         except ConfigError as error:
             raise InvalidParams(f"configuration error: {error}") from None
+        self.config_tenants = tenants
+        count, revoked = self.apply_tenants()
+        log.info("%s: tenants reloaded: %d tenant(s), %d connection(s) revoked",
+                 endpoint.name, count, revoked)
+        return {"tenants": count, "revokedConnections": revoked}
+
+    def apply_tenants(self) -> tuple[int, int]:
+        """Serve the configured tenants but those revoked on any host of a shared store
+        (:mod:`supervisor.shared_store`); how many, and the connections closed."""
+        sessions = self.host.started()
+        watch = sessions.host.shared if sessions is not None else None
+        tenants = watch.allowed(self.config_tenants) if watch is not None \
+            else self.config_tenants
         self.host.reload_tenants(tenants)
         revoked = self.gateway.reload_tenants(tenants) if self.gateway is not None else 0
-        log.info("%s: tenants reloaded: %d tenant(s), %d connection(s) revoked",
-                 endpoint.name, len(tenants), revoked)
-        return {"tenants": len(tenants), "revokedConnections": revoked}
+        return len(tenants), revoked
+
+    def _watch_revocations(self, starting: asyncio.Future[Any]) -> None:
+        """Once the host is up: a tenant revoked on another host stops here too."""
+        sessions = self.host.started()
+        watch = sessions.host.shared if sessions is not None else None
+        if watch is None:
+            return
+
+        def on_revoked() -> None:
+            count, closed = self.apply_tenants()
+            log.info("tenants revoked in the shared store: %d tenant(s) left, %d "
+                     "connection(s) closed", count, closed)
+
+        watch.on_revoked = on_revoked
+        if watch.revoked_ids or watch.revoked_hashes:
+            on_revoked()
 
     def _on_signal(self, signum: int) -> None:
         log.info("received %s: stopping", signal.Signals(signum).name)

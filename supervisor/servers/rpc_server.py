@@ -33,6 +33,14 @@ from ipc.errors import (
 )
 from ipc.jsonrpc import ConnectionLost, Endpoint, RemoteError
 from supervisor.prompt_queue import PromptQueues, Ticket
+from supervisor.servers.rpc_names import (
+    OWNER,
+    label_param,
+    listed_names,
+    named_answer,
+    open_named,
+    rpc_naming,
+)
 from supervisor.status import host_status
 
 if TYPE_CHECKING:
@@ -170,6 +178,7 @@ class RpcServer:
             "session/approve": self.approve,
             "session/list": self.list,
             "session/load": self.load,
+            "session/set_label": self.set_label,
         }
 
     def make_endpoint(self, send: Callable[[bytes], None], name: str = "") -> Endpoint:
@@ -216,7 +225,10 @@ class RpcServer:
         return host_status(await self._sessions(), self.owners, encoded_sessions=True)
 
     async def new_session(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
+        """A new session, or the one its ``sessionKey`` / ``sessionLabel`` names
+        (:mod:`supervisor.servers.rpc_names`)."""
         request = rpc.new_session_request(params)
+        naming = rpc_naming(params)
         peer: DaemonPeer = endpoint.state["peer"]
         sessions = await self._sessions()
         agent = sessions.resolve_agent(request.request.agent_alias)
@@ -224,18 +236,26 @@ class RpcServer:
             sessions.check_unused(request.request.session_id)  # before evicting siblings
         if not request.keep_siblings:
             await self._evict_siblings(sessions, peer, agent.alias)
-        route = await sessions.new(peer, request.request)
+        names: dict[str, Any] = {}
+        if naming.named:
+            opened = await open_named(sessions, peer, request.request, naming)
+            route, names = opened.route, named_answer(opened)
+        else:
+            route = await sessions.new(peer, request.request)
         if peer.gone:
             log.info("%s: went away while creating %s", endpoint.name, route.sid)
         self.owners.join(route.sid, peer)  # a no-op if the client left meanwhile
         return {"sessionId": route.sid, "agentAlias": route.agent_alias,
-                "workspaceDir": route.workspace_dir}
+                "workspaceDir": route.workspace_dir, **names}
 
     async def list(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
         """Stored sessions, newest activity first: ``{sessions, nextCursor?}`` (as ACP's)."""
         cwd, cursor = rpc.list_params(params)
-        rows, next_cursor = (await self._sessions()).list(cwd, cursor)
-        result: dict[str, Any] = {"sessions": [rpc.listed_session(row) for row in rows]}
+        sessions = await self._sessions()
+        rows, next_cursor = sessions.list(cwd, cursor)
+        names = sessions.host.reader.names_of([row.id for row in rows])
+        result: dict[str, Any] = {"sessions": [
+            listed_names(rpc.listed_session(row), row, names.get(row.id)) for row in rows]}
         if next_cursor:
             result["nextCursor"] = next_cursor
         return result
@@ -303,6 +323,15 @@ class RpcServer:
         self.queues.drop(SessionNotFound(f"Session closed: {sid}"), sid=sid)
         await self.owners.ending(sid, (await self._sessions()).close(sid))
         return {}
+
+    async def set_label(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
+        """Label a session (:mod:`supervisor.servers.rpc_names`); -32003 for another
+        connection's."""
+        sid = session_id(params)
+        self.owners.check(sid, endpoint.state["peer"])
+        label = label_param(params)
+        await (await self._sessions()).keys.set_label(sid, OWNER, label)
+        return {"sessionId": sid, "sessionLabel": label}
 
     def approve(self, params: Any, endpoint: Endpoint) -> dict[str, Any]:
         approval = rpc.approve_request(params)

@@ -29,10 +29,11 @@ log = logging.getLogger("zeroclaw.stdio")
 
 
 async def serve_acp_stdio(settings: Settings, naming: SessionNaming | None = None,
-                          provenance: bool = False) -> None:
+                          provenance: bool = False, receipt: bool = False) -> None:
     """``naming``: ``--session KEY`` and the like, for the editor's ``session/new``;
-    ``provenance``: ``--provenance meta``."""
-    server = AcpServer(settings, __version__, default_naming=naming, provenance=provenance)
+    ``provenance``: ``--provenance meta``; ``receipt``: ``--provenance meta+receipt``."""
+    server = AcpServer(settings, __version__, default_naming=naming, provenance=provenance,
+                       receipt=receipt)
     reader, writer = await open_stdio(settings.frame_limit)
     loop = asyncio.get_running_loop()
     hangup = asyncio.Event()

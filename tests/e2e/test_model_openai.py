@@ -544,7 +544,8 @@ async def test_tool_calls_past_max_tool_calls_per_reply_are_refused_to_model_and
             f"c{n}" for n in range(5)]
         finals = {u.tool_call_id: u for u in host.client.of(sid, "tool_call_update")
                   if u.status != "in_progress"}
-        assert [finals[f"c{n}"].status for n in range(5)] == ["completed"] * 3 + ["failed"] * 2
+        assert [finals[f"c{n}"].status for n in range(5)] == ["completed"] * 3 + ["failed"] * 2, \
+            [finals[f"c{n}"].raw_output for n in range(5)]
         assert "max_tool_calls_per_reply" in json.dumps(finals["c4"].raw_output)
     results = [m for m in model_server.requests[1].body["messages"] if m["role"] == "tool"]
     assert [r["tool_call_id"] for r in results] == [f"c{n}" for n in range(5)]

@@ -3,8 +3,9 @@
 Processes: a hosted agent's detached child (double fork and ``setsid``), its child
 started like a stdio MCP server that detached itself (``setsid``, still the agent's
 child), the detached child of a command in zeroclaw's terminal for the agent
-(``terminal/create``), and a shell command's detached child under each sandbox backend that works
-here (``bwrap``, ``landlock``, ``none``). Each is gone within
+(``terminal/create``), a shell command's detached child under each sandbox backend that works
+here (``bwrap``, ``landlock``, ``none``), and the detached child of a stdio MCP server
+that zeroclaw's own model agent started for the session. Each is gone within
 :data:`GONE_SECS` of its worker's exit (or of ``session/close`` returning), for each
 way a session ends: the session is closed; the worker is killed (SIGKILL); the host
 exits on stdin EOF; the host is killed (SIGKILL: its workers notice and exit).
@@ -28,6 +29,7 @@ from typing import Any
 
 import psutil
 import pytest
+from acp.schema import McpServerStdio
 
 from actors.worker.sandbox import detect
 from supervisor.host import ORPHAN_SWEEP_SECS
@@ -43,7 +45,8 @@ SLEEPER = REPO_ROOT / "tests" / "fixtures" / "setsid_sleeper.py"
 GONE_SECS = 2.0
 START_SECS = 20.0  # for a process to start, a worker to exit after its host was killed
 WAYS = ["close", "kill_worker", "eof", "kill_host"]
-SOURCES = ["agent", "shell-bwrap", "shell-landlock", "shell-none"]
+SOURCES = ["agent", "mcp", "shell-bwrap", "shell-landlock", "shell-none"]
+MCP_FIXTURE = REPO_ROOT / "tests" / "fixtures" / "mcp_fault_server.py"
 
 
 def marked(mark: Path) -> list[psutil.Process]:
@@ -99,6 +102,11 @@ def configure(config_dir: Path, source: str) -> None:
     if source == "agent":
         acp_config(config_dir, fixture_command(), extra="per_session = true", level="full")
         return
+    if source == "mcp":  # its servers start with the session: no model is asked
+        write_config(config_dir, '[agents.main]\nprovider = "openai"\n'
+                     'base_url = "http://127.0.0.1:9/v1"\nmodel = "gpt-test"\n'
+                     '[autonomy]\nlevel = "full"\n')
+        return
     backend = source.removeprefix("shell-")
     if backend != "none" and detect(backend).backend != backend:
         pytest.skip(f"no {backend} sandbox here: {detect(backend).reason}")
@@ -113,9 +121,9 @@ allow_unsandboxed_shell = true
 async def start_processes(host: SdkHost, source: str, workspace: Path
                           ) -> tuple[str, list[Path], asyncio.Task[Any] | None]:
     """The session, the marks of what it started, the turn still running (or None)."""
-    sid = await host.new_session(workspace)
     python = sys.executable
     if source == "agent":
+        sid = await host.new_session(workspace)
         detached, server = workspace / "agent-detached.pid", workspace / "agent-server.pid"
         await prompt_text(host, sid, f"run {python} {SLEEPER} {detached}")
         await prompt_text(host, sid, f"mcp exec {python} {SLEEPER} {server} --stay")
@@ -125,6 +133,13 @@ async def start_processes(host: SdkHost, source: str, workspace: Path
         await wait_started([detached, server, terminal])
         return sid, [detached, server, terminal], None
     mark = workspace / f"{source}.pid"
+    if source == "mcp":
+        server = McpServerStdio(name="fx", command=python, env=[],
+                                args=[str(MCP_FIXTURE), "--detach", str(mark)])
+        sid = (await host.conn.new_session(cwd=str(workspace), mcp_servers=[server])).session_id
+        await wait_started([mark])
+        return sid, [mark], None
+    sid = await host.new_session(workspace)
     command = f"{python} {SLEEPER} {mark}; sleep 600"
     turn = asyncio.create_task(host.prompt(sid, tool("shell", {"command": command,
                                                                "timeout": 600})))

@@ -179,6 +179,34 @@ async def test_provenance_meta_names_host_agent_and_model(
         assert "provenance" not in plain.last_result("session/prompt", sid).get("_meta", {})
 
 
+async def test_provenance_meta_receipt_gives_the_agent_a_source_receipt(
+        sdk_hosts: SdkHostFactory, workspace: Path) -> None:
+    """The echo agent says back what it got: the user's text, then the receipt."""
+    import socket
+
+    async with sdk_hosts(None, "--provenance", "meta+receipt", "--session", "agent:x:y") as host:
+        await host.initialize()
+        sid = await host.new_session(workspace)
+        outcome = await host.prompt(sid, "where from")
+        assert host.last_result("session/prompt", sid)["_meta"]["provenance"]["agent"]
+        text = outcome.content
+        assert text.startswith("where from")
+        for line in ("[Source Receipt]", "bridge=zeroclaw-acp",
+                     f"originHost={socket.gethostname()}", f"acpSessionId={sid}",
+                     "targetSession=agent:x:y", "[/Source Receipt]"):
+            assert line in text, (line, text)
+        assert f"originCwd={workspace}" in text or "originCwd=~" in text
+        status = await host.prompt(sid, "/status")  # the host answers: no receipt
+        assert "Source Receipt" not in status.content
+    async with sdk_hosts(None, "--provenance", "meta+receipt") as again:
+        await again.initialize()
+        await again.conn.load_session(session_id=sid, cwd=str(workspace))
+        [first, _] = user_texts(again, sid)  # the stored turn keeps its receipt
+        assert first.startswith("where from") and "targetSession=agent:x:y" in first
+        other = await again.new_session(workspace)  # no key: the session id is the target
+        assert f"targetSession={other}" in (await again.prompt(other, "hi")).content
+
+
 async def test_concurrent_first_uses_of_a_key_make_one_session(
         sdk_hosts: SdkHostFactory, workspace: Path) -> None:
     async with sdk_hosts() as host:

@@ -9,6 +9,11 @@ enters the SDK's transport and ``ClientSession`` (anyio contexts must be left by
 the task that entered them), initializes, lists the tools, then waits until it is
 told to stop; tool calls run as tasks of their own on the same loop.
 
+A stdio server's launcher is watched on the loop thread (a pidfd reader): when it
+exits while the session is idle, the connection turns ``exited`` at once, its holder
+leaves the SDK's contexts, and ``on_change`` (the session's status report to the
+host) is called on the loop thread, so ``status`` is true without waiting for a turn.
+
 A stdio server's process is started by the SDK (``stdio_client``) with the command
 line :mod:`actors.worker.mcp.launch` built (the process-tree launcher around the
 session's sandbox around the server's command); its stderr goes to a file of its
@@ -25,7 +30,7 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -66,8 +71,11 @@ class McpConnection:
     start: ``problem`` says why), ``exited`` (it died), ``stopped``."""
 
     def __init__(self, spec: McpServerSpec, launch: Launch | None, io: McpIo, *,
-                 start_timeout: float, call_timeout: float) -> None:
+                 start_timeout: float, call_timeout: float,
+                 on_change: Callable[[], None] | None = None) -> None:
         self.spec = spec
+        #: Called (on the loop thread, or the thread that saw it) when the server died.
+        self.on_change = on_change
         self.launch = launch
         self.io = io
         self.start_timeout = start_timeout
@@ -82,6 +90,7 @@ class McpConnection:
         self._ready: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._holder: concurrent.futures.Future[None] | None = None
         self._stderr: IO[str] | None = None
+        self._pidfd: int | None = None  # the launcher's, watched on the loop thread
         self._lock = threading.Lock()
 
     @property
@@ -190,6 +199,13 @@ class McpConnection:
             entry["problem"] = self.problem
         return entry
 
+    @property
+    def exited(self) -> bool:
+        """The server died (seen by the watcher, a call, or now); any thread."""
+        if self.state == "running" and not self._alive():
+            self._died()
+        return self.state == "exited"
+
     # --- either thread ----------------------------------------------------------------
 
     def _alive(self) -> bool:
@@ -200,10 +216,23 @@ class McpConnection:
 
     def _died(self) -> str:
         with self._lock:
-            if self.state == "running":
+            changed = self.state == "running"
+            if changed:
                 self.state = "exited"
                 self.problem = f"{self.label} exited{self._stderr_tail()}"
-            return self.problem or f"{self.label} exited"
+            problem = self.problem or f"{self.label} exited"
+        if changed:
+            log.warning("%s", problem)
+            self._changed()
+        return problem
+
+    def _changed(self) -> None:
+        callback = self.on_change
+        if callback is not None:
+            try:
+                callback()
+            except Exception:  # a status report is not worth a dead watcher
+                log.exception("%s: the state change could not be reported", self.label)
 
     def _fail(self, problem: str) -> None:
         with self._lock:
@@ -250,6 +279,7 @@ class McpConnection:
                     self.tools = await _list_tools(session)
                 if self.spec.transport == "stdio":
                     self._find_pids()  # it answered: its command runs by now
+                    self._watch_exit()
                 self._session = session
                 with self._lock:
                     if self.state == "starting":
@@ -266,8 +296,33 @@ class McpConnection:
                 raise
         finally:
             self._session = None
+            self._unwatch_exit()
             if self.state == "running":  # the connection ended by itself: the server went
                 self._died()
+
+    def _watch_exit(self) -> None:
+        """Watch the launcher's pidfd (loop thread): it exits with the server."""
+        pid = self.launcher_pid
+        if pid is None:
+            return
+        try:
+            self._pidfd = os.pidfd_open(pid)
+        except OSError:  # gone already: the status check and the next call see it
+            return
+        asyncio.get_running_loop().add_reader(self._pidfd, self._on_exit)
+
+    def _unwatch_exit(self) -> None:
+        fd, self._pidfd = self._pidfd, None
+        if fd is not None:
+            asyncio.get_running_loop().remove_reader(fd)
+            os.close(fd)
+
+    def _on_exit(self) -> None:
+        """The launcher exited (loop thread): the server is gone; leave its contexts."""
+        self._unwatch_exit()
+        self._died()
+        if self._stop is not None:
+            self._stop.set()
 
     def _start_problem(self, exc: BaseException) -> str:
         if _timed_out(exc):

@@ -5,13 +5,17 @@ session opens (each server's client starts on the MCP loop thread, nothing waits
 here), :meth:`~SessionMcp.ready` at the first turn (waits, bounded, for all of them
 at once; their tools join the session's tools then), :meth:`~SessionMcp.stop` when
 the session closes or is evicted (a restored session starts them again).
-:meth:`~SessionMcp.status` may be read from any thread.
+:meth:`~SessionMcp.revive`, at each later turn, starts again a server that died
+(:data:`RESTART_ATTEMPTS` tries, :data:`RESTART_BACKOFF_SECS` apart, at most
+:data:`MAX_RESTARTS` times a session). :meth:`~SessionMcp.status` may be read from any
+thread; ``on_change`` is called (on the MCP loop thread) when a server dies.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from actors.worker.mcp.connection import McpConnection
@@ -21,12 +25,18 @@ from actors.worker.mcp.specs import McpServerSpec, parse_servers, tool_name
 from actors.worker.mcp.tools import McpTool, mcp_tool
 from actors.worker.tools import PathPolicy
 
-__all__ = ["DEFAULT_CALL_TIMEOUT", "DEFAULT_START_TIMEOUT", "SessionMcp"]
+__all__ = ["DEFAULT_CALL_TIMEOUT", "DEFAULT_START_TIMEOUT", "MAX_RESTARTS", "RESTART_ATTEMPTS",
+           "SessionMcp"]
 
 log = logging.getLogger("zeroclaw.mcp")
 
 DEFAULT_START_TIMEOUT = 30.0
 DEFAULT_CALL_TIMEOUT = 300.0
+#: Starts of a dead server at one turn, and the waits before the second and third.
+RESTART_ATTEMPTS = 3
+RESTART_BACKOFF_SECS = (0.25, 1.0)
+#: A server that died this many times is not started again in the session.
+MAX_RESTARTS = 5
 
 
 class SessionMcp:
@@ -46,6 +56,9 @@ class SessionMcp:
         self.start_timeout = start_timeout
         self.call_timeout = call_timeout
         self.connections: list[McpConnection] = []
+        #: Called when a server dies (the MCP loop thread); set before :meth:`start`.
+        self.on_change: Callable[[], None] | None = None
+        self.restarts: dict[str, int] = {}
         self._waited = False
 
     @classmethod
@@ -69,24 +82,32 @@ class SessionMcp:
 
     def start(self) -> None:
         """Start every server's client (does not wait)."""
-        io = mcp_io()
         for spec in self.specs:
-            launch = None
-            if spec.transport != "stdio" and not self.paths.network:
-                self.notices.append(f"MCP server {spec.name!r} refused: the session has no "
-                                    "network (sandbox_network = false)")
-                continue
-            if spec.transport == "stdio":
-                try:
-                    launch = stdio_launch(spec, self.paths, self.agent_env)
-                except LaunchRefused as exc:
-                    self.notices.append(str(exc))
-                    log.warning("%s", exc)
-                    continue
-            connection = McpConnection(spec, launch, io, start_timeout=self.start_timeout,
-                                       call_timeout=self.call_timeout)
-            connection.start()
-            self.connections.append(connection)
+            connection = self._connect(spec)
+            if connection is not None:
+                connection.start()
+                self.connections.append(connection)
+
+    def _connect(self, spec: McpServerSpec) -> McpConnection | None:
+        """A client for ``spec`` (not started); None, with a notice, when it is refused."""
+        launch = None
+        if spec.transport != "stdio" and not self.paths.network:
+            self.notices.append(f"MCP server {spec.name!r} refused: the session has no "
+                                "network (sandbox_network = false)")
+            return None
+        if spec.transport == "stdio":
+            try:
+                launch = stdio_launch(spec, self.paths, self.agent_env)
+            except LaunchRefused as exc:
+                self.notices.append(str(exc))
+                log.warning("%s", exc)
+                return None
+        return McpConnection(spec, launch, mcp_io(), start_timeout=self.start_timeout,
+                             call_timeout=self.call_timeout, on_change=self._changed)
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
 
     def ready(self) -> list[str]:
         """Wait for the servers to answer (once); what to tell the user about those that
@@ -113,6 +134,53 @@ class SessionMcp:
                 found[name] = mcp_tool(name, listed, connection, name in self.read_only_tools)
         return found
 
+    def revive(self, cancelled: threading.Event | None = None) -> tuple[bool, list[str]]:
+        """Start again each server that died (a turn begins): whether any connection
+        changed (its tools are new objects), and a line for each that could not start."""
+        changed = False
+        notices: list[str] = []
+        for index, connection in enumerate(list(self.connections)):
+            if not connection.exited:
+                continue
+            connection.wait_stopped(1.0)  # its holder left; what is left of it goes
+            fresh, notice = self._restart(connection, cancelled or threading.Event())
+            self.connections[index] = fresh
+            changed = True
+            if notice:
+                notices.append(notice)
+        notices += self.notices
+        self.notices = []
+        return changed, notices
+
+    def _restart(self, dead: McpConnection, cancelled: threading.Event
+                 ) -> tuple[McpConnection, str | None]:
+        """A running client in place of ``dead``, or a failed one and why (bounded)."""
+        name = dead.spec.name
+        count = self.restarts.get(name, 0)
+        if count >= MAX_RESTARTS:
+            dead.state = "failed"
+            dead.problem = (f"{dead.problem}; not started again: it exited {count + 1} times "
+                            "in this session")
+            return dead, dead.problem
+        attempt: McpConnection = dead
+        for tries in range(RESTART_ATTEMPTS):
+            if tries and cancelled.wait(RESTART_BACKOFF_SECS[min(tries, 2) - 1]):
+                break
+            fresh = self._connect(dead.spec)
+            if fresh is None:
+                return dead, self.notices.pop() if self.notices else dead.problem
+            fresh.start()
+            fresh.wait_ready()
+            if fresh.state == "running":
+                self.restarts[name] = count + 1
+                log.info("%s started again (restart %d)", fresh.label, count + 1)
+                return fresh, None
+            fresh.stop(1.0)
+            attempt = fresh
+        attempt.state = "failed"
+        return attempt, (f"{dead.problem}; it could not be started again "
+                         f"({RESTART_ATTEMPTS} attempts): {attempt.problem}")
+
     def stop(self) -> None:
         """Stop every server (bounded); their processes are gone after."""
         for connection in self.connections:
@@ -122,4 +190,8 @@ class SessionMcp:
 
     def status(self) -> list[dict[str, Any]]:
         """One entry per server (name, transport, state, pid, tools); any thread."""
-        return [connection.status() for connection in list(self.connections)]
+        entries = [connection.status() for connection in list(self.connections)]
+        for entry in entries:
+            if self.restarts.get(entry["name"]):
+                entry["restarts"] = self.restarts[entry["name"]]
+        return entries

@@ -167,6 +167,8 @@ class ShellTool(Tool):
                     eof = not self._read_into(fd, collected)
                 elif exited:
                     break  # the shell is gone; background children keep the pipe open
+        if eof:  # its output ended: its exit, not a SIGTERM from us, says how it went
+            _wait_for_exit(proc, env, deadline, collected)
         return collected
 
     def _read_into(self, fd: int, collected: _Collected) -> bool:
@@ -221,3 +223,28 @@ def _confined_or_refused(sandbox: SandboxInfo, paths: PathPolicy,
         except PathDenied as exc:
             raise ToolError(f"shell refused: {exc}") from None
         yield confinement
+
+
+def _wait_for_exit(proc: subprocess.Popen[bytes], env: ToolEnv, deadline: float,
+                   collected: _Collected) -> None:
+    """After the end of its output, wait (woken by its pidfd) for the launcher to exit
+    by itself, so the command's own exit status is what is reported; a command that
+    closed its output and runs on is stopped at its timeout or by a cancel."""
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except OSError:  # already reaped, or no pidfds here: end() reports what it can
+        return
+    try:
+        with selectors.DefaultSelector() as selector:
+            selector.register(pidfd, selectors.EVENT_READ)
+            while not process_tree.has_exited(proc):
+                if env.cancelled.is_set():
+                    collected.stopped_by = "cancelled"
+                    return
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    collected.stopped_by = "timeout"
+                    return
+                selector.select(min(_POLL_SECS, remaining))
+    finally:
+        os.close(pidfd)

@@ -135,7 +135,17 @@ class _Pump:
 
     Queue items: ``("status", _Status)``, ``("open", None)``, ``("events", list[bytes])``
     (the data of the events one read completed), ``("end", None)``, ``("error",
-    Exception)``.
+    Exception)``; with a direct consumer also ``("done", None)`` (it saw ``[DONE]``)
+    and ``("failed", AgentFailure)``.
+
+    **Direct delivery** (:meth:`offer_direct`): once the taking thread has had the
+    first events, it may hand the pump a consumer that the loop thread then calls
+    with each read's events itself, under :attr:`_lock`, instead of queueing them, so
+    a paced stream wakes no second thread per delta. The taking thread arms it only
+    while nothing waits in the queue (order is kept), and it ends for good the first
+    time the consumer says so (the stream window is used up: the taking thread takes
+    the rest from the queue, waiting for its client) or at :meth:`abort`, which waits
+    for a consumer call under way.
     """
 
     def __init__(self, io: ModelIo, request: _Request) -> None:
@@ -147,6 +157,9 @@ class _Pump:
         self._taken_bytes = 0  # event bytes ever taken (written by the taking thread only)
         self._room: asyncio.Event | None = None  # the loop waits on it while paused
         self._paused = False  # the loop stopped reading the body (queue over the limit)
+        self._lock = threading.Lock()  # held by whoever calls the direct consumer
+        self._direct: Callable[[list[bytes]], bool] | None = None  # armed (loop thread calls)
+        self._offered: Callable[[list[bytes]], bool] | None = None  # to arm when idle
         self._exchange = io.submit(self._run(io.session, request))
 
     async def _run(self, session: aiohttp.ClientSession, request: _Request) -> None:
@@ -181,15 +194,41 @@ class _Pump:
         events = SseDecoder()
         async for chunk in response.content.iter_any():  # all that has arrived
             batch = events.feed(chunk)
-            if batch:
-                self._queue.put(("events", batch))
+            if batch and not self._deliver(batch):
                 self._queued_bytes += sum(map(len, batch))
                 if self._queued_bytes - self._taken_bytes > QUEUED_LIMIT:
                     await self._wait_for_room()
         batch = events.end()
         if batch:
-            self._queue.put(("events", batch))
+            self._deliver(batch)
         return ("end", None)
+
+    def _deliver(self, batch: list[bytes]) -> bool:
+        """The loop thread: give ``batch`` to the direct consumer (True) or queue it."""
+        with self._lock:
+            consume = self._direct
+            if consume is None:
+                self._queue.put(("events", batch))
+                return False
+            if not consume(batch):
+                self._direct = None
+            return True
+
+    def put(self, item: tuple[str, Any]) -> None:
+        """Queue ``item`` for the taking thread (the direct consumer's outcomes)."""
+        self._queue.put(item)
+
+    def offer_direct(self, consume: Callable[[list[bytes]], bool]) -> None:
+        """The taking thread: let the loop thread call ``consume(events)`` for each read
+        from the next time this thread waits with nothing queued (see the class doc).
+        ``consume`` runs under the pump's lock and returns whether it may go on."""
+        self._offered = consume
+
+    def _arm_direct(self) -> None:
+        """The taking thread, about to wait: arm the offered consumer if nothing is queued."""
+        with self._lock:
+            if self._held is None and self._queue.empty():
+                self._direct, self._offered = self._offered, None
 
     async def _wait_for_room(self) -> None:
         """The loop thread: stop reading the body until the taking thread has brought
@@ -223,6 +262,8 @@ class _Pump:
         item = self._held
         self._held = None
         if item is None:
+            if self._offered is not None:
+                self._arm_direct()
             item = self._get(cancelled, None)
         if item is None or item[0] != "events":
             return item
@@ -267,7 +308,11 @@ class _Pump:
     def abort(self) -> None:
         """Stop the exchange (any thread): the loop cancels it at once, which closes
         its connection (the server sees it end) wherever it is: connecting, waiting
-        for the response, reading the body."""
+        for the response, reading the body. The direct consumer is never called again
+        once this returns (a call under way is waited for)."""
+        self._offered = None
+        with self._lock:
+            self._direct = None
         self._exchange.cancel()
         if self._unhook is not None:
             self._unhook()
@@ -387,14 +432,20 @@ class ModelHttp:
 
     def stream(self, url: str, headers: Mapping[str, str], body: dict[str, Any],
                cancelled: threading.Event, end: StreamEnd | None = None,
+               take: Callable[[list[dict[str, Any]]], bool] | None = None,
                ) -> Generator[list[dict[str, Any]], None, None]:
         """The response's SSE payloads as dicts, a list per network read (what arrived
-        together); stops early when ``cancelled``; ``end`` says how it ended."""
+        together); stops early when ``cancelled``; ``end`` says how it ended.
+
+        With ``take``, the payloads after the first read's may instead be given to
+        ``take`` on the model I/O loop thread as they arrive (:meth:`_Pump.offer_direct`;
+        never while the caller handles a yielded list): it returns whether it may go
+        on so (False: the rest is yielded); an AgentFailure it raises is raised here."""
         opened = self._connect(url, headers, body, cancelled)
         if opened is None:
             return
         try:
-            yield from self._payloads(opened, cancelled, end or StreamEnd())
+            yield from self._payloads(opened, cancelled, end or StreamEnd(), take)
         finally:
             opened.pump.abort()
 
@@ -447,8 +498,9 @@ class ModelHttp:
             raise _Retry(f"the stream broke before its first event: {exc}") from None
         return _Opened(pump, batches, first)
 
-    def _payloads(self, opened: _Opened, cancelled: threading.Event,
-                  end: StreamEnd) -> Iterator[list[dict[str, Any]]]:
+    def _payloads(self, opened: _Opened, cancelled: threading.Event, end: StreamEnd,
+                  take: Callable[[list[dict[str, Any]]], bool] | None,
+                  ) -> Iterator[list[dict[str, Any]]]:
         try:
             for batch in itertools.chain([opened.first], opened.batches):
                 payloads, done = self._parse(batch)
@@ -458,8 +510,32 @@ class ModelHttp:
                 if done:
                     opened.pump.drain(cancelled)
                     return
+                if take is not None:  # from the next wait on: the loop thread takes them
+                    opened.pump.offer_direct(self._direct_consumer(opened.pump, end, take))
+                    take = None
         except _Broken as exc:
             raise self._failure(f"the stream broke: {exc}") from None
+
+    def _direct_consumer(self, pump: _Pump, end: StreamEnd,
+                         take: Callable[[list[dict[str, Any]]], bool],
+                         ) -> Callable[[list[bytes]], bool]:
+        """What the loop thread calls with each read's events (see :meth:`stream`): its
+        outcomes other than "go on" reach the taking thread through the pump's queue."""
+
+        def consume(batch: list[bytes]) -> bool:
+            try:
+                payloads, done = self._parse(batch)
+                room = take(payloads) if payloads else True
+            except AgentFailure as exc:
+                pump.put(("failed", exc))
+                return False
+            if done:
+                end.done = True
+                pump.put(("done", None))
+                return False
+            return room
+
+        return consume
 
     def _parse(self, batch: list[bytes]) -> tuple[list[dict[str, Any]], bool]:
         """The JSON objects among ``batch``'s events, and whether ``[DONE]`` came."""
@@ -483,6 +559,11 @@ class ModelHttp:
                 yield value
             elif kind == "end":
                 return
+            elif kind == "done":  # the direct consumer saw [DONE]
+                pump.drain(cancelled)
+                return
+            elif kind == "failed":
+                raise value
             else:
                 raise _Broken(self._describe(value))
 

@@ -25,7 +25,7 @@ import re
 import threading
 import uuid
 from abc import abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import orjson
@@ -100,13 +100,18 @@ class ModelAgent(Agent):
             self.mcp.close()
 
     def _join_mcp(self, ctx: TurnContext) -> None:
-        """At the first turn: wait for the MCP servers, offer their tools, and say in
-        the turn which of them cannot be used."""
-        if not self._mcp_pending or self.mcp is None:
+        """At the first turn: wait for the MCP servers, offer their tools; at later
+        ones: start again those that died. Say in the turn which cannot be used."""
+        if self.mcp is None:
             return
-        self._mcp_pending = False
-        specs, notices = self.mcp.ready()
-        self.tools = (*self.tools, *specs)
+        if self._mcp_pending:
+            self._mcp_pending = False
+            found, notices = self.mcp.ready()
+            specs: list[ToolSpec] | None = found
+        else:
+            specs, notices = self.mcp.revive(ctx.cancelled)
+        if specs is not None:
+            self.tools = (*model_tools(), *specs)
         for notice in notices:
             ctx.emit(MessageChunk(f"[{notice}]\n"))
 
@@ -202,7 +207,8 @@ class ModelAgent(Agent):
         reply = ReplyBuilder(ctx.emit)
         body = self.request_body(system, messages)
         end = StreamEnd()
-        stream = self.http.stream(self.endpoint(), self.request_headers(), body, stopped, end)
+        stream = self.http.stream(self.endpoint(), self.request_headers(), body, stopped, end,
+                                  self._direct_take(reply, ctx))
         with contextlib.closing(stream):
             for payloads in stream:
                 try:
@@ -217,6 +223,27 @@ class ModelAgent(Agent):
             raise self.failure("the stream ended before the reply did "
                                "(no finish reason, no [DONE])")
         return built
+
+    def _direct_take(self, reply: ReplyBuilder, ctx: TurnContext
+                     ) -> Callable[[list[dict[str, Any]]], bool] | None:
+        """What the model I/O loop thread does with each read's payloads once the
+        stream flows (see :meth:`ModelHttp.stream`): read them into ``reply`` and stream
+        its text without waiting for credit; whether the stream window has room left.
+        A paced model then costs no wake-up of the actor's thread per delta."""
+        emit_all_nowait = getattr(ctx, "emit_all_nowait", None)
+        if emit_all_nowait is None:
+            return None
+
+        def take(payloads: list[dict[str, Any]]) -> bool:
+            try:
+                for payload in payloads:
+                    self.read_payload(payload, reply)
+            finally:  # also when an error event fails the turn: what came before it
+                events = reply.take_unsent()
+                room = bool(emit_all_nowait(events)) if events else True
+            return room
+
+        return take
 
     def _report_usage(self, ctx: TurnContext, reply: ModelReply, system: str,
                       messages: list[Message]) -> None:

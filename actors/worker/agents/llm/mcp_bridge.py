@@ -2,12 +2,15 @@
 to the model beside zeroclaw's own from the first turn on, stopped when it closes.
 
 Runs on the session actor's thread (``open``, the turns, ``close``); the servers'
-clients run on the worker's MCP loop thread (:mod:`actors.worker.mcp`).
+clients run on the worker's MCP loop thread (:mod:`actors.worker.mcp`), which also
+reports a server's death to the host as it happens (:meth:`McpBridge.report`, any
+thread). Each later turn starts a dead server again (:meth:`McpBridge.revive`).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any
 
@@ -32,6 +35,7 @@ class McpBridge:
         self.tools: dict[str, McpTool] = {}
         self._report = report
         self._reported: list[dict[str, Any]] | None = None
+        self._report_lock = threading.Lock()
 
     @classmethod
     def open(cls, config: Mapping[str, Any], setup: SessionSetup) -> McpBridge | None:
@@ -39,21 +43,24 @@ class McpBridge:
         servers = SessionMcp.from_config(config, setup.mcp_servers, setup.paths)
         if servers is None:
             return None
-        servers.start()
         bridge = cls(servers, setup.tools, setup.report_mcp)
+        servers.on_change = bridge.report
+        servers.start()
         bridge.report()
         return bridge
 
     def report(self) -> None:
-        """Tell the host the servers' state when it changed since the last time."""
-        status = self.servers.status()
-        if self._report is None or status == self._reported:
-            return
-        self._reported = status
-        try:
-            self._report(status)
-        except Exception:  # status is not worth failing a turn for
-            log.exception("the MCP servers' status could not be sent")
+        """Tell the host the servers' state when it changed since the last time (any
+        thread: the session's, or the MCP loop's when a server dies)."""
+        with self._report_lock:
+            status = self.servers.status()
+            if self._report is None or status == self._reported:
+                return
+            self._reported = status
+            try:
+                self._report(status)
+            except Exception:  # status is not worth failing a turn for
+                log.exception("the MCP servers' status could not be sent")
 
     def ready(self) -> tuple[list[ToolSpec], list[str]]:
         """Wait for the servers (the first call only): the specs of their tools, and a
@@ -65,6 +72,22 @@ class McpBridge:
             self.tools = self.servers.tools(taken)
             if self.registry is not None:
                 self.registry.update(self.tools)
+        return [tool_spec(tool) for tool in self.tools.values()], notices
+
+    def revive(self, cancelled: threading.Event | None = None
+               ) -> tuple[list[ToolSpec] | None, list[str]]:
+        """At a later turn: start again the servers that died. The specs of all MCP
+        tools when they changed (else None), and a line for each that cannot start."""
+        changed, notices = self.servers.revive(cancelled)
+        if not changed:
+            return None, notices
+        if self.registry is not None:
+            for name in self.tools:
+                self.registry.pop(name, None)
+        self.tools = self.servers.tools(set(self.registry or ()))
+        if self.registry is not None:
+            self.registry.update(self.tools)
+        self.report()
         return [tool_spec(tool) for tool in self.tools.values()], notices
 
     def close(self) -> None:

@@ -9,7 +9,9 @@ keeps what the agent loop needs afterwards: the answer text, the tool calls
 (assembled from fragments keyed by index or id), how the reply ended, and the
 token counts the provider reported.
 
-Runs on the session actor's thread.
+Runs on the session actor's thread, or on the model I/O loop thread while the
+actor's thread waits for the stream's end (:meth:`ModelHttp.stream`'s ``take``): one
+thread at a time, handed over under the stream's lock.
 """
 
 from __future__ import annotations
@@ -127,10 +129,15 @@ class ReplyBuilder:
 
     def flush(self) -> None:
         """Stream what came since the last flush: one chunk per run of one kind."""
+        for event in self.take_unsent():
+            self._emit(event)
+
+    def take_unsent(self) -> list[Event]:
+        """What came since the last flush, as :meth:`flush` would stream it; the caller
+        streams it (the model I/O loop thread's way, without waiting for credit)."""
         unsent, self._unsent = self._unsent, []
-        for is_thought, parts in unsent:
-            text = "".join(parts)
-            self._emit(ThoughtChunk(text) if is_thought else MessageChunk(text))
+        return [ThoughtChunk("".join(parts)) if is_thought else MessageChunk("".join(parts))
+                for is_thought, parts in unsent]
 
     def tool_delta(self, key: int | None, call_id: str | None, name: str | None,
                    arguments: str) -> None:
