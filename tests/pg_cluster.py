@@ -1,5 +1,6 @@
-"""A PostgreSQL cluster of one test's own, to stop, start, freeze and thaw under a running
-host (the shared cluster of ``scripts/test`` must stay up for the other tests).
+"""A PostgreSQL cluster of one test's own, to stop and start under a running
+host (the shared cluster of ``scripts/test`` must stay up for the other tests), and a
+relay to cut a host off from it.
 
 Made as ``scripts/pg_test_cluster`` makes the shared one: Debian's ``initdb`` and
 ``pg_ctl`` (found under ``/usr/lib/postgresql/*/bin``; ``scripts/test`` installs them),
@@ -21,7 +22,6 @@ import os
 import secrets
 import select
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -30,7 +30,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-import psutil
 import psycopg
 import pytest
 
@@ -99,23 +98,8 @@ class PrivateCluster:
         """A crash: every connection is cut, nothing is shut down cleanly."""
         self._run("pg_ctl", "stop", "-D", str(self.data), "-m", "immediate", "-s")
 
-    def _processes(self) -> list[psutil.Process]:
-        pid = int((self.data / "postmaster.pid").read_text().split("\n", 1)[0])
-        main = psutil.Process(pid)
-        return [main, *main.children(recursive=True)]
-
-    def freeze(self) -> None:
-        for process in self._processes():
-            process.send_signal(signal.SIGSTOP)
-
-    def thaw(self) -> None:
-        for process in self._processes():
-            process.send_signal(signal.SIGCONT)
-
     def close(self) -> None:
         if (self.data / "postmaster.pid").exists():
-            with suppress(psutil.Error):
-                self.thaw()
             subprocess.run([*self._as, str(self.bin / "pg_ctl"), "stop", "-D",
                             str(self.data), "-m", "immediate", "-s"],
                            capture_output=True, timeout=TIMEOUT, check=False)
