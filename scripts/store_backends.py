@@ -103,9 +103,12 @@ def pipelined_rates(store: Store, turns: int, sessions: int) -> dict[str, float]
     run(50, 1, turn)  # warm
     results = {f"turns/s x{group}": run(turns, group, turn) for group in (1, GROUP)}
     for group in (1, GROUP):
-        offset = group * sessions
-        results[f"sessions/s x{group}"] = run(
-            sessions, group, lambda n, offset=offset: session(f"{tag}-new-{n + offset}"))
+        offset = group * sessions  # fresh ids for each run
+
+        def new(n: int, offset: int = offset) -> StoredSession:
+            return session(f"{tag}-new-{n + offset}")
+
+        results[f"sessions/s x{group}"] = run(sessions, group, new)
     return results
 
 
