@@ -55,6 +55,8 @@ from storage.models import (
     ToolCallRow,
     TurnUpdatesRow,
 )
+from storage.pg import PgDatabase
+from storage.pg_pipeline import write_pipelined
 from storage.prepared_writes import TITLE_MAX_CHARS, MissingSession, PreparedWrites, title_of
 from storage.store import (
     Store,
@@ -120,7 +122,9 @@ class StoreWrite(Generic[R]):
 class CreateSession(StoreWrite[None]):
     """Insert the session's row (a duplicate id fails), with its key and label when
     ``name`` is given: the label moves to it from any other session of its tenant (the
-    host decided it may: a reset's). Group-committed."""
+    host decided it may: a reset's). On a shared store, this host's lease of the session
+    is taken in the same transaction (a row never exists without its owner, nor a new
+    session's lease without its row). Group-committed."""
 
     info: StoredSession
     name: SessionName | None = None
@@ -202,7 +206,8 @@ class RecordEvent(StoreWrite[None]):
 
 @dataclass(frozen=True, slots=True)
 class DeleteSession(StoreWrite[bool]):
-    """Delete the session and all recorded for it; replies whether one was deleted."""
+    """Delete the session and all recorded for it; replies whether one was deleted
+    (another live host's session: :class:`ipc.errors.SessionOwnedByAnotherHost`)."""
 
     session_id: str
 
@@ -223,8 +228,12 @@ class ReleaseLease(StoreWrite[None]):
 
 
 @dataclass(frozen=True, slots=True)
-class RenewLeases(StoreWrite[int]):
-    """The heartbeat: every lease of this host lasts the TTL from now."""
+class RenewLeases(StoreWrite[list[str]]):
+    """The heartbeat: the leases of the sessions ``live`` on this host (None: all of its
+    leases) last the TTL from now, its others are released; replies the ids renewed
+    (:meth:`storage.leases.Leases.renew`)."""
+
+    live: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,9 +326,20 @@ class PersistenceActor(SimpleInboxActor):
         held, self._held = self._held, []
         if not held:
             return
-        if len(held) == 1:
-            self.perform(held[0].write, held[0].reply)
+        try:
+            results = self._pipelined(held)
+        except Exception as exc:
+            self._group_failed(held, exc)
             return
+        if results is not None:
+            self._group_committed(held, results)
+        elif len(held) == 1:
+            self.perform(held[0].write, held[0].reply)
+        else:
+            self._write_group(held)
+
+    def _write_group(self, held: list[PersistRequest]) -> None:
+        """The group statement by statement, in one transaction."""
         db = self._db
         try:
             db.begin()
@@ -334,10 +354,34 @@ class PersistenceActor(SimpleInboxActor):
             db.commit()
         except Exception as exc:
             self._abandon()
-            error = self._failure(exc, f"group commit of {len(held)} writes", None)
-            reply_all([(request.reply, error, None) for request in held
-                       if request.reply is not None])
+            self._group_failed(held, exc)
             return
+        self._group_committed(held, results)
+
+    def _pipelined(self, held: list[PersistRequest]) -> list[Any] | None:
+        """On PostgreSQL, the group in one pipelined transaction (two round trips,
+        :mod:`storage.pg_pipeline`); None when it is to be written the usual way: an
+        SQLite store, a new session with a key or label, or a check that failed
+        (nothing was committed then). Raises when its commit failed."""
+        if not isinstance(self._db, PgDatabase):
+            return None
+        writes: list[StoredSession | TurnRecord] = []
+        for request in held:
+            match request.write:
+                case CreateSession(info=info, name=None):
+                    writes.append(info)
+                case WriteTurn(record=record):
+                    writes.append(record)
+                case _:
+                    return None
+        return write_pipelined(self._db, self._prepared, self._leases, writes)
+
+    def _group_failed(self, held: list[PersistRequest], exc: Exception) -> None:
+        error = self._failure(exc, f"group commit of {len(held)} writes", None)
+        reply_all([(request.reply, error, None) for request in held
+                   if request.reply is not None])
+
+    def _group_committed(self, held: list[PersistRequest], results: list[Any]) -> None:
         self._prepared.commit_staged()
         self._store.last_commit = time.time()
         logger.debug("%d writes committed together", len(held))
@@ -358,6 +402,8 @@ class PersistenceActor(SimpleInboxActor):
                 self._prepared.insert_session(info)
                 if name is not None:
                     self._insert_name(name)
+                if self._leases is not None:  # owned from its first commit: no window
+                    self._leases.take(self._db, info.id)
                 return None
             case WriteTurn(record=record):
                 if self._leases is not None:
@@ -427,15 +473,15 @@ class PersistenceActor(SimpleInboxActor):
     def _lease_work(self, write: StoreWrite[Any]) -> Any:
         leases = self._leases
         if leases is None:  # one host owns the store: nothing to hold
-            return 0 if isinstance(write, RenewLeases | ReleaseAllLeases) else None
+            return {RenewLeases: [], ReleaseAllLeases: 0}.get(type(write))
         with write_transaction(self._db):
             match write:
                 case TakeLease(session_id=sid):
                     return leases.take(self._db, sid)
                 case ReleaseLease(session_id=sid):
                     return leases.release(self._db, sid)
-                case RenewLeases():
-                    return leases.renew_all(self._db)
+                case RenewLeases(live=live):
+                    return leases.renew(self._db, live)
                 case ReleaseAllLeases():
                     return leases.release_all(self._db)
         raise TypeError(type(write).__name__)
@@ -458,8 +504,13 @@ class PersistenceActor(SimpleInboxActor):
         return True
 
     def _delete(self, session_id: str) -> bool:
+        """On a shared store, a session another live host owns is not deleted under it
+        (-32004), and its lease goes with its rows."""
         self._prepared.forget(session_id)
         with write_transaction(self._db):
+            if self._leases is not None:
+                self._leases.take(self._db, session_id)
+                self._leases.release(self._db, session_id)
             for model in (MessageRow, ToolCallRow, TurnUpdatesRow, SessionEventRow,
                           SessionKeyRow):
                 model.delete().where(model.session == session_id).execute(self._db)

@@ -6,11 +6,14 @@ Usage: ``.venv/bin/python scripts/store_backends.py --url postgresql://user@host
 [--turns N] [--sessions N]`` (``--url`` defaults to ``$ZC_TEST_PG_URL``; the role must
 be allowed to create databases: each run gets a fresh one, dropped at the end).
 
-Each case writes through :class:`storage.prepared_writes.PreparedWrites` (what the
-persistence actor runs) on a fresh store: a 10-row turn (user, assistant, four tool
-calls) round-robin over 8 sessions, either one transaction per turn or a group of 16
-turns per transaction (the actor's group commit under load); sessions likewise, alone
-or 16 per transaction. A psycopg2 case is skipped when psycopg2 is not installed.
+Each case writes through :class:`storage.prepared_writes.PreparedWrites` statement by
+statement on a fresh store (on PostgreSQL with the lease each write takes or renews):
+a 10-row turn (user, assistant, four tool calls) round-robin over 8 sessions, either
+one transaction per turn or a group of 16 turns per transaction (the actor's group
+commit under load); sessions likewise, alone or 16 per transaction. A psycopg2 case
+is skipped when psycopg2 is not installed. ``postgresql/psycopg/pipelined`` writes
+as the host does on PostgreSQL (``storage.pg_pipeline``, with a lease): a turn alone
+as one statement, a group of 16 in one pipelined transaction.
 Prints a table and a JSON line. Runs on the main thread.
 
 ``--hosts``: the same comparison through a whole host instead (``zeroclaw daemon``
@@ -18,6 +21,10 @@ with the echo agent, ``[store] url`` of a fresh database against the SQLite
 default): prompt turns per second at 8 and 64 sessions at once (a connection
 each) and sequential ``session/new`` per second, best of ``--rounds`` alternated
 rounds (the daemons of scripts/bench's load_lib; the bench's asyncio clients).
+
+``--two-hosts [--clients 64] [--ttl 3]``: two daemons on one database against one
+(turns/s, the database's commits/s, lock waits, connections, its CPU per turn) and
+the takeover time after a SIGKILL (``store_hosts_lib.py``).
 """
 
 from __future__ import annotations
@@ -64,20 +71,72 @@ def rate(count: int, group: int, write: Callable[[int], None], store: Store) -> 
     return count / (time.perf_counter() - started)
 
 
+def pipelined_rates(store: Store, turns: int, sessions: int) -> dict[str, float]:
+    """The same writes as the PostgreSQL host sends them (:mod:`storage.pg_pipeline`,
+    with this writer's leases): a turn alone as its one statement, 16 at once as one
+    pipelined transaction; new sessions likewise."""
+    from storage.leases import Leases
+    from storage.pg import PgDatabase
+    from storage.pg_pipeline import write_pipelined
+
+    db = store.writer
+    assert isinstance(db, PgDatabase)
+    prepared, leases = PreparedWrites(db), Leases("bench", 30.0)
+    tag = uuid.uuid4().hex[:6]
+    write_pipelined(db, prepared, leases, [session(f"{tag}-s{k}")
+                                           for k in range(SESSIONS_AT_ONCE)])
+    prepared.commit_staged()
+
+    def run(count: int, group: int, make: Callable[[int], StoredSession | TurnRecord]) -> float:
+        started = time.perf_counter()
+        for first in range(0, count, group):
+            done = write_pipelined(db, prepared, leases,
+                                   [make(n) for n in range(first, min(count, first + group))])
+            assert done is not None, "a pipelined write fell back"
+            prepared.commit_staged()
+        return count / (time.perf_counter() - started)
+
+    def turn(n: int) -> TurnRecord:
+        return TurnRecord(f"{tag}-s{n % SESSIONS_AT_ONCE}", ten_items(n), "end_turn", "",
+                          1.0, 2.0)
+
+    run(50, 1, turn)  # warm
+    results = {f"turns/s x{group}": run(turns, group, turn) for group in (1, GROUP)}
+    for group in (1, GROUP):
+        offset = group * sessions  # fresh ids for each run
+
+        def new(n: int, offset: int = offset) -> StoredSession:
+            return session(f"{tag}-new-{n + offset}")
+
+        results[f"sessions/s x{group}"] = run(sessions, group, new)
+    return results
+
+
 def measure(store: Store, turns: int, sessions: int) -> dict[str, float]:
+    """Statement by statement; on PostgreSQL with the lease each write takes or renews
+    there (what the host did before :mod:`storage.pg_pipeline`)."""
+    from storage.leases import Leases
+
     prepared = PreparedWrites(store.writer)
+    leases = Leases("bench", 30.0) if store.url is not None else None
     tag = uuid.uuid4().hex[:6]
 
     def create(n: int) -> None:
         prepared.insert_session(session(f"{tag}-new-{n}"))
+        if leases is not None:
+            leases.take(store.writer, f"{tag}-new-{n}")
 
     def turn(n: int) -> None:
         sid = f"{tag}-s{n % SESSIONS_AT_ONCE}"
+        if leases is not None:
+            leases.hold(store.writer, sid)
         prepared.write_turn(TurnRecord(sid, ten_items(n), "end_turn", "", 1.0, 2.0))
 
     with write_transaction(store.writer):
         for k in range(SESSIONS_AT_ONCE):
             prepared.insert_session(session(f"{tag}-s{k}"))
+            if leases is not None:
+                leases.take(store.writer, f"{tag}-s{k}")
     prepared.commit_staged()
     rate(50, 1, turn, store)  # warm: statements compiled, the server's plans cached
     results = {}
@@ -118,10 +177,12 @@ def run_case(name: str, url: str | None, turns: int, sessions: int) -> dict[str,
                 return measure(store, turns, sessions)
             finally:
                 store.close()
-    pg.DRIVER = name.split("/")[1]
+    pg.DRIVER = name.split("/")[1]  # psycopg or psycopg2
     with fresh_database(url) as database:
         store = open_store_url(database)
         try:
+            if name.endswith("pipelined"):
+                return pipelined_rates(store, turns, sessions)
             return measure(store, turns, sessions)
         finally:
             store.close()
@@ -182,7 +243,21 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--hosts", action="store_true",
                         help="compare whole daemons (turns, session/new), not the store")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--two-hosts", action="store_true",
+                        help="two daemons on one database against one (and a takeover)")
+    parser.add_argument("--clients", type=int, default=64, help="--two-hosts: connections")
+    parser.add_argument("--ttl", type=float, default=3.0, help="--two-hosts: lease TTL")
     args = parser.parse_args(argv)
+    if args.two_hosts:
+        if not args.url:
+            parser.error("--two-hosts needs --url (or ZC_TEST_PG_URL)")
+        from store_hosts_lib import two_hosts
+
+        found = two_hosts(fresh_database, args.url, args.clients, args.ttl, args.rounds)
+        for name in ("one host", "two hosts"):
+            print(f"{name:10s} " + "  ".join(f"{k} {v:.1f}" for k, v in found[name].items()))
+        print(json.dumps(found))
+        return 0
     if args.hosts:
         if not args.url:
             parser.error("--hosts needs --url (or ZC_TEST_PG_URL)")
@@ -195,6 +270,7 @@ def main(argv: list[str]) -> int:
     cases: list[tuple[str, str | None]] = [("sqlite", None)]
     if args.url:
         cases.append(("postgresql/psycopg", args.url))
+        cases.append(("postgresql/psycopg/pipelined", args.url))
         try:
             import psycopg2  # noqa: F401
         except ImportError:
@@ -210,9 +286,9 @@ def main(argv: list[str]) -> int:
 
 def _print(results: dict[str, dict[str, float]]) -> None:
     columns = list(next(iter(results.values())))
-    print(f"{'backend':22s}" + "".join(f"{c:>22s}" for c in columns))
+    print(f"{'backend':30s}" + "".join(f"{c:>22s}" for c in columns))
     for name, row in results.items():
-        print(f"{name:22s}" + "".join(f"{row[c]:22.0f}" for c in columns))
+        print(f"{name:30s}" + "".join(f"{row[c]:22.0f}" for c in columns))
     print(json.dumps({name: {c: round(v) for c, v in row.items()}
                       for name, row in results.items()}))
 

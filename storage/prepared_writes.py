@@ -37,11 +37,16 @@ from storage.models import (
     TurnUpdatesRow,
 )
 
-__all__ = ["TITLE_MAX_CHARS", "MissingSession", "PreparedWrites", "TurnState", "title_of"]
+__all__ = ["TITLE_MAX_CHARS", "MissingSession", "MultiRowInsert", "PreparedWrites", "Rows",
+           "Statement", "TurnState", "title_of"]
 
 TITLE_MAX_CHARS = 80
 _ROWS_PER_INSERT = 500  # rows per INSERT, within SQLite's bound-variable limit
 _MAX_REMEMBERED = 50_000  # sessions whose turn state is kept; past that the map restarts
+
+
+#: SQL text and its parameters, for a caller that runs it (pipelined, say).
+Statement = tuple[str, list[Any]]
 
 
 class MissingSession(LookupError):
@@ -134,7 +139,7 @@ class _RowLayout:
         return default() if callable(default) else default
 
 
-class _MultiRowInsert:
+class MultiRowInsert:
     """``INSERT ... VALUES (...), (...)`` of a model's rows: one statement per
     :data:`_ROWS_PER_INSERT` rows, compiled by peewee once per row count."""
 
@@ -159,10 +164,39 @@ class _MultiRowInsert:
         return text
 
     def run(self, rows: list[dict[str, Any]]) -> None:
+        for sql, params in self.statements(rows):
+            self._db.execute_sql(sql, params)
+
+    def guarded_statements(self, rows: list[dict[str, Any]], types: dict[str, str],
+                           condition: str) -> list[Statement]:
+        """PostgreSQL: ``INSERT ... SELECT`` of ``rows`` that inserts them only where
+        ``condition`` holds (a CTE of the caller's names it), each value cast to its
+        column's type (``types``: peewee's field type → the server's)."""
+        table = self._model._meta.table_name
+        columns = ", ".join(f'"{field.column_name}"' for field in self.fields)
+        row_text = "(" + ", ".join(f"%s::{types[field.field_type]}"
+                                   for field in self.fields) + ")"
+        made = []
         for start in range(0, len(rows), _ROWS_PER_INSERT):
             chunk = rows[start : start + _ROWS_PER_INSERT]
             params = [value for row in chunk for value in self._layout.values(row)]
-            self._db.execute_sql(self._text(len(chunk)), params)
+            made.append((f'INSERT INTO "{table}" ({columns}) SELECT * FROM (VALUES '
+                         + ", ".join([row_text] * len(chunk)) + f") AS v WHERE {condition}",
+                         params))
+        return made
+
+    def statements(self, rows: list[dict[str, Any]]) -> list[Statement]:
+        """The statements that insert ``rows``, with their parameters."""
+        made = []
+        for start in range(0, len(rows), _ROWS_PER_INSERT):
+            chunk = rows[start : start + _ROWS_PER_INSERT]
+            params = [value for row in chunk for value in self._layout.values(row)]
+            made.append((self._text(len(chunk)), params))
+        return made
+
+
+#: A table's inserter and the rows to insert.
+Rows = tuple[MultiRowInsert, list[dict[str, Any]]]
 
 
 def _update_turn(db: peewee.Database) -> _Statement:
@@ -192,10 +226,10 @@ class PreparedWrites:
 
     def __init__(self, db: peewee.Database) -> None:
         self._db = db
-        self._insert_session = _MultiRowInsert(db, SessionRow)
-        self._insert_messages = _MultiRowInsert(db, MessageRow)
-        self._insert_tools = _MultiRowInsert(db, ToolCallRow)
-        self._insert_updates = _MultiRowInsert(db, TurnUpdatesRow)
+        self._insert_session = MultiRowInsert(db, SessionRow)
+        self._insert_messages = MultiRowInsert(db, MessageRow)
+        self._insert_tools = MultiRowInsert(db, ToolCallRow)
+        self._insert_updates = MultiRowInsert(db, TurnUpdatesRow)
         self._update_turn = _update_turn(db)
         self._read_state = _read_turn_state(db)
         self._known: dict[str, TurnState] = {}
@@ -225,8 +259,33 @@ class PreparedWrites:
 
     def insert_session(self, info: StoredSession) -> None:
         """Insert the session's row (a duplicate id raises ``IntegrityError``)."""
-        self._insert_session.run([info.to_row()])
+        for sql, params in self.session_statements(info):
+            self._db.execute_sql(sql, params)
+
+    def session_statements(self, info: StoredSession) -> list[Statement]:
+        """:meth:`insert_session`'s statements, for the caller to run; staged as written."""
         self._staged[info.id] = TurnState(info.turn_count, 0, info.title is not None)
+        return self._insert_session.statements([info.to_row()])
+
+    def planned_turn(self, record: TurnRecord) -> tuple[Statement, list[Rows], int] | None:
+        """The turn from the remembered state, for a caller that builds its own
+        statements (PostgreSQL: one per turn): the guarded UPDATE of the session, whose
+        row count must be 1 (else the remembered state is wrong: nothing may be kept),
+        the rows to insert, and the new turn count; staged as written. None: nothing is
+        remembered of the session (:meth:`write_turn` reads it)."""
+        sid = record.session_id
+        state = self._staged.get(sid) or self._known.get(sid)
+        if state is None:
+            return None
+        title = None if state.has_title else title_of(record)
+        statement = self._update_turn
+        guard = (statement.sql, statement.bind({
+            "when": record.finished_at, "tokens": int(record.tokens), "title": title,
+            "sid": sid, "turns": state.turn_count}))
+        turn = state.turn_count + 1
+        rows, next_seq = self._item_rows(record, turn, state.next_seq)
+        self._staged[sid] = TurnState(turn, next_seq, state.has_title or bool(title))
+        return guard, rows, turn
 
     def write_turn(self, record: TurnRecord) -> int:
         """Insert the turn's rows and update the session; returns its new turn count."""
@@ -262,6 +321,15 @@ class PreparedWrites:
     def _insert_items(self, record: TurnRecord, turn: int, first_seq: int) -> int:
         """Insert messages and tool calls numbered in item order, and the turn's updates;
         returns the next seq."""
+        tables, next_seq = self._item_rows(record, turn, first_seq)
+        for inserter, rows in tables:
+            inserter.run(rows)
+        return next_seq
+
+    def _item_rows(self, record: TurnRecord, turn: int,
+                   first_seq: int) -> tuple[list[Rows], int]:
+        """The turn's messages, tool calls (numbered in item order) and updates, by
+        table; and the next seq."""
         messages: list[dict[str, Any]] = []
         tools: list[dict[str, Any]] = []
         sid = record.session_id
@@ -278,11 +346,12 @@ class PreparedWrites:
                               "outcome": item.outcome, "title": item.title, "kind": item.kind,
                               "step": item.step})
             seq += 1
+        tables: list[Rows] = []
         if messages:
-            self._insert_messages.run(messages)
+            tables.append((self._insert_messages, messages))
         if tools:
-            self._insert_tools.run(tools)
+            tables.append((self._insert_tools, tools))
         if record.updates:
-            self._insert_updates.run([{"session": sid, "turn": turn,
-                                       "updates": list(record.updates)}])
-        return seq
+            tables.append((self._insert_updates, [{"session": sid, "turn": turn,
+                                                   "updates": list(record.updates)}]))
+        return tables, seq

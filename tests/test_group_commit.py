@@ -30,7 +30,14 @@ from ipc.events import TextItem, ToolItem, TurnItem, TurnRecord
 from storage import Store, StoredSession, open_store
 from storage.models import MessageRow
 from storage.store import open_store_url
-from tests.pg_support import committed_value, reopen, rows, stop_tracing, trace_statements
+from tests.pg_support import (
+    RawConnection,
+    committed_value,
+    reopen,
+    rows,
+    stop_tracing,
+    trace_statements,
+)
 
 WAIT = 10.0
 
@@ -158,6 +165,23 @@ def test_one_bad_write_fails_alone(
     assert rows(store, "SELECT COUNT(*) FROM messages") == [(4,)]
 
 
+def fail_next_commit(store: Store) -> None:
+    """PostgreSQL: the next transaction that inserts a message fails at its COMMIT with
+    "disk I/O error" (a deferred constraint trigger; a sequence, which no rollback
+    undoes, lets it fire once)."""
+    admin = RawConnection(store)
+    try:
+        admin.execute("CREATE SEQUENCE zc_fail_once")
+        admin.execute("CREATE FUNCTION zc_fail_commit() RETURNS trigger LANGUAGE plpgsql AS "
+                      "$$ BEGIN IF nextval('zc_fail_once') = 1 THEN "
+                      "RAISE EXCEPTION 'disk I/O error'; END IF; RETURN NULL; END $$")
+        admin.execute("CREATE CONSTRAINT TRIGGER zc_fail AFTER INSERT ON messages "
+                      "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW "
+                      "EXECUTE FUNCTION zc_fail_commit()")
+    finally:
+        admin.close()
+
+
 def test_a_failed_commit_fails_every_caller_of_the_group(
     store: Store, actor: pykka.ActorRef[PersistenceActor], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -165,13 +189,16 @@ def test_a_failed_commit_fails_every_caller_of_the_group(
     actor.tell(PersistRequest(CreateSession(session("s1")), first))
     assert first.wait().error is None
     release = hold_busy(actor, store)
-    real_commit = store.writer.commit
+    if store.url is None:
+        real_commit = store.writer.commit
 
-    def failing_commit() -> None:
-        monkeypatch.setattr(store.writer, "commit", real_commit)  # only this once
-        raise sqlite3.OperationalError("disk I/O error")
+        def failing_commit() -> None:
+            monkeypatch.setattr(store.writer, "commit", real_commit)  # only this once
+            raise sqlite3.OperationalError("disk I/O error")
 
-    monkeypatch.setattr(store.writer, "commit", failing_commit)
+        monkeypatch.setattr(store.writer, "commit", failing_commit)
+    else:  # the server refuses the next COMMIT (a deferred trigger), once
+        fail_next_commit(store)
     group = [Reply(store) for _ in range(3)]
     actor.tell(PersistRequest(CreateSession(session("s2")), group[0]))
     actor.tell(PersistRequest(WriteTurn(turn("s1", 0)), group[1]))

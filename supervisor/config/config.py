@@ -111,6 +111,10 @@ class Settings:
     lease_ttl_secs: float = 30.0
     """``[store] lease_ttl_secs``: how long a session's lease outlives its host's last
     heartbeat (renewed every third of it)."""
+    takeover: str = "expired"
+    """``[store] takeover``: ``"expired"`` (a session whose owner's lease ran out moves
+    to the host asked for it) or ``"never"`` (it stays refused, -32004, until its owner
+    releases it or an operator frees it)."""
 
     def as_stdio_host(self, pid: int) -> Settings:
         """These settings for a ``zeroclaw acp`` process: a host of its own among those
@@ -291,6 +295,7 @@ def settings_from_document(
         store_password_env=password_env,
         host_id=_host_id(store_section, data_dir),
         lease_ttl_secs=_seconds(store_section, "lease_ttl_secs", 30.0),
+        takeover=_choice(store_section, "takeover", TAKEOVER_RULES),
         default_agent=default_agent,
         max_sessions=_int(acp, "max_sessions", 10, 1),
         session_timeout_secs=_whole_if_integral(timeout),
@@ -339,6 +344,18 @@ def _store(section: Mapping[str, Any], data_dir: Path) -> tuple[Path, str | None
         raise ConfigError("store.url must not hold a password: put it in the variable "
                           "named by store.password_env, or in ~/.pgpass")
     return default, url, password_env
+
+
+#: ``[store] takeover``'s values, the default first.
+TAKEOVER_RULES = ("expired", "never")
+
+
+def _choice(section: Mapping[str, Any], key: str, choices: tuple[str, ...]) -> str:
+    value = section.get(key, choices[0])
+    if value not in choices:
+        raise ConfigError(f"store.{key} must be one of {', '.join(map(repr, choices))}, "
+                          f"got {value!r}")
+    return str(value)
 
 
 def _host_id(section: Mapping[str, Any], data_dir: Path) -> str:

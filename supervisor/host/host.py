@@ -15,7 +15,7 @@ import asyncio
 import logging
 import subprocess
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any, TypeVar
 
 import pykka
@@ -75,6 +75,7 @@ from supervisor.core.routes import Route
 from supervisor.core.turn_stats import TurnStats
 from supervisor.core.turns import TurnBook
 from supervisor.core.usage import UsageTotals
+from supervisor.host.lease_keeper import LeaseKeeper
 from supervisor.host.shared_store import SharedStoreWatch
 from supervisor.host.store_open import open_configured_store
 from supervisor.hosted.agent_calls import AgentCalls
@@ -131,7 +132,8 @@ class Host:
         self.store = await asyncio.to_thread(open_configured_store, settings)
         self.reader = self.store.reader
         self.usage.seed(await asyncio.to_thread(self.reader.usage_totals))
-        self.leases = (Leases(settings.host_id, settings.lease_ttl_secs)
+        self.leases = (Leases(settings.host_id, settings.lease_ttl_secs,
+                              settings.takeover == "expired")
                        if self.store.backend == "postgresql" else None)
         self.persistence = PersistenceActor.start(self.store, self.leases)
         if self.leases is not None:  # a host of this id that died left its leases
@@ -159,7 +161,9 @@ class Host:
         self._sweeper = asyncio.create_task(self._sweep_idle())
         self._orphan_sweeper = asyncio.create_task(self._sweep_orphans())
         if self.leases is not None:
-            self._heartbeat = asyncio.create_task(self._renew_leases(self.leases))
+            keeper = LeaseKeeper(self.leases.ttl_secs, self._leased_here, self._renew_leases,
+                                 self.stop_sessions)
+            self._heartbeat = asyncio.create_task(keeper.run())
         if self.store.connect is not None:
             self.shared = SharedStoreWatch(self.store.connect, settings.host_id,
                                            ttl_secs=settings.lease_ttl_secs,
@@ -468,14 +472,30 @@ class Host:
         if self.leases is not None:
             self._hand_over(PersistRequest(ReleaseLease(sid)))
 
-    async def _renew_leases(self, leases: Leases) -> None:
-        period = max(0.2, leases.ttl_secs / 3)
-        while True:
-            await asyncio.sleep(period)
-            try:
-                await self.persist(RenewLeases())
-            except Exception as exc:
-                log.warning("lease heartbeat failed: %s", exc)
+    def _leased_here(self) -> list[str]:
+        """The sessions live or opening here: those whose leases the heartbeat renews."""
+        return [sid for sid, entry in self.live.entries.items()
+                if entry.route is not None or entry.opening is not None]
+
+    def _renew_leases(self, live: tuple[str, ...]) -> asyncio.Future[list[str]]:
+        return self.persist(RenewLeases(live))
+
+    def stop_sessions(self, sids: Collection[str], reason: str) -> None:
+        """Sessions whose leases this host may lose (:mod:`supervisor.host.lease_keeper`): a
+        running turn fails with ``reason`` (-32603, not kept), an idle session is
+        evicted (its next prompt restores it, taking its lease first); one opening or
+        closing is left to end."""
+        for sid in sids:
+            entry = self.live.get(sid)
+            if entry is None or entry.opening is not None or entry.closing is not None:
+                continue
+            if entry.turn is not None:
+                if not entry.turn.recorded:  # a recorded one: its commit checks the lease
+                    self.turns.fail(entry.turn, reason)
+                continue
+            eviction = self.live.evict(sid)
+            if eviction is not None:
+                self.close_evicted([eviction])
 
     async def close_on_worker(self, route: Route) -> None:
         """Drop the session's actor and wait (bounded) for the worker to confirm."""

@@ -270,21 +270,24 @@ class Sessions:
             except Exception as exc:
                 raise InternalError(str(exc)) from None  # e.g. "store write failed: ..."
 
-        return await self._open(peer, info, history=False, commit=store_row)
+        return await self._open(peer, info, history=False, commit=store_row, new=True)
 
     async def _open(self, peer: Peer, info: StoredSession, *, history: bool,
-                    commit: Callable[[], Awaitable[Any]] | None = None) -> Route:
+                    commit: Callable[[], Awaitable[Any]] | None = None,
+                    new: bool = False) -> Route:
         """Open a session actor for a stored or new session (its entry is OPENING from
         the first line, no await before), then run ``commit`` (its store write).
 
         While OPENING, whatever else would open, prompt, close or delete the session
         waits on the entry's ``opening`` future: a session is never opened twice at
         once, and no row is deleted under a session that goes live after all. A
-        failed or cancelled open frees its place and closes what it opened."""
+        failed or cancelled open frees its place and closes what it opened. ``new``: a new
+        session, whose lease ``commit`` takes with its row (a stored one takes it first)."""
         agent, fallback_from = self.agent_of_stored(info)
         entry = self.live.begin_opening(info.id)
         try:
-            await self.host.take_lease(info.id)  # another live host's: -32004
+            if not new:  # a new session's lease comes with its row (CreateSession)
+                await self.host.take_lease(info.id)  # another live host's: -32004
             route = await self._place_and_open(entry, peer, info, history, agent,
                                                fallback_from)
             if commit is not None:
