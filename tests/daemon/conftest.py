@@ -49,3 +49,27 @@ def flood() -> Iterator[list[socket.socket]]:
     yield socks
     for sock in socks:
         sock.close()
+
+
+@pytest.fixture
+def database() -> Iterator[str]:
+    """A fresh database on the test cluster of ``scripts/test`` (skipped without one)."""
+    from tests.pg_support import fresh_database
+
+    with fresh_database() as url:
+        yield url
+
+
+@pytest.fixture
+def host_dirs() -> Iterator[Callable[[], Path]]:
+    """Short config dirs for the hosts of a test (``host_dirs()`` makes one), removed
+    afterwards."""
+    made: list[Path] = []
+
+    def make() -> Path:
+        made.append(short_dir())
+        return made[-1]
+
+    yield make
+    for directory in made:
+        shutil.rmtree(directory, ignore_errors=True)

@@ -10,7 +10,6 @@ turns before another host can take their sessions over.
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,7 +20,7 @@ import pytest
 from tests.e2e.procs import write_config
 from tests.pg_cluster import Partition, PrivateCluster, private_cluster
 
-from .helpers import DaemonProc, RpcClient, RpcFailure, short_dir
+from .helpers import DaemonProc, RpcClient, RpcFailure
 
 Daemons = Callable[..., DaemonProc]
 
@@ -32,19 +31,6 @@ WAIT = 30.0
 def pg() -> Iterator[PrivateCluster]:
     with private_cluster() as cluster:
         yield cluster
-
-
-@pytest.fixture
-def host_dirs() -> Iterator[Callable[[], Path]]:
-    made: list[Path] = []
-
-    def make() -> Path:
-        made.append(short_dir())
-        return made[-1]
-
-    yield make
-    for directory in made:
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 def host_config(config_dir: Path, url: str, host_id: str, ttl: float) -> Path:

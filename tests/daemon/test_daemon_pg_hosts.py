@@ -23,19 +23,11 @@ import psycopg
 import pytest
 from websockets.exceptions import InvalidStatus
 
-from tests.pg_support import fresh_database
-
 from .gateway_helpers import TOKENS, GatewayDaemon, WsClient, gateway_config
 from .helpers import DaemonProc, RpcFailure, short_dir, zeroclaw_argv
 
 Daemons = Callable[..., DaemonProc]
 WAIT_SECS = 10.0  # every wait below ends at the event, or fails after this
-
-
-@pytest.fixture
-def database() -> Iterator[str]:
-    with fresh_database() as url:
-        yield url
 
 
 HostMaker = Callable[[str], GatewayDaemon]

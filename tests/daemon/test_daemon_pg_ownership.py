@@ -8,20 +8,18 @@ Runs against the throw-away cluster of ``scripts/test`` (``tests/pg_support.py``
 
 from __future__ import annotations
 
-import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
 import pytest
 
 from tests.e2e.procs import write_config
-from tests.pg_support import fresh_database
 
-from .helpers import DaemonProc, RpcClient, RpcFailure, short_dir
+from .helpers import DaemonProc, RpcClient, RpcFailure
 
 Daemons = Callable[..., DaemonProc]
 
@@ -33,25 +31,6 @@ ORPHANS = ("SELECT (SELECT count(*) FROM sessions s WHERE s.closed_at IS NULL AN
            "(SELECT 1 FROM session_leases l WHERE l.session_id = s.id)), "
            "(SELECT count(*) FROM session_leases l WHERE NOT EXISTS "
            "(SELECT 1 FROM sessions s WHERE s.id = l.session_id))")
-
-
-@pytest.fixture
-def database() -> Iterator[str]:
-    with fresh_database() as url:
-        yield url
-
-
-@pytest.fixture
-def host_dirs() -> Iterator[Callable[[], Path]]:
-    made: list[Path] = []
-
-    def make() -> Path:
-        made.append(short_dir())
-        return made[-1]
-
-    yield make
-    for directory in made:
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 def host_config(config_dir: Path, database: str, host_id: str, *, ttl: float = 30,

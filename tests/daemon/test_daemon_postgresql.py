@@ -11,7 +11,6 @@ Runs against the throw-away cluster of ``scripts/test`` (``tests/pg_support.py``
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import subprocess
 import time
@@ -22,17 +21,11 @@ import psycopg
 import pytest
 
 from tests.e2e.procs import write_config
-from tests.pg_support import fresh_database, password_role_login
+from tests.pg_support import password_role_login
 
-from .helpers import FRAME_TIMEOUT, DaemonProc, RpcClient, RpcFailure, short_dir, zeroclaw_argv
+from .helpers import FRAME_TIMEOUT, DaemonProc, RpcClient, RpcFailure, zeroclaw_argv
 
 Daemons = Callable[..., DaemonProc]
-
-
-@pytest.fixture
-def database() -> Iterator[str]:
-    with fresh_database() as url:
-        yield url
 
 
 def test_a_session_survives_a_restart_on_postgresql(daemons: Daemons, database: str) -> None:
@@ -106,20 +99,6 @@ def test_a_wrong_password_stops_the_daemon_with_a_clear_error(
     log = daemon.stderr()
     assert "password authentication failed" in log
     assert wrong not in log and password not in log
-
-
-@pytest.fixture
-def host_dirs() -> Iterator[Callable[[], Path]]:
-    """Short config dirs for the hosts of a test, removed afterwards."""
-    made: list[Path] = []
-
-    def make() -> Path:
-        made.append(short_dir())
-        return made[-1]
-
-    yield make
-    for directory in made:
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _host_config(config_dir: Path, database: str, host_id: str, ttl: float = 30) -> Path:

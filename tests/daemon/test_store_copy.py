@@ -22,17 +22,10 @@ import pytest
 from tests.e2e.model_server import ModelServer
 from tests.e2e.model_streams import openai_reply
 from tests.e2e.procs import host_env, write_config
-from tests.pg_support import fresh_database
 
-from .helpers import DaemonProc, RpcClient, short_dir, work_dir, zeroclaw_argv
+from .helpers import DaemonProc, RpcClient, work_dir, zeroclaw_argv
 
 Daemons = Callable[..., DaemonProc]
-
-
-@pytest.fixture
-def database() -> Iterator[str]:
-    with fresh_database() as url:
-        yield url
 
 
 @pytest.fixture
@@ -40,19 +33,6 @@ def model() -> Iterator[ModelServer]:
     server = ModelServer()
     yield server
     server.close()
-
-
-@pytest.fixture
-def config_dirs() -> Iterator[Callable[[], Path]]:
-    made: list[Path] = []
-
-    def make() -> Path:
-        made.append(short_dir())
-        return made[-1]
-
-    yield make
-    for directory in made:
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 def agents(model: ModelServer, root: Path) -> str:
@@ -128,8 +108,8 @@ def store_copy(config_dir: Path, env: dict[str, str],
 
 def test_a_copied_store_replays_every_turn_on_postgresql(
         daemons: Daemons, database: str, model: ModelServer,
-        config_dirs: Callable[[], Path]) -> None:
-    first = config_dirs()
+        host_dirs: Callable[[], Path]) -> None:
+    first = host_dirs()
     write_config(first, agents(model, first))
     sqlite_host = daemons(first)
     cwd = work_dir(first)
@@ -144,7 +124,7 @@ def test_a_copied_store_replays_every_turn_on_postgresql(
     assert "3 sessions" in copied.stdout and "1 tool_calls" in copied.stdout
     assert "1 session_keys" not in copied.stdout and "2 session_keys" in copied.stdout
 
-    second = config_dirs()
+    second = host_dirs()
     write_config(second, f'[store]\nurl = "{database}"\nhost_id = "pg"\n'
                  + agents(model, second))
     pg_host = daemons(second)
@@ -166,8 +146,8 @@ def test_a_copied_store_replays_every_turn_on_postgresql(
 
 
 def test_copy_refuses_a_password_in_the_url_and_a_missing_source(
-        database: str, config_dirs: Callable[[], Path]) -> None:
-    config = config_dirs()
+        database: str, host_dirs: Callable[[], Path]) -> None:
+    config = host_dirs()
     write_config(config, "")
     env = host_env(None)
     secret = "s3cret-in-url"
@@ -179,10 +159,10 @@ def test_copy_refuses_a_password_in_the_url_and_a_missing_source(
 
 
 def test_the_targets_password_comes_from_a_variable_and_shows_nowhere(
-        config_dirs: Callable[[], Path]) -> None:
+        host_dirs: Callable[[], Path]) -> None:
     from tests.pg_support import password_role_login
 
-    config = config_dirs()
+    config = host_dirs()
     write_config(config, "")
     fixture = Path(__file__).resolve().parents[1] / "fixtures" / "stores" / "schema3"
     source = config / "schema3"  # a reader of a WAL file may add its -shm beside it
