@@ -155,12 +155,8 @@ class ShellTool(Tool):
             selector.register(fd, selectors.EVENT_READ)
             eof = False
             while not eof:
-                if env.cancelled.is_set():
-                    collected.stopped_by = "cancelled"
-                    break
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    collected.stopped_by = "timeout"
+                remaining = _time_left(env, deadline, collected)
+                if remaining is None:
                     break
                 exited = process_tree.has_exited(proc)
                 if selector.select(0 if exited else min(_POLL_SECS, remaining)):
@@ -238,13 +234,22 @@ def _wait_for_exit(proc: subprocess.Popen[bytes], env: ToolEnv, deadline: float,
         with selectors.DefaultSelector() as selector:
             selector.register(pidfd, selectors.EVENT_READ)
             while not process_tree.has_exited(proc):
-                if env.cancelled.is_set():
-                    collected.stopped_by = "cancelled"
-                    return
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    collected.stopped_by = "timeout"
+                remaining = _time_left(env, deadline, collected)
+                if remaining is None:
                     return
                 selector.select(min(_POLL_SECS, remaining))
     finally:
         os.close(pidfd)
+
+
+def _time_left(env: ToolEnv, deadline: float, collected: _Collected) -> float | None:
+    """Seconds until the command's timeout; None once it is cancelled or timed out
+    (``collected`` then says which)."""
+    if env.cancelled.is_set():
+        collected.stopped_by = "cancelled"
+        return None
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        collected.stopped_by = "timeout"
+        return None
+    return remaining
