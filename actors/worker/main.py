@@ -132,6 +132,10 @@ class Outbox:
         """
         return self._queue(encode(message), event=type(message) is TurnEvent)
 
+    def put_frame(self, frame: bytes) -> int:
+        """:meth:`put` for a message (not a TurnEvent) already encoded (any thread)."""
+        return self._queue(frame, event=False)
+
     def put_event_frame(self, frame: bytes) -> int:
         """:meth:`put` for a :class:`ipc.worker_wire.TurnEvent` already encoded (a
         streamed chunk, see :func:`ipc.worker_wire.encode_chunk`; any thread)."""
@@ -276,19 +280,12 @@ class WorkerProcess:
         (the session's), with everything queued before it, when the DEALER is free
         and nothing waits for back-pressure: the IO thread is not woken for it.
         """
-        if type(message) not in _TURN_ENDS or not self._dealer_lock.acquire(blocking=False):
+        if type(message) not in _TURN_ENDS:
             return self.outbox.put(message)
-        try:
-            if self._backlog or self._dealer.closed:
-                return self.outbox.put(message)
-            size, frames = self.outbox.put_and_take(message)
-            self._backlog.extend(frames)
-            self._flush()
-            if self._backlog or self._dealer_pending():  # the IO thread must see to it:
-                self.outbox.wake()  # this send may have taken the FD's signal
-            return size
-        finally:
-            self._dealer_lock.release()
+        frame = encode(message)  # an EncodeError is the caller's, as from put
+        if self._send_from_caller(frame):
+            return len(frame)
+        return self.outbox.put_frame(frame)
 
     def send_queued_now(self) -> None:
         """Send what the outbox holds now (any thread): from the calling thread when
