@@ -160,3 +160,12 @@ def password_role_login() -> Iterator[tuple[str, str]]:
         with psycopg.connect(server, autocommit=True) as admin:
             admin.execute(f"DROP DATABASE IF EXISTS {role} WITH (FORCE)")
             admin.execute(f"DROP ROLE {role}")
+
+
+def insert_old_session(admin: Any) -> None:
+    """One session row ``old`` as an older release wrote it (``admin``: a psycopg
+    connection to the database), for the schema-step tests."""
+    admin.execute("INSERT INTO sessions (id, agent_alias, workspace_dir, cwd, mode, "
+                  "created_at, last_activity, token_count, turn_count, killed, "
+                  "mcp_servers, meta) VALUES ('old', 'a', '/w', '/w', 'full', 1, 1, 0, 0, "
+                  "false, '[]', '{}')")

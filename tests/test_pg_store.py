@@ -20,7 +20,13 @@ from storage.pg import SCHEMA_LOCK_KEY, redact_url
 from storage.store import open_store_url, write_transaction
 from supervisor.config.config import ConfigError, load_settings
 from supervisor.host.store_open import store_password
-from tests.pg_support import fresh_database, password_role_login, pg_server_url, rows
+from tests.pg_support import (
+    fresh_database,
+    insert_old_session,
+    password_role_login,
+    pg_server_url,
+    rows,
+)
 
 WAIT = 20.0
 
@@ -126,10 +132,7 @@ def test_an_older_schema_is_migrated(database: str) -> None:
         admin.execute("DROP TABLE turn_updates")
         admin.execute("ALTER TABLE tool_calls DROP COLUMN step")
         admin.execute("UPDATE zeroclaw_schema SET version = 2")
-        admin.execute("INSERT INTO sessions (id, agent_alias, workspace_dir, cwd, mode, "
-                      "created_at, last_activity, token_count, turn_count, killed, "
-                      "mcp_servers, meta) VALUES ('old', 'a', '/w', '/w', 'full', 1, 1, 0, 0, "
-                      "false, '[]', '{}')")
+        insert_old_session(admin)
     store = open_store_url(database)
     try:
         assert rows(store, "SELECT version FROM zeroclaw_schema") == [(SCHEMA_VERSION,)]

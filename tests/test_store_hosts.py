@@ -14,7 +14,7 @@ import pytest
 from storage import hosts
 from storage.leases import Leases
 from storage.store import open_store_url
-from tests.pg_support import fresh_database, rows
+from tests.pg_support import fresh_database, insert_old_session, rows
 
 
 @pytest.fixture
@@ -75,10 +75,7 @@ def test_a_database_of_the_previous_release_gets_the_tables(database: str) -> No
     with psycopg.connect(database, autocommit=True) as admin:
         admin.execute("DROP TABLE zeroclaw_hosts")
         admin.execute("DROP TABLE tenant_revocations")
-        admin.execute("INSERT INTO sessions (id, agent_alias, workspace_dir, cwd, mode, "
-                      "created_at, last_activity, token_count, turn_count, killed, "
-                      "mcp_servers, meta) VALUES ('old', 'a', '/w', '/w', 'full', 1, 1, 0, 0, "
-                      "false, '[]', '{}')")
+        insert_old_session(admin)
     store = open_store_url(database)
     try:
         assert rows(store, "SELECT count(*) FROM zeroclaw_hosts") == [(0,)]
