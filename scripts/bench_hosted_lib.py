@@ -12,9 +12,12 @@ worker, and the turn's store commit.
 Metrics: sequential turns (turns/s, target >= 0.5x direct); one turn streaming
 :data:`STREAM_CHUNKS` chunks (chunks/s, target >= 0.7x direct); the latency from
 sending a prompt to its first chunk (p50 ms, target: within 1 ms of direct).
-The sequential turns and the first chunk are also measured on the design and card
-floors (``design_floor.py``, with no agent process at all): what any host built
-as the card asks pays for a turn, before hosting an agent adds its own hop.
+The sequential turns and the first chunk are also measured on the design floor
+(``design_floor.py``, with no agent process at all): what the plainest host pays
+for a turn before hosting an agent adds its own hop. The "card" side of every metric
+is the hosting floor (``hosted_floor.py``): the same agent behind a host that does
+only what the design card makes unavoidable (a worker process over zmq that runs the
+agent's pipes and a session actor, a persistence actor committing each turn).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from bench_lib import DESIGN_FLOOR_SCRIPT, BenchSizes, Goal, MetricSpec, Sample,
 from bench_rpc_lib import RpcFailure, RpcPeer, percentile
 from bench_wakeups_lib import cpu_seconds, process_tree
 
-__all__ = ["STREAM_CHUNKS", "AgentTools", "find_agent_tools", "run_hosted", "stream_cpu_note"]
+__all__ = ["STREAM_CHUNKS", "AgentTools", "find_agent_tools", "run_hosted", "stream_notes"]
 
 STREAM_CHUNKS = 2000
 FIRST_CHUNK_SLACK_MS = 1.0
@@ -90,7 +93,7 @@ class Side:
     name: str
     argv_for: Callable[[Path], list[str]]
     env: dict[str, str] | None = None
-    hosted: bool = False  # zeroclaw, with the agent in its worker
+    worker_mark: str | None = None  # hosted: in the command line of its worker processes
 
 
 def direct(tools: AgentTools) -> Side:
@@ -111,7 +114,17 @@ def hosted(tools: AgentTools) -> Side:
             f"command = [{command}]\n", encoding="utf-8")
         return [str(executable), "acp", "--config-dir", str(config)]
 
-    return Side("zeroclaw", argv_for, env, hosted=True)
+    return Side("zeroclaw", argv_for, env, worker_mark="actors.worker")
+
+
+def hosting_floor(tools: AgentTools) -> Side:
+    """``scripts/hosted_floor.py``: the agent behind a host that does only what the card
+    makes unavoidable (the "card" side of the hosted metrics)."""
+    def argv_for(workdir: Path) -> list[str]:
+        return [sys.executable, str(_SCRIPTS / "hosted_floor.py"), "--db",
+                str(workdir / "floor.db"), "--", *tools.argv()]
+
+    return Side("card", argv_for, worker_mark="--worker")
 
 
 @contextlib.asynccontextmanager
@@ -176,18 +189,19 @@ async def first_chunk(sizes: BenchSizes, side: Side) -> Sample:
     return Sample(p50, len(firsts), p50, percentile(firsts, 0.99))
 
 
-def _cpu_by_role(root_pid: int, hosted: bool) -> dict[str, float]:
-    """CPU seconds so far of the process tree of ``root_pid``: ``host`` (the root, for
-    zeroclaw), ``workers`` (its worker processes) and ``agent`` (the rest: the agent
-    and what it runs), with ``client`` this process's."""
+def _cpu_by_role(root_pid: int, worker_mark: str | None) -> dict[str, float]:
+    """CPU seconds so far of the process tree of ``root_pid``: ``host`` (the root, when
+    it hosts the agent), ``workers`` (its processes with ``worker_mark`` in their
+    command line) and ``agent`` (the rest: the agent and what it runs), with
+    ``client`` this process's."""
     totals = {"client": time.process_time(), "agent": 0.0}
-    if hosted:
+    if worker_mark:
         totals.update(host=0.0, workers=0.0)
     for pid in process_tree(root_pid):
         role = "agent"
-        if hosted and pid == root_pid:
+        if worker_mark and pid == root_pid:
             role = "host"
-        elif hosted and "actors.worker" in _cmdline(pid):
+        elif worker_mark and worker_mark in _cmdline(pid):
             role = "workers"
         totals[role] += sum(cpu_seconds([pid]).values())
     return totals
@@ -212,7 +226,7 @@ async def streamed_chunks(sizes: BenchSizes, side: Side) -> Sample:
         assert peer.process is not None
         seconds, updates = 0.0, 0
         turns: list[float] = []
-        cpu_before = _cpu_by_role(peer.process.pid, side.hosted)
+        cpu_before = _cpu_by_role(peer.process.pid, side.worker_mark)
         while len(turns) < 3 or seconds < sizes.min_seconds:
             turn, _first = await _turn(peer, sid, f"stream {STREAM_CHUNKS}")
             if peer.text_chars != 2 * STREAM_CHUNKS:
@@ -220,7 +234,7 @@ async def streamed_chunks(sizes: BenchSizes, side: Side) -> Sample:
             seconds += turn
             updates += peer.notifications
             turns.append(turn * 1000)
-        cpu_after = _cpu_by_role(peer.process.pid, side.hosted)
+        cpu_after = _cpu_by_role(peer.process.pid, side.worker_mark)
     chunks = STREAM_CHUNKS * len(turns)
     details = {"turn_ms": round(min(turns), 1), "updates_per_turn": round(updates / len(turns))}
     details.update({f"{role}_cpu_us_per_chunk": round((cpu_after[role] - spent) / chunks * 1e6, 2)
@@ -232,19 +246,18 @@ async def streamed_chunks(sizes: BenchSizes, side: Side) -> Sample:
 Measure = Callable[[Side], Awaitable[Sample]]
 
 
-def design_floor(card: bool) -> Side:
-    """``scripts/design_floor.py`` (``--card``): a turn's unavoidable cost with no agent
-    process at all, to set the direct agent's turn rate against."""
+def design_floor() -> Side:
+    """``scripts/design_floor.py``: a turn's unavoidable cost with no agent process at
+    all, to set the direct agent's turn rate against."""
     def argv_for(workdir: Path) -> list[str]:
-        return [sys.executable, str(DESIGN_FLOOR_SCRIPT), *(["--card"] if card else []),
-                "--db", str(workdir / "floor.db")]
+        return [sys.executable, str(DESIGN_FLOOR_SCRIPT), "--db", str(workdir / "floor.db")]
 
-    return Side("card" if card else "design", argv_for)
+    return Side("design", argv_for)
 
 
 def _plan(sizes: BenchSizes) -> list[tuple[MetricSpec, Measure, bool]]:
-    """(metric, measurement, whether the design and card floors are measured too: they
-    answer a turn, but stream only the prompt's words back)."""
+    """(metric, measurement, whether the design floor is measured too: it answers a
+    turn, but streams only the prompt's words back)."""
     return [
         (MetricSpec("hosted_turns", "hosted", "sequential turns, echo agent", "turns/s",
                     goal=Goal(">=", 0.5)), partial(sequential_turns, sizes), True),
@@ -269,25 +282,33 @@ async def run_hosted(sizes: BenchSizes) -> dict[str, dict[str, Any]]:
     """Every metric, direct ("floor") and hosted in alternated rounds: the result entries."""
     tools = find_agent_tools()
     floor, zeroclaw = direct(tools), hosted(tools)
-    design, card = design_floor(card=False), design_floor(card=True)
+    design, card = design_floor(), hosting_floor(tools)
     metrics = {}
     for spec, measure, on_design in _plan(sizes):
         metrics[spec.name] = await measure_pair(
             spec, partial(measure, floor), partial(measure, zeroclaw), sizes.rounds,
-            partial(measure, design) if on_design else None,
-            partial(measure, card) if on_design else None)
+            partial(measure, design) if on_design else None, partial(measure, card))
     _judge_first_chunk(metrics["hosted_first_chunk"])
     return metrics
 
 
-def stream_cpu_note(entry: dict[str, Any] | None) -> str | None:
-    """The CPU per streamed chunk of each side's processes, as a line of the report."""
+def stream_notes(entry: dict[str, Any] | None) -> list[str]:
+    """The report's lines on the streamed turn: how far the hosting floor itself gets
+    against the direct agent, and the CPU per streamed chunk of each side's processes."""
+    entry = entry or {}
+    lines = []
+    if entry.get("card") and entry.get("floor") and entry.get("zeroclaw"):
+        lines.append(f"  {STREAM_CHUNKS} chunks: the hosting floor (card) reaches "
+                     f"{entry['card'] / entry['floor']:.2f}x of the direct agent; zeroclaw "
+                     f"{entry['zeroclaw'] / entry['card']:.2f}x of the hosting floor")
     sides = []
     for side, roles in (("zeroclaw", ("host", "workers", "agent", "client")),
+                        ("card", ("host", "workers", "agent", "client")),
                         ("floor", ("agent", "client"))):
-        figures = [(role, (entry or {}).get(f"{side}_{role}_cpu_us_per_chunk"))
-                   for role in roles]
-        if any(value is None for _role, value in figures):
-            return None
-        sides.append(f"{side} " + ", ".join(f"{role} {value:.2f}" for role, value in figures))
-    return "  CPU µs per streamed chunk: " + "; ".join(sides)
+        figures = [(role, entry.get(f"{side}_{role}_cpu_us_per_chunk")) for role in roles]
+        if all(value is not None for _role, value in figures):
+            sides.append(f"{side} " + ", ".join(f"{role} {value:.2f}"
+                                                for role, value in figures))
+    if sides:
+        lines.append("  CPU µs per streamed chunk: " + "; ".join(sides))
+    return lines
