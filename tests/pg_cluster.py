@@ -12,7 +12,9 @@ WAL before it is answered: no committed turn is lost by the crash).
 
 :class:`Partition` is a TCP relay to a server that a test can :meth:`~Partition.cut`:
 from then on nothing passes either way and nothing is closed (as when a network drops
-every packet), until :meth:`~Partition.heal`.
+every packet), until :meth:`~Partition.heal`. :class:`Fuse` is a relay that cuts one
+connection once, on the first request whose bytes hold a marker: before the server
+gets it, or after the server has answered it whole (the answer is then dropped).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import secrets
 import select
 import shutil
 import socket
+import struct
 import subprocess
 import tempfile
 import threading
@@ -35,7 +38,7 @@ import pytest
 
 from tests.pg_support import pg_server_url
 
-__all__ = ["Partition", "PrivateCluster", "private_cluster"]
+__all__ = ["Fuse", "Partition", "PrivateCluster", "private_cluster"]
 
 TIMEOUT = 60
 
@@ -178,3 +181,133 @@ class Partition:
         for sock in self._sockets:
             with suppress(OSError):
                 sock.close()
+
+
+class Fuse:
+    """A relay on a loopback port of its own to ``port`` (the server's) that blows once:
+    on the first bytes a client sends that hold ``marker`` (a query's parameters go
+    raw into the protocol's Bind message). ``lose="request"``: those bytes never reach
+    the server, and both sockets of that connection are closed. ``lose="reply"``: they
+    are sent on, the server's answer is read until its ReadyForQuery (``Z``, length 5:
+    the implicit transaction has ended, committed), dropped, and both sockets are
+    closed. Every other connection, and that one until then, passes bytes both ways.
+    :attr:`blown` is set once the sockets are closed. One thread per direction of each
+    connection."""
+
+    def __init__(self, port: int, marker: bytes, lose: str) -> None:
+        assert lose in ("request", "reply")
+        self._upstream = port
+        self._marker = marker
+        self._lose = lose
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self._listener.getsockname()[1])
+        self._lock = threading.Lock()
+        self._armed: tuple[socket.socket, socket.socket] | None = None  # its answer is read
+        self.fired = threading.Event()  # the marked request was seen
+        self.blown = threading.Event()  # its connection was closed
+        self._closing = threading.Event()
+        self._sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def url(self, server_url: str) -> str:
+        return server_url.replace(f":{self._upstream}/", f":{self.port}/")
+
+    def _accept(self) -> None:
+        while not self._closing.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            try:
+                server = socket.create_connection(("127.0.0.1", self._upstream))
+            except OSError:
+                client.close()
+                continue
+            self._sockets += [client, server]
+            threading.Thread(target=self._requests, args=(client, server), daemon=True).start()
+            threading.Thread(target=self._answers, args=(server, client), daemon=True).start()
+
+    def _requests(self, client: socket.socket, server: socket.socket) -> None:
+        """Client to server; the marked request blows the fuse."""
+        tail = b""  # a marker split between two reads is found too
+        while (data := _received(client)) is not None:
+            with self._lock:
+                marked = not self.fired.is_set() and self._marker in tail + data
+                if marked:
+                    self.fired.set()
+                    if self._lose == "reply":
+                        self._armed = (client, server)
+            if marked and self._lose == "request":
+                self._blow(client, server)
+                return
+            if not _sent(server, data):
+                return
+            tail = data[-len(self._marker):]
+        _end(server)
+
+    def _answers(self, server: socket.socket, client: socket.socket) -> None:
+        """Server to client; once armed, the answer is read to its end and dropped."""
+        answer = b""
+        while (data := _received(server)) is not None:
+            with self._lock:
+                armed = self._armed == (client, server)
+            if not armed:
+                if not _sent(client, data):
+                    return
+                continue
+            answer += data
+            if _ready_for_query(answer):
+                self._blow(client, server)
+                return
+        _end(client)
+
+    def _blow(self, *sockets: socket.socket) -> None:
+        for sock in sockets:
+            with suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+        self.blown.set()
+
+    def close(self) -> None:
+        self._closing.set()
+        self._listener.close()
+        for sock in self._sockets:
+            with suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            with suppress(OSError):
+                sock.close()
+
+
+def _received(sock: socket.socket) -> bytes | None:
+    """The next bytes from ``sock``; None at its end (or once it is closed)."""
+    try:
+        data = sock.recv(65536)
+    except OSError:
+        return None
+    return data or None
+
+
+def _sent(sock: socket.socket, data: bytes) -> bool:
+    try:
+        sock.sendall(data)
+    except OSError:
+        return False
+    return True
+
+
+def _end(sock: socket.socket) -> None:
+    with suppress(OSError):
+        sock.shutdown(socket.SHUT_WR)
+
+
+def _ready_for_query(answer: bytes) -> bool:
+    """Whether ``answer`` (a server's messages from a message's start) holds a whole
+    ReadyForQuery: type ``Z``, length 5 (itself and the transaction status byte)."""
+    at = 0
+    while at + 5 <= len(answer):
+        kind = answer[at:at + 1]
+        (length,) = struct.unpack("!I", answer[at + 1:at + 5])
+        if kind == b"Z" and length == 5 and at + 6 <= len(answer):
+            return True
+        at += 1 + length
+    return False

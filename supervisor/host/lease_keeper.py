@@ -78,7 +78,7 @@ class LeaseKeeper:
         if renewed is None:
             return False
         self.valid_until = sent + self.ttl
-        if self.lapsed:
+        if self.lapsed and self._left() > 0:  # one answered too late is no recovery
             self.lapsed = False
             log.warning("lease heartbeat: the store answers again; sessions restore on "
                         "their next prompt")
