@@ -275,8 +275,6 @@ async def test_a_renewal_answered_after_its_own_bound_is_no_recovery(
     assert sessions.count == 1  # c was never stopped
 
 
-@pytest.mark.xfail(strict=True, reason="known: the renewal after one that answered "
-                   "near its bound is sent at the bound and lapses before its answer")
 async def test_a_hung_renewal_that_succeeds_in_its_bound_stops_nothing_more(
     start: Callable[..., Beating],
 ) -> None:

@@ -61,9 +61,10 @@ class LeaseKeeper:
         while True:
             if self.lapsed:
                 await asyncio.sleep(self.retry)
-            else:  # never past the point where the sessions must stop
-                pause = self.retry if failed else self.period
-                await asyncio.sleep(max(0.0, min(pause, self._left())))
+            elif failed:  # never past the point where the sessions must stop
+                await asyncio.sleep(max(0.0, min(self.retry, self._left())))
+            else:  # and early enough before it for the renewal to be answered
+                await asyncio.sleep(max(0.0, min(self.period, self._left() - self.margin / 2)))
             failed = not await self.beat()
 
     def _left(self) -> float:
