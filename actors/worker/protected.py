@@ -22,6 +22,7 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 __all__ = ["NOTHING_PROTECTED", "PROTECTED_VARIABLE", "ProtectedPaths", "path_component",
@@ -100,11 +101,18 @@ class ProtectedPaths:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ProtectedPaths:
-        """What the host put in :data:`PROTECTED_VARIABLE` (none: nothing protected)."""
-        text = (os.environ if env is None else env).get(PROTECTED_VARIABLE) or ""
-        entries = [e for e in text.split(os.pathsep) if os.path.isabs(e)]
-        return cls(dirs=tuple(Path(os.path.realpath(e)) for e in entries if e.endswith("/")),
-                   files=tuple(Path(os.path.realpath(e)) for e in entries if not e.endswith("/")))
+        """What the host put in :data:`PROTECTED_VARIABLE` (none: nothing protected).
+        Every session of a worker asks for it: they share one parse of each value."""
+        return _parsed((os.environ if env is None else env).get(PROTECTED_VARIABLE) or "")
+
+
+@lru_cache(maxsize=16)
+def _parsed(text: str) -> ProtectedPaths:
+    """:meth:`ProtectedPaths.from_env` of one value (immutable, so shared)."""
+    entries = [e for e in text.split(os.pathsep) if os.path.isabs(e)]
+    return ProtectedPaths(
+        dirs=tuple(Path(os.path.realpath(e)) for e in entries if e.endswith("/")),
+        files=tuple(Path(os.path.realpath(e)) for e in entries if not e.endswith("/")))
 
 
 #: No host paths (a policy built outside a host: unit tests, tools used on their own).
