@@ -37,8 +37,11 @@ _PLAIN_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
 def within(path: Path, root: Path) -> bool:
-    """Whether canonical ``path`` is ``root`` or lies beneath it."""
-    return path == root or path.is_relative_to(root)
+    """Whether canonical ``path`` is ``root`` or lies beneath it. On their strings: a
+    Path is normalised (no ``.``, no doubled or trailing ``/`` but the root's), and
+    ``is_relative_to`` parses both again, on the way of every session/new."""
+    text, base = str(path), str(root)
+    return text == base or text.startswith(base if base.endswith("/") else base + "/")
 
 
 def path_component(name: str) -> str:
