@@ -431,31 +431,39 @@ class Host:
 
 async def serve_stdio(db_path: Path | None, card: bool, max_sessions: int) -> None:
     with tempfile.TemporaryDirectory(prefix="zcdf-") as temp:
-        host = Host(db_path or Path(temp) / "design-floor.db", Path(temp), card, max_sessions)
-        await asyncio.wait_for(host.ready.wait(), 30)
-        loop = host.loop
-        reader = asyncio.StreamReader(limit=FRAME_LIMIT)
-        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-        transport, protocol = await loop.connect_write_pipe(
-            asyncio.streams.FlowControlMixin, sys.stdout)
-        writer = asyncio.StreamWriter(transport, protocol, reader, loop)
-        host.out = writer.write
-        try:
-            while True:
-                try:
-                    line = await reader.readline()
-                except ValueError:
-                    continue
-                if not line:
-                    break
-                if line.strip():
-                    host.handle(line)
-                await writer.drain()
-            while host.unanswered:  # EOF: answer what was asked first
-                await asyncio.sleep(0.01)
+        await serve_host(Host(db_path or Path(temp) / "design-floor.db", Path(temp), card,
+                              max_sessions))
+
+
+async def serve_host(host: Any) -> None:
+    """Serve ``host`` on this process's stdin and stdout until EOF (the loop thread):
+    each request line to ``host.handle``, its ``out`` writing to stdout; at EOF, what
+    it still owes (``unanswered``) is answered first, then it is closed. Shared with
+    ``hosted_floor.py``."""
+    await asyncio.wait_for(host.ready.wait(), 30)
+    loop = host.loop
+    reader = asyncio.StreamReader(limit=FRAME_LIMIT)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    transport, protocol = await loop.connect_write_pipe(
+        asyncio.streams.FlowControlMixin, sys.stdout)
+    writer = asyncio.StreamWriter(transport, protocol, reader, loop)
+    host.out = writer.write
+    try:
+        while True:
+            try:
+                line = await reader.readline()
+            except ValueError:
+                continue
+            if not line:
+                break
+            if line.strip():
+                host.handle(line)
             await writer.drain()
-        finally:
-            host.close()
+        while host.unanswered:  # EOF: answer what was asked first
+            await asyncio.sleep(0.01)
+        await writer.drain()
+    finally:
+        host.close()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -48,7 +48,7 @@ import pykka
 import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from design_floor import FRAME_LIMIT, CardWriter, CardWriterRef
+from design_floor import CardWriter, CardWriterRef, serve_host
 
 __all__ = ["main"]
 
@@ -316,25 +316,8 @@ class FloorHost:
 
 async def serve_stdio(db_path: Path | None, agent_argv: list[str]) -> None:
     with tempfile.TemporaryDirectory(prefix="zchf-") as temp:
-        host = FloorHost(db_path or Path(temp) / "hosted-floor.db", Path(temp), agent_argv)
-        await asyncio.wait_for(host.ready.wait(), 30)
-        loop = host.loop
-        reader = asyncio.StreamReader(limit=FRAME_LIMIT)
-        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-        transport, protocol = await loop.connect_write_pipe(
-            asyncio.streams.FlowControlMixin, sys.stdout)
-        writer = asyncio.StreamWriter(transport, protocol, reader, loop)
-        host.out = writer.write
-        try:
-            while line := await reader.readline():
-                if line.strip():
-                    host.handle(line)
-                await writer.drain()
-            while host.unanswered:  # EOF: answer what was asked first
-                await asyncio.sleep(0.01)
-            await writer.drain()
-        finally:
-            host.close()
+        await serve_host(FloorHost(db_path or Path(temp) / "hosted-floor.db", Path(temp),
+                                   agent_argv))
 
 
 def main(argv: list[str] | None = None) -> int:
