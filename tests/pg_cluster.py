@@ -120,28 +120,23 @@ def private_cluster() -> Iterator[PrivateCluster]:
         cluster.close()
 
 
-class Partition:
+class _Relay:
     """A relay on a loopback port of its own to ``port`` (the server's): :attr:`port` is
-    what a host is given. One thread per direction of each connection."""
+    what a host is given. Each accepted connection gets one to the server, handed to
+    :meth:`_relay` (its threads); the accepting thread is started by :meth:`_start`."""
 
     def __init__(self, port: int) -> None:
         self._upstream = port
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = int(self._listener.getsockname()[1])
-        self._open = threading.Event()  # set: bytes pass
-        self._open.set()
         self._closing = threading.Event()
         self._sockets: list[socket.socket] = []
+
+    def _start(self) -> None:
         threading.Thread(target=self._accept, daemon=True).start()
 
     def url(self, server_url: str) -> str:
         return server_url.replace(f":{self._upstream}/", f":{self.port}/")
-
-    def cut(self) -> None:
-        self._open.clear()
-
-    def heal(self) -> None:
-        self._open.set()
 
     def _accept(self) -> None:
         while not self._closing.is_set():
@@ -155,8 +150,31 @@ class Partition:
                 client.close()
                 continue
             self._sockets += [client, server]
-            for source, sink in ((client, server), (server, client)):
-                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+            self._relay(client, server)
+
+    def _relay(self, client: socket.socket, server: socket.socket) -> None:
+        raise NotImplementedError
+
+
+class Partition(_Relay):
+    """A relay that can be cut (nothing passes, nothing is closed) and healed. One
+    thread per direction of each connection."""
+
+    def __init__(self, port: int) -> None:
+        super().__init__(port)
+        self._open = threading.Event()  # set: bytes pass
+        self._open.set()
+        self._start()
+
+    def cut(self) -> None:
+        self._open.clear()
+
+    def heal(self) -> None:
+        self._open.set()
+
+    def _relay(self, client: socket.socket, server: socket.socket) -> None:
+        for source, sink in ((client, server), (server, client)):
+            threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
 
     def _pump(self, source: socket.socket, sink: socket.socket) -> None:
         while not self._closing.is_set():
@@ -183,8 +201,8 @@ class Partition:
                 sock.close()
 
 
-class Fuse:
-    """A relay on a loopback port of its own to ``port`` (the server's) that blows once:
+class Fuse(_Relay):
+    """A relay that blows once:
     on the first bytes a client sends that hold ``marker`` (a query's parameters go
     raw into the protocol's Bind message). ``lose="request"``: those bytes never reach
     the server, and both sockets of that connection are closed. ``lose="reply"``: they
@@ -196,36 +214,18 @@ class Fuse:
 
     def __init__(self, port: int, marker: bytes, lose: str) -> None:
         assert lose in ("request", "reply")
-        self._upstream = port
+        super().__init__(port)
         self._marker = marker
         self._lose = lose
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = int(self._listener.getsockname()[1])
         self._lock = threading.Lock()
         self._armed: tuple[socket.socket, socket.socket] | None = None  # its answer is read
         self.fired = threading.Event()  # the marked request was seen
         self.blown = threading.Event()  # its connection was closed
-        self._closing = threading.Event()
-        self._sockets: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
+        self._start()
 
-    def url(self, server_url: str) -> str:
-        return server_url.replace(f":{self._upstream}/", f":{self.port}/")
-
-    def _accept(self) -> None:
-        while not self._closing.is_set():
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            try:
-                server = socket.create_connection(("127.0.0.1", self._upstream))
-            except OSError:
-                client.close()
-                continue
-            self._sockets += [client, server]
-            threading.Thread(target=self._requests, args=(client, server), daemon=True).start()
-            threading.Thread(target=self._answers, args=(server, client), daemon=True).start()
+    def _relay(self, client: socket.socket, server: socket.socket) -> None:
+        threading.Thread(target=self._requests, args=(client, server), daemon=True).start()
+        threading.Thread(target=self._answers, args=(server, client), daemon=True).start()
 
     def _requests(self, client: socket.socket, server: socket.socket) -> None:
         """Client to server; the marked request blows the fuse."""
