@@ -243,8 +243,10 @@ class Daemon:
 
         watch.on_revoked = on_revoked
         watch.on_tenants_changed = on_tenants_changed
-        if watch.revoked_ids or watch.revoked_hashes or watch.shared_tenants:
+        if watch.revoked_ids or watch.revoked_hashes:
             on_revoked()
+        if watch.shared_tenants:
+            on_tenants_changed()
 
     def _on_signal(self, signum: int) -> None:
         log.info("received %s: stopping", signal.Signals(signum).name)
