@@ -142,6 +142,8 @@ def test_a_tenant_added_on_one_host_serves_on_the_other_and_stops_on_both(
         with pytest.raises(ConnectionError):  # host one closes his open connection
             bob_one.read_frame(timeout=WAIT_SECS)
         assert (bob_one.ws.close_code, bob_one.ws.close_reason) == (1008, "token revoked")
+    until(lambda: "tenants revoked in the shared store" in two.daemon.stderr(),
+          "host two's poll applies the revocation")
     assert refused_status(f"{one.ws}/acp", token) == 401
     assert refused_status(f"{two.ws}/acp", token) == 401
     assert refused_status(f"{two.ws}/acp", ALICE) is None  # the local tenant: served
