@@ -44,7 +44,7 @@ import orjson
 import peewee
 
 from ipc.events import StoredTurn, TextItem, ToolItem, TurnItem
-from storage import hosts, leases, pg
+from storage import hosts, leases, pg, shared_tenants
 from storage.models import (
     MODELS,
     SCHEMA_VERSION,
@@ -396,6 +396,7 @@ SCHEMA_STEPS: tuple[Callable[[peewee.Database, int], None], ...] = (
 PG_SCHEMA_STEPS: tuple[Callable[[peewee.Database, int], None], ...] = (
     leases.create_table,
     hosts.create_tables,
+    shared_tenants.create_table,
 )
 
 

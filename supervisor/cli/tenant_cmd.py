@@ -19,6 +19,11 @@ Wire (command line) format::
 
 Exit codes: 0 done, 1 unknown or existing tenant / unusable file, 2 usage.
 
+When ``[store] url`` is PostgreSQL (several hosts on one store), ``add`` keeps the
+tenant in the store instead, for every host, ``list`` shows both kinds (``local`` and
+``shared``), and ``remove`` takes the local section first, else the shared tenant: see
+:mod:`supervisor.cli.tenant_shared`.
+
 After ``add`` or ``remove``, a daemon running on this configuration's ``daemon.sock``
 is asked to reload its tenants (``tenants/reload``; the socket is its owner's only):
 the new token works at once, and a removed tenant's open gateway connections are
@@ -45,6 +50,8 @@ from supervisor.cli.config_cmd import (
     _parent_table,
     _save,
 )
+from supervisor.cli.tenant_revoke import shared_settings
+from supervisor.config.config import Settings
 from supervisor.host.tenants import hash_token
 
 __all__ = ["run"]
@@ -80,6 +87,9 @@ def run(argv: list[str], config_dir: Path, config_flag: str | None = None) -> in
         return exit_request.code if isinstance(exit_request.code, int) else 2
     path = config_dir / CONFIG_FILE_NAME
     try:
+        shared = shared_settings(config_flag)
+        if shared is not None:
+            return _run_shared(shared, path, args, config_flag)
         if args.action == "add":
             print(_add(path, args), flush=True)
         elif args.action == "list":
@@ -91,6 +101,31 @@ def run(argv: list[str], config_dir: Path, config_flag: str | None = None) -> in
         print(f"zeroclaw tenant: {error}", file=sys.stderr)
         return error.exit_code
     _reload_running_daemon(config_flag)
+    return 0
+
+
+def _run_shared(settings: Settings, path: Path, args: argparse.Namespace,
+                config_flag: str | None) -> int:
+    """``zeroclaw tenant`` on a shared store (see the module doc)."""
+    from supervisor.cli.tenant_shared import add_shared, list_shared, remove_shared
+
+    local = _tenants(_load(path))
+    if args.action == "list":
+        _list(path, as_json=args.json, settings=settings)
+        return 0
+    if args.action == "add":
+        token, told = add_shared(settings, args, local)
+        print(token, flush=True)
+    elif args.name in local:
+        _remove(path, args.name, config_flag)
+        _reload_running_daemon(config_flag)
+        told = f"removed {args.name} from this host's config.toml"
+        if any(tenant.name == args.name for tenant in list_shared(settings)):
+            told += (f"; the shared tenant {args.name} stays (run this again to remove "
+                     "it too)")
+    else:
+        told = remove_shared(settings, args.name)
+    print(f"zeroclaw tenant: {told}", file=sys.stderr)
     return 0
 
 
@@ -148,13 +183,29 @@ def _tenants(document: Mapping[str, object]) -> Mapping[str, Mapping[str, object
     return tenants
 
 
-def _list(path: Path, *, as_json: bool) -> None:
-    rows = [{"name": name, "id": str(section.get("id", name)),
-             "admin": bool(section.get("admin", False)),
-             "maxSessions": section.get("max_sessions"),
-             "workspaceRoot": section.get("workspace_root"),
-             "sandboxNetwork": section.get("sandbox_network", True) is not False}
-            for name, section in _tenants(_load(path)).items()]
+def _list(path: Path, *, as_json: bool, settings: Settings | None = None) -> None:
+    """The tenants of ``config.toml``; with ``settings`` of a shared store, each says
+    where it lives (``local`` or ``shared``), and the shared ones follow."""
+    local = _tenants(_load(path))
+    rows: list[dict[str, object]] = [
+        {"name": name, "id": str(section.get("id", name)),
+         "admin": bool(section.get("admin", False)),
+         "maxSessions": section.get("max_sessions"),
+         "workspaceRoot": section.get("workspace_root"),
+         "sandboxNetwork": section.get("sandbox_network", True) is not False}
+        for name, section in local.items()]
+    if settings is not None:
+        from supervisor.cli.tenant_shared import list_shared
+
+        for row in rows:
+            row["where"] = "local"
+        rows += [{"name": t.name, "id": t.tenant_id, "admin": t.admin,
+                  "maxSessions": t.max_sessions, "workspaceRoot": t.workspace_root,
+                  "sandboxNetwork": t.sandbox_network,
+                  "where": "shadowed" if t.name in local else "shared",
+                  "createdBy": t.created_by, "createdAt": t.created_at,
+                  "updatedAt": t.updated_at}
+                 for t in list_shared(settings)]
     if as_json:
         print(json.dumps(rows))
         return
@@ -162,8 +213,9 @@ def _list(path: Path, *, as_json: bool) -> None:
         extras = [f"max_sessions={row['maxSessions']}" if row["maxSessions"] else "",
                   f"workspace_root={row['workspaceRoot']}" if row["workspaceRoot"] else "",
                   "" if row["sandboxNetwork"] else "sandbox_network=false"]
+        where = [str(row["where"])] if "where" in row else []
         print(" ".join([str(row["name"]), str(row["id"]), "admin" if row["admin"] else "-"]
-                       + [e for e in extras if e]))
+                       + [e for e in extras if e] + where))
 
 
 def _remove(path: Path, name: str, config_flag: str | None) -> None:

@@ -3,11 +3,16 @@
 Every second (a third of the lease TTL when that is shorter) one pass on the watch's
 own connection: this host's heartbeat in ``zeroclaw_hosts``, the list of every host
 with its live sessions (what ``status`` and ``/metrics`` show, as of the last pass),
-and the tenant revocations logged since the last pass (:mod:`storage.hosts`; why a
-poll and not LISTEN/NOTIFY is said there). A revocation of a tenant this host serves
-calls :attr:`SharedStoreWatch.on_revoked`, and the daemon drops that tenant (its token
-is refused, its open gateway connections closed) within about a second of the
-``zeroclaw tenant remove`` on another host.
+the tenant revocations logged since the last pass (:mod:`storage.hosts`; why a
+poll and not LISTEN/NOTIFY is said there), and the shared tenants
+(:mod:`storage.shared_tenants`). A revocation calls :attr:`SharedStoreWatch.on_revoked`,
+and the daemon drops that tenant (its token is refused, its open gateway connections
+closed) within about a second of the ``zeroclaw tenant remove`` on another host. A pass
+that finds the shared tenants changed (one added, changed or removed on any host) calls
+:attr:`SharedStoreWatch.on_tenants_changed`, and the daemon serves the new set
+(:meth:`SharedStoreWatch.serving`: this host's ``config.toml`` tenants, then the shared
+ones whose name is not configured here: a local section wins, and the clash is logged
+once).
 
 A pass that fails (the database down) is logged once and retried at the next tick;
 the figures it would have refreshed keep their last values. A pass that finds this
@@ -27,20 +32,19 @@ import contextlib
 import logging
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, TypeVar
+from pathlib import Path
+from typing import TypeVar
 
 import peewee
 
-from storage import hosts
-
-if TYPE_CHECKING:
-    from supervisor.config.gateway_config import TenantConfig
+from storage import hosts, shared_tenants
+from supervisor.config.gateway_config import TenantConfig
 
 __all__ = ["SharedStoreWatch"]
 
 log = logging.getLogger("zeroclaw.host")
 T = TypeVar("T")
-TenantMap = Mapping[str, "TenantConfig"]
+TenantMap = Mapping[str, TenantConfig]
 
 
 class SharedStoreWatch:
@@ -56,6 +60,11 @@ class SharedStoreWatch:
         self.revoked_hashes: frozenset[str] = frozenset()
         #: Called on the loop after a pass that found new revocations.
         self.on_revoked: Callable[[], None] | None = None
+        #: The tenants of the store's ``shared_tenants``, by name, as of the last pass.
+        self.shared_tenants: dict[str, TenantConfig] = {}
+        #: Called on the loop after a pass that found the shared tenants changed.
+        self.on_tenants_changed: Callable[[], None] | None = None
+        self._clashes: set[str] = set()
         self._connect = connect
         self._started_at = started_at
         self._version = version
@@ -86,6 +95,20 @@ class SharedStoreWatch:
         await asyncio.get_running_loop().run_in_executor(self._executor, self._close)
         self._executor.shutdown(wait=True)
 
+    def serving(self, local: TenantMap) -> dict[str, TenantConfig]:
+        """The tenants to serve: ``local`` (this host's ``config.toml``) and the shared
+        ones of a name not configured here, without those revoked on any host."""
+        clashes = set(local) & set(self.shared_tenants)
+        for name in sorted(clashes - self._clashes):
+            log.warning("host %s: tenant %s is both in config.toml and shared in the "
+                        "store: this host serves its config.toml section", self.host_id,
+                        name)
+        self._clashes = clashes
+        merged = {name: tenant for name, tenant in self.shared_tenants.items()
+                  if name not in local}
+        merged.update(local)
+        return self.allowed(merged)
+
     def allowed(self, tenants: TenantMap) -> dict[str, TenantConfig]:
         """``tenants`` without those revoked on any host (by id or by token hash)."""
         return {name: tenant for name, tenant in tenants.items()
@@ -99,7 +122,7 @@ class SharedStoreWatch:
     async def tick(self) -> None:
         """One pass; its failure is logged (once until a pass succeeds again)."""
         try:
-            before, found, revoked = await self._in_thread(self._pass)
+            before, found, revoked, shared = await self._in_thread(self._pass)
         except Exception as exc:
             if not self._failing:
                 log.warning("host %s: the shared store's hosts could not be read: %s",
@@ -109,6 +132,7 @@ class SharedStoreWatch:
         self._failing = False
         self.hosts = tuple(found)
         self._check_own_row(before)
+        self._take_shared(shared)
         if revoked:
             self._seq = revoked[-1].seq
             self.revoked_ids |= {r.tenant_id for r in revoked}
@@ -120,6 +144,19 @@ class SharedStoreWatch:
                     self.on_revoked()
                 except Exception:  # the watch goes on; the next reload applies them
                     log.exception("host %s: applying the revocations failed", self.host_id)
+
+    def _take_shared(self, rows: list[shared_tenants.SharedTenant]) -> None:
+        """Keep the shared tenants of this pass; tell the daemon when they changed."""
+        found = {row.name: _tenant_config(row) for row in rows}
+        if found == self.shared_tenants:
+            return
+        self.shared_tenants = found
+        log.info("host %s: %d shared tenant(s) in the store", self.host_id, len(found))
+        if self.on_tenants_changed is not None:
+            try:
+                self.on_tenants_changed()
+            except Exception:  # the watch goes on; the next change or reload applies them
+                log.exception("host %s: applying the shared tenants failed", self.host_id)
 
     def _check_own_row(self, before: float | None) -> None:
         """Once this host has beaten, its row must still say it started when this host
@@ -137,10 +174,12 @@ class SharedStoreWatch:
             await asyncio.sleep(self.interval)
             await self.tick()
 
-    def _pass(self, db: peewee.Database) -> tuple[float | None, list[hosts.HostRow],
-                                                  list[hosts.Revocation]]:
+    def _pass(self, db: peewee.Database) -> tuple[
+            float | None, list[hosts.HostRow], list[hosts.Revocation],
+            list[shared_tenants.SharedTenant]]:
         before = hosts.beat(db, self.host_id, self._started_at, self._version)
-        return before, hosts.list_hosts(db), hosts.revocations_after(db, self._seq)
+        return (before, hosts.list_hosts(db), hosts.revocations_after(db, self._seq),
+                shared_tenants.list_tenants(db))
 
     async def _in_thread(self, work: Callable[[peewee.Database], T]) -> T:
         loop = asyncio.get_running_loop()
@@ -163,3 +202,12 @@ class SharedStoreWatch:
             with contextlib.suppress(Exception):
                 self._db.close()
             raise
+
+
+def _tenant_config(row: shared_tenants.SharedTenant) -> TenantConfig:
+    """A shared tenant as the gateway serves a ``[tenants.NAME]`` section."""
+    return TenantConfig(name=row.name, token_sha256=row.token_sha256, id=row.tenant_id,
+                        admin=row.admin, max_sessions=row.max_sessions,
+                        workspace_root=None if row.workspace_root is None
+                        else Path(row.workspace_root),
+                        sandbox_network=row.sandbox_network)

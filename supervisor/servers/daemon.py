@@ -212,18 +212,20 @@ class Daemon:
         return {"tenants": count, "revokedConnections": revoked}
 
     def apply_tenants(self) -> tuple[int, int]:
-        """Serve the configured tenants but those revoked on any host of a shared store
-        (:mod:`supervisor.host.shared_store`); how many, and the connections closed."""
+        """Serve the configured tenants and, on a shared store, its shared tenants, but
+        those revoked on any host (:mod:`supervisor.host.shared_store`); how many, and
+        the connections closed."""
         sessions = self.host.started()
         watch = sessions.host.shared if sessions is not None else None
-        tenants = watch.allowed(self.config_tenants) if watch is not None \
+        tenants = watch.serving(self.config_tenants) if watch is not None \
             else self.config_tenants
         self.host.reload_tenants(tenants)
         revoked = self.gateway.reload_tenants(tenants) if self.gateway is not None else 0
         return len(tenants), revoked
 
     def _watch_revocations(self, starting: asyncio.Future[Any]) -> None:
-        """Once the host is up: a tenant revoked on another host stops here too."""
+        """Once the host is up: a tenant revoked on another host stops here too, and the
+        shared tenants added, changed or removed on any host are served as such."""
         sessions = self.host.started()
         watch = sessions.host.shared if sessions is not None else None
         if watch is None:
@@ -234,9 +236,17 @@ class Daemon:
             log.info("tenants revoked in the shared store: %d tenant(s) left, %d "
                      "connection(s) closed", count, closed)
 
+        def on_tenants_changed() -> None:
+            count, closed = self.apply_tenants()
+            log.info("shared tenants changed in the store: %d tenant(s) served, %d "
+                     "connection(s) closed", count, closed)
+
         watch.on_revoked = on_revoked
+        watch.on_tenants_changed = on_tenants_changed
         if watch.revoked_ids or watch.revoked_hashes:
             on_revoked()
+        if watch.shared_tenants:
+            on_tenants_changed()
 
     def _on_signal(self, signum: int) -> None:
         log.info("received %s: stopping", signal.Signals(signum).name)

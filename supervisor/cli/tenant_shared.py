@@ -1,0 +1,84 @@
+"""``zeroclaw tenant add|list|remove`` on a shared PostgreSQL store: tenants every host
+serves, kept in the store's ``shared_tenants`` (:mod:`storage.shared_tenants`).
+
+Runs on the main thread of the ``zeroclaw tenant`` process. When ``[store] url`` is
+PostgreSQL:
+
+- ``add NAME`` stores the tenant (its id, the token's SHA-256, its limits) in the
+  store, not in ``config.toml``; every host on the store serves it within about a
+  second, without a restart. A NAME already shared, or configured in this host's
+  ``config.toml``, is refused (exit 1): a ``[tenants.NAME]`` section wins over a
+  shared tenant of that name on the host that has it.
+- ``list`` shows this host's ``config.toml`` tenants (``local``) and the shared ones
+  (``shared``; ``shadowed`` when a local section of that name wins here).
+- ``remove NAME`` removes the ``config.toml`` section when there is one (as on a
+  single host, its revocation logged in the store); otherwise the shared tenant, whose
+  row is deleted and whose revocation is logged in one transaction, so its token
+  stops on every host within about a second.
+
+A store that cannot be reached changes nothing (exit 1, the command can be rerun).
+"""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from storage import shared_tenants
+from supervisor.cli.config_cmd import ConfigCommandError
+from supervisor.cli.tenant_revoke import shared_store
+from supervisor.host.tenants import hash_token
+
+if TYPE_CHECKING:
+    from collections.abc import Collection
+
+    from supervisor.config.config import Settings
+
+__all__ = ["add_shared", "list_shared", "remove_shared"]
+
+
+def add_shared(settings: Settings, args: argparse.Namespace,
+               local_names: Collection[str]) -> tuple[str, str]:
+    """Store a new shared tenant with a fresh token's hash; the token, and what to tell
+    the user."""
+    if args.name in local_names:
+        raise ConfigCommandError(
+            f"tenant {args.name} is configured in this host's config.toml, which wins over "
+            "a shared tenant of that name here (remove it there first)")
+    token = secrets.token_urlsafe(32)
+    root = None if args.workspace_root is None \
+        else str(Path(args.workspace_root).expanduser().absolute())
+    tenant = shared_tenants.SharedTenant(
+        name=args.name, tenant_id=uuid.uuid4().hex, token_sha256=hash_token(token),
+        admin=bool(args.admin), max_sessions=args.max_sessions, workspace_root=root,
+        sandbox_network=not args.no_network, created_by=settings.host_id)
+    if tenant.max_sessions is not None and tenant.max_sessions < 1:
+        raise ConfigCommandError("--max-sessions must be >= 1")
+    with shared_store(settings) as store:
+        try:
+            with store.writer.atomic():
+                shared_tenants.add_tenant(store.writer, tenant)
+        except shared_tenants.TenantExists:
+            raise ConfigCommandError(f"tenant {args.name} already exists in the shared "
+                                     f"store {store.where} (remove it first)") from None
+    return token, (f"added to the shared store {store.where}: every host on it serves "
+                   "the tenant within seconds")
+
+
+def list_shared(settings: Settings) -> list[shared_tenants.SharedTenant]:
+    """The shared tenants, by name."""
+    with shared_store(settings) as store:
+        return shared_tenants.list_tenants(store.writer)
+
+
+def remove_shared(settings: Settings, name: str) -> str:
+    """Remove the shared tenant ``name`` (its revocation logged); what to tell the user."""
+    with shared_store(settings) as store:
+        removed = shared_tenants.remove_tenant(store.writer, name, settings.host_id)
+    if removed is None:
+        raise ConfigCommandError(f"no tenant {name}")
+    return (f"removed from the shared store {store.where} and revoked: every host on it "
+            "refuses the token within seconds")
