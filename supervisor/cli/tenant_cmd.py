@@ -114,7 +114,8 @@ def _run_shared(settings: Settings, path: Path, args: argparse.Namespace,
         _list(path, as_json=args.json, settings=settings)
         return 0
     if args.action == "add":
-        token, told = add_shared(settings, args, local)
+        token, section = new_tenant_section(args)
+        told = add_shared(settings, args.name, section, local)
         print(token, flush=True)
     elif args.name in local:
         _remove(path, args.name, config_flag)
@@ -159,21 +160,28 @@ def _add(path: Path, args: argparse.Namespace) -> str:
     document = _load(path)
     if args.name in _tenants(document):
         raise ConfigCommandError(f"tenant {args.name} already exists (remove it first)")
-    token = secrets.token_urlsafe(32)
+    token, section = new_tenant_section(args)
     table, _ = _parent_table(document, ["tenants", args.name, "token_sha256"])
-    table["id"] = uuid.uuid4().hex
-    table["token_sha256"] = hash_token(token)
-    if args.admin:
-        table["admin"] = True
-    if args.max_sessions is not None:
-        table["max_sessions"] = args.max_sessions
-    if args.workspace_root is not None:
-        table["workspace_root"] = str(Path(args.workspace_root).expanduser().absolute())
-    if args.no_network:
-        table["sandbox_network"] = False
+    table.update(section)
     _check(path, document)
     _save(path, document)
     return token
+
+
+def new_tenant_section(args: argparse.Namespace) -> tuple[str, dict[str, object]]:
+    """A fresh token, and the ``[tenants.NAME]`` section ``add``'s flags ask for (a new
+    id, the token's hash; only what differs from the defaults), unchecked."""
+    token = secrets.token_urlsafe(32)
+    section: dict[str, object] = {"id": uuid.uuid4().hex, "token_sha256": hash_token(token)}
+    if args.admin:
+        section["admin"] = True
+    if args.max_sessions is not None:
+        section["max_sessions"] = args.max_sessions
+    if args.workspace_root is not None:
+        section["workspace_root"] = str(Path(args.workspace_root).expanduser().absolute())
+    if args.no_network:
+        section["sandbox_network"] = False
+    return token, section
 
 
 def _tenants(document: Mapping[str, object]) -> Mapping[str, Mapping[str, object]]:

@@ -21,51 +21,44 @@ A store that cannot be reached changes nothing (exit 1, the command can be rerun
 
 from __future__ import annotations
 
-import argparse
-import secrets
-import uuid
-from pathlib import Path
-from typing import TYPE_CHECKING
+from collections.abc import Collection, Mapping
 
 from storage import shared_tenants
 from supervisor.cli.config_cmd import ConfigCommandError
 from supervisor.cli.tenant_revoke import shared_store
-from supervisor.host.tenants import hash_token
-
-if TYPE_CHECKING:
-    from collections.abc import Collection
-
-    from supervisor.config.config import Settings
+from supervisor.config.config import Settings
+from supervisor.config.errors import ConfigError
+from supervisor.config.gateway_config import tenant_from_section
 
 __all__ = ["add_shared", "list_shared", "remove_shared"]
 
 
-def add_shared(settings: Settings, args: argparse.Namespace,
-               local_names: Collection[str]) -> tuple[str, str]:
-    """Store a new shared tenant with a fresh token's hash; the token, and what to tell
-    the user."""
-    if args.name in local_names:
+def add_shared(settings: Settings, name: str, section: Mapping[str, object],
+               local_names: Collection[str]) -> str:
+    """Store the tenant ``section`` describes (checked as a ``[tenants.NAME]`` section
+    of ``config.toml`` is) in the shared store; what to tell the user."""
+    if name in local_names:
         raise ConfigCommandError(
-            f"tenant {args.name} is configured in this host's config.toml, which wins over "
+            f"tenant {name} is configured in this host's config.toml, which wins over "
             "a shared tenant of that name here (remove it there first)")
-    token = secrets.token_urlsafe(32)
-    root = None if args.workspace_root is None \
-        else str(Path(args.workspace_root).expanduser().absolute())
+    try:
+        config = tenant_from_section(name, section)
+    except ConfigError as error:
+        raise ConfigCommandError(f"not saved: {error}", exit_code=2) from None
     tenant = shared_tenants.SharedTenant(
-        name=args.name, tenant_id=uuid.uuid4().hex, token_sha256=hash_token(token),
-        admin=bool(args.admin), max_sessions=args.max_sessions, workspace_root=root,
-        sandbox_network=not args.no_network, created_by=settings.host_id)
-    if tenant.max_sessions is not None and tenant.max_sessions < 1:
-        raise ConfigCommandError("--max-sessions must be >= 1")
+        name=name, tenant_id=config.id, token_sha256=config.token_sha256,
+        admin=config.admin, max_sessions=config.max_sessions,
+        workspace_root=None if config.workspace_root is None else str(config.workspace_root),
+        sandbox_network=config.sandbox_network, created_by=settings.host_id)
     with shared_store(settings) as store:
         try:
             with store.writer.atomic():
                 shared_tenants.add_tenant(store.writer, tenant)
         except shared_tenants.TenantExists:
-            raise ConfigCommandError(f"tenant {args.name} already exists in the shared "
+            raise ConfigCommandError(f"tenant {name} already exists in the shared "
                                      f"store {store.where} (remove it first)") from None
-    return token, (f"added to the shared store {store.where}: every host on it serves "
-                   "the tenant within seconds")
+    return (f"added to the shared store {store.where}: every host on it serves the "
+            "tenant within seconds")
 
 
 def list_shared(settings: Settings) -> list[shared_tenants.SharedTenant]:

@@ -53,6 +53,7 @@ __all__ = [
     "gateway_from_document",
     "parse_listen",
     "tenant_caps",
+    "tenant_from_section",
     "tenants_from_document",
 ]
 
@@ -176,7 +177,7 @@ def tenants_from_document(sections: Any,
         return {}
     if not isinstance(sections, Mapping):
         raise ConfigError("[tenants] must be a table of [tenants.<name>] sections")
-    tenants = {name: _tenant(name, section) for name, section in sections.items()}
+    tenants = {name: tenant_from_section(name, section) for name, section in sections.items()}
     seen: dict[str, str] = {}
     for tenant in tenants.values():
         if tenant.id in retired:
@@ -190,7 +191,9 @@ def tenants_from_document(sections: Any,
     return tenants
 
 
-def _tenant(name: str, section: Any) -> TenantConfig:
+def tenant_from_section(name: str, section: Any) -> TenantConfig:
+    """One ``[tenants.NAME]`` section (or a shared tenant's row as one); ConfigError
+    for a malformed one."""
     if not _TENANT_NAME.fullmatch(name):
         raise ConfigError(f"tenant name {name!r}: use letters, digits, '_', '-' or '.'")
     if not isinstance(section, Mapping):

@@ -32,13 +32,13 @@ import contextlib
 import logging
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import TypeVar
 
 import peewee
 
 from storage import hosts, shared_tenants
-from supervisor.config.gateway_config import TenantConfig
+from supervisor.config.errors import ConfigError
+from supervisor.config.gateway_config import TenantConfig, tenant_from_section
 
 __all__ = ["SharedStoreWatch"]
 
@@ -65,6 +65,7 @@ class SharedStoreWatch:
         #: Called on the loop after a pass that found the shared tenants changed.
         self.on_tenants_changed: Callable[[], None] | None = None
         self._clashes: set[str] = set()
+        self._refused: set[str] = set()  # shared rows that are no valid tenant (logged once)
         self._connect = connect
         self._started_at = started_at
         self._version = version
@@ -147,7 +148,15 @@ class SharedStoreWatch:
 
     def _take_shared(self, rows: list[shared_tenants.SharedTenant]) -> None:
         """Keep the shared tenants of this pass; tell the daemon when they changed."""
-        found = {row.name: _tenant_config(row) for row in rows}
+        found = {}
+        for row in rows:
+            try:
+                found[row.name] = _tenant_config(row)
+            except ConfigError as error:
+                if row.name not in self._refused:
+                    log.warning("host %s: shared tenant %r not served: %s", self.host_id,
+                                row.name, error)
+                self._refused.add(row.name)
         if found == self.shared_tenants:
             return
         self.shared_tenants = found
@@ -205,9 +214,12 @@ class SharedStoreWatch:
 
 
 def _tenant_config(row: shared_tenants.SharedTenant) -> TenantConfig:
-    """A shared tenant as the gateway serves a ``[tenants.NAME]`` section."""
-    return TenantConfig(name=row.name, token_sha256=row.token_sha256, id=row.tenant_id,
-                        admin=row.admin, max_sessions=row.max_sessions,
-                        workspace_root=None if row.workspace_root is None
-                        else Path(row.workspace_root),
-                        sandbox_network=row.sandbox_network)
+    """A shared tenant as the gateway serves a ``[tenants.NAME]`` section, checked as
+    one (the row may come from another host or release); ConfigError when malformed."""
+    section: dict[str, object] = {"id": row.tenant_id, "token_sha256": row.token_sha256,
+                                  "admin": row.admin, "sandbox_network": row.sandbox_network}
+    if row.max_sessions is not None:
+        section["max_sessions"] = row.max_sessions
+    if row.workspace_root is not None:
+        section["workspace_root"] = row.workspace_root
+    return tenant_from_section(row.name, section)

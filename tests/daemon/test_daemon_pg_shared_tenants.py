@@ -180,3 +180,27 @@ def test_a_name_in_config_toml_wins_over_the_shared_tenant_of_that_name(
     assert refused_status(f"{two.ws}/acp", CAROL_LOCAL) is None
     assert [r["where"] for r in json.loads(tenant_cmd(two, "list", "--json").stdout)
             if r["name"] == "carol"] == ["local", "shadowed"]
+
+
+def test_a_shared_tenant_is_checked_as_a_config_toml_section_is(
+        hosts: HostMaker, database: str) -> None:
+    """``add`` refuses on a shared store what it refuses in config.toml (a name that is
+    no tenant name, a cap below 1), storing nothing; a malformed row another release or
+    a hand edit left in the table is not served, the valid ones are."""
+    one = hosts("host-one")
+    for args, why in ((["add", "../x"], "tenant name"),
+                      (["add", "dave", "--max-sessions", "0"], "max_sessions")):
+        refused = tenant_cmd(one, *args)
+        assert refused.returncode == 2 and refused.stdout == "", refused.stderr
+        assert why in refused.stderr
+    with psycopg.connect(database) as check:
+        assert check.execute("SELECT count(*) FROM shared_tenants").fetchone() == (0,)
+        check.execute(
+            "INSERT INTO shared_tenants (name, tenant_id, token_sha256, admin, max_sessions,"
+            " workspace_root, sandbox_network, created_at, updated_at, created_by) VALUES"
+            " ('eve', 'eve-id', 'not-a-hash', false, NULL, NULL, true, 0, 0, 'by-hand')")
+    added = tenant_cmd(one, "add", "frank")
+    assert added.returncode == 0, added.stderr
+    until(lambda: served(one, 1), "frank served on one, eve not")
+    assert "shared tenant 'eve' not served" in one.daemon.stderr()
+    assert refused_status(f"{one.ws}/acp", added.stdout.strip()) is None
