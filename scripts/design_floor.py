@@ -310,13 +310,16 @@ class CardWriterRef:
 # --- the host -----------------------------------------------------------------------------
 
 
-class Host:
-    """The asyncio side: stdio in and out, the ROUTER, the writer."""
+class RouterHost:
+    """What the hosts of both floors share (the loop thread): the writer, a ROUTER bound
+    in ``run_dir``, the worker process (``script --worker ENDPOINT HOST_PID`` and
+    ``worker_args``) whose messages :meth:`_drain` reads, and what
+    :func:`serve_host` uses (``ready``, ``out``, ``unanswered``, ``handle``)."""
 
-    def __init__(self, db_path: Path, run_dir: Path, card: bool, max_sessions: int) -> None:
+    def __init__(self, writer: Writer | CardWriterRef, run_dir: Path, script: str,
+                 worker_args: list[str]) -> None:
         self.loop = asyncio.get_running_loop()
-        self.writer: Writer | CardWriterRef = (
-            CardWriter.open(db_path, self.loop) if card else Writer(db_path, self.loop))
+        self.writer = writer
         self.ctx = zmq.Context()
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -324,13 +327,8 @@ class Host:
         endpoint = f"ipc://{run_dir}/w.sock"
         self.router.bind(endpoint)
         self.worker = subprocess.Popen(
-            [sys.executable, __file__, "--worker", endpoint, str(os.getpid()),
-             *(["--card", "--max-sessions", str(max_sessions)] if card else [])])
-        self.card = card
-        self.worker_id: bytes | None = None
+            [sys.executable, script, "--worker", endpoint, str(os.getpid()), *worker_args])
         self.ready = asyncio.Event()
-        self.pending: dict[bytes, tuple[Any, Any, str]] = {}
-        self.opening: dict[bytes, Callable[[], None]] = {}  # --card: actors being started
         self.rids = itertools.count()
         self.sessions = itertools.count(1)
         self.out: Callable[[bytes], None] = lambda data: None
@@ -344,6 +342,23 @@ class Host:
         self.router.close()
         self.ctx.term()
         self.writer.close()
+
+    def _drain(self) -> None:
+        raise NotImplementedError
+
+
+class Host(RouterHost):
+    """The asyncio side: stdio in and out, the ROUTER, the writer."""
+
+    def __init__(self, db_path: Path, run_dir: Path, card: bool, max_sessions: int) -> None:
+        loop = asyncio.get_running_loop()
+        super().__init__(CardWriter.open(db_path, loop) if card else Writer(db_path, loop),
+                         run_dir, __file__,
+                         ["--card", "--max-sessions", str(max_sessions)] if card else [])
+        self.card = card
+        self.worker_id: bytes | None = None
+        self.pending: dict[bytes, tuple[Any, Any, str]] = {}
+        self.opening: dict[bytes, Callable[[], None]] = {}  # --card: actors being started
 
     def _drain(self) -> None:
         """The ROUTER FD is edge-triggered: read until zmq says nothing is left."""

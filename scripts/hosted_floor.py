@@ -48,7 +48,7 @@ import pykka
 import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from design_floor import CardWriter, CardWriterRef, serve_host
+from design_floor import CardWriter, RouterHost, serve_host
 
 __all__ = ["main"]
 
@@ -115,7 +115,6 @@ class FloorWorker:
         self.dealer = self.ctx.socket(zmq.DEALER)
         self.dealer.setsockopt(zmq.LINGER, 0)
         self.dealer.connect(endpoint)
-        self.send_lock = threading.Lock()
         self.host_pid = host_pid
         self.agent = AgentPipes(argv)
         self.waiting: dict[int, tuple[str, bytes, bytes]] = {}
@@ -141,8 +140,8 @@ class FloorWorker:
                 self.from_host(self.dealer.recv_multipart(zmq.NOBLOCK))
 
     def send(self, frames: list[bytes]) -> None:
-        with self.send_lock:
-            self.dealer.send_multipart(frames)
+        """To the host (only this loop sends: the session actors write to the agent)."""
+        self.dealer.send_multipart(frames)
 
     def from_host(self, frames: list[bytes]) -> None:
         kind, rid, sid, body = frames
@@ -222,36 +221,14 @@ def run_worker(endpoint: str, host_pid: int, argv: list[str]) -> int:
 # --- the host -----------------------------------------------------------------------------
 
 
-class FloorHost:
+class FloorHost(RouterHost):
     """The asyncio side (the loop thread): stdio in and out, the ROUTER, the writer."""
 
     def __init__(self, db_path: Path, run_dir: Path, agent_argv: list[str]) -> None:
-        self.loop = asyncio.get_running_loop()
-        self.writer: CardWriterRef = CardWriter.open(db_path, self.loop)
-        self.ctx = zmq.Context()
-        self.router = self.ctx.socket(zmq.ROUTER)
-        self.router.setsockopt(zmq.LINGER, 0)
-        endpoint = f"ipc://{run_dir}/w.sock"
-        self.router.bind(endpoint)
-        self.worker = subprocess.Popen(
-            [sys.executable, __file__, "--worker", endpoint, str(os.getpid()), "--",
-             *agent_argv])
+        super().__init__(CardWriter.open(db_path, asyncio.get_running_loop()), run_dir,
+                         __file__, ["--", *agent_argv])
         self.worker_id = b""
-        self.ready = asyncio.Event()
         self.waiting: dict[bytes, Callable[[list[bytes]], None]] = {}
-        self.rids = itertools.count()
-        self.sessions = itertools.count(1)
-        self.out: Callable[[bytes], None] = lambda data: None
-        self.unanswered = 0
-        self.loop.add_reader(self.router.fileno(), self._drain)
-
-    def close(self) -> None:
-        self.loop.remove_reader(self.router.fileno())
-        self.worker.terminate()
-        self.worker.wait(10)
-        self.router.close()
-        self.ctx.term()
-        self.writer.close()
 
     def _drain(self) -> None:
         """The ROUTER FD is edge-triggered: read until zmq says nothing is left."""
