@@ -29,6 +29,7 @@ __all__ = [
     "RpcClient",
     "RpcFailure",
     "short_dir",
+    "until",
     "wait_session_idle",
     "zeroclaw_argv",
 ]
@@ -39,6 +40,15 @@ FRAME_TIMEOUT = 15.0
 
 def zeroclaw_argv(*args: str) -> list[str]:
     return [sys.executable, "-c", _ENTRY_POINT, *args]
+
+
+def until(check: Callable[[], Any], what: str, timeout: float = 10.0) -> Any:
+    """``check()``'s first truthy answer, polled every 50 ms; fails after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not (found := check()):
+        assert time.monotonic() < deadline, f"never: {what}"
+        time.sleep(0.05)
+    return found
 
 
 def short_dir() -> Path:

@@ -24,7 +24,7 @@ import pytest
 from websockets.exceptions import InvalidStatus
 
 from .gateway_helpers import TOKENS, GatewayDaemon, WsClient, gateway_config
-from .helpers import DaemonProc, RpcFailure, short_dir, zeroclaw_argv
+from .helpers import DaemonProc, RpcFailure, short_dir, until, zeroclaw_argv
 
 Daemons = Callable[..., DaemonProc]
 WAIT_SECS = 10.0  # every wait below ends at the event, or fails after this
@@ -52,15 +52,6 @@ def hosts(daemons: Daemons, database: str) -> Iterator[HostMaker]:
 @pytest.fixture
 def two_hosts(hosts: HostMaker) -> tuple[GatewayDaemon, GatewayDaemon]:
     return hosts("host-one"), hosts("host-two")
-
-
-def until(check: Callable[[], Any], what: str) -> Any:
-    """``check()``'s first truthy answer, polled until :data:`WAIT_SECS`."""
-    deadline = time.monotonic() + WAIT_SECS
-    while not (found := check()):
-        assert time.monotonic() < deadline, f"never: {what}"
-        time.sleep(0.05)
-    return found
 
 
 def status_of(gateway: GatewayDaemon, tenant: str) -> dict[str, Any]:

@@ -15,10 +15,8 @@ import hashlib
 import json
 import shutil
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
@@ -27,7 +25,7 @@ from websockets.exceptions import InvalidStatus
 from tests.e2e.procs import write_config
 
 from .gateway_helpers import GatewayDaemon, WsClient
-from .helpers import DaemonProc, short_dir, zeroclaw_argv
+from .helpers import DaemonProc, short_dir, until, zeroclaw_argv
 
 Daemons = Callable[..., DaemonProc]
 HostMaker = Callable[..., GatewayDaemon]
@@ -56,15 +54,6 @@ def hosts(daemons: Daemons, database: str) -> Iterator[HostMaker]:
     yield host
     for directory in made:
         shutil.rmtree(directory, ignore_errors=True)
-
-
-def until(check: Callable[[], Any], what: str) -> Any:
-    """``check()``'s first truthy answer, polled until :data:`WAIT_SECS`."""
-    deadline = time.monotonic() + WAIT_SECS
-    while not (found := check()):
-        assert time.monotonic() < deadline, f"never: {what}"
-        time.sleep(0.05)
-    return found
 
 
 def tenant_cmd(host: GatewayDaemon, *args: str) -> subprocess.CompletedProcess[str]:
