@@ -136,6 +136,17 @@ of Claude Code's adapter (it comes from the model stream's task, the tool's upda
 from another)."""
 
 
+def only_meta(update: dict[str, Any]) -> bool:
+    """Whether a :func:`normalised` update is a ``tool_call_update`` that carried
+    nothing but ``_meta``. Claude Code's adapter sends one from its PostToolUse hook
+    (the ``toolResponse``) when the hook's callback runs before the turn moves on; the
+    hook and the stream come from two tasks of the Claude Code process, so whether and
+    where it lands is that process's timing (present in one direct run, absent in
+    another)."""
+    return (update.get("sessionUpdate") == "tool_call_update"
+            and set(update) <= {"sessionUpdate", "toolCallId"})
+
+
 @dataclass(frozen=True)
 class Streams:
     """What a client received, as the vendor tests compare it (each :func:`normalised`):
@@ -165,7 +176,7 @@ def streams(records: Iterable[Received]) -> Streams:
         update = entry["params"].get("update") or {}
         if entry["method"] == "session/request_permission":
             permissions.append(entry)
-        elif entry["method"] != "session/update":
+        elif entry["method"] != "session/update" or only_meta(update):
             continue
         elif update.get("sessionUpdate") in SESSION_LEVEL_UPDATES:
             if update.get("sessionUpdate") == "session_info_update":

@@ -15,7 +15,7 @@ import pytest
 
 from tests.e2e.procs import REPO_ROOT, host_argv, host_env
 
-from .harness import EditorClient, Received, diff_records, normalised, said
+from .harness import EditorClient, Received, diff_records, normalised, said, streams
 
 FIXTURE_AGENT = REPO_ROOT / "tests" / "fixtures" / "acp_fixture_agent.py"
 
@@ -111,3 +111,18 @@ def test_normalised_drops_only_session_ids_and_meta_and_the_diff_shows_the_rest(
                      request_id=3, chosen="allow")
     assert normalised([asked]) == [{"method": "session/request_permission",
                                     "params": {"options": []}, "chosen": "allow"}]
+
+
+def test_streams_leave_out_a_tool_call_update_that_carried_only_meta() -> None:
+    def update(**fields: Any) -> Received:
+        return Received("session/update", {"sessionId": "a", "update": {
+            "sessionUpdate": "tool_call_update", "toolCallId": "c1", **fields}})
+
+    hook = update(_meta={"claudeCode": {"toolResponse": {"type": "text"}}})
+    done = update(status="completed", _meta={"claudeCode": {"toolName": "Read"}})
+    emptied = update(content=[])
+    assert streams([hook, done]) == streams([done])
+    assert streams([hook, done, emptied]).turn == [
+        {"method": "session/update", "params": {"update": {
+            "sessionUpdate": "tool_call_update", "toolCallId": "c1", **fields}}}
+        for fields in ({"status": "completed"}, {"content": []})]
