@@ -95,7 +95,11 @@ def test_watch_redraws_until_interrupted(daemons: Daemons) -> None:
         assert first["pid"] == second["pid"] == daemon.pid
         assert second["uptimeSecs"] > first["uptimeSecs"]
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(10) == 0
+        rest, errors = proc.communicate(timeout=10)
+        # A loaded machine can print a degraded status (a worker slow to answer) just
+        # before the interrupt; the exit code is the one of the last status printed.
+        last = json.loads(rest.splitlines()[-1]) if rest.strip() else second
+        assert (proc.returncode, errors) == (exit_code(last), "")
     finally:
         if proc.poll() is None:
             proc.kill()
