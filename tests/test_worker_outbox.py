@@ -268,3 +268,47 @@ def test_a_burst_decodes_as_its_envelopes_one_by_one() -> None:
         decoded = decode_all(burst)
         assert decoded[0] == decode(good[0]) and decoded[-1] == decode(good[2])
         assert all(isinstance(m, WireError) for m in decoded[1:-1]), decoded
+
+
+def test_frames_sent_now_from_a_loop_leave_together_once_its_round_is_over(
+        tmp_path: Path) -> None:
+    """On a thread running an asyncio loop (the model I/O loop), the deltas that one
+    round of callbacks sends go to the host as one zmq message after the round, without
+    waking the IO thread; off a loop, each goes at once."""
+    import asyncio
+
+    import zmq
+
+    from actors.worker.main import WorkerProcess
+    from ipc.worker_wire import split_envelopes
+
+    endpoint = f"ipc://{tmp_path}/w.sock"
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.bind(endpoint)
+    worker = WorkerProcess(endpoint=endpoint, identity="w1", host_pid=os.getpid(),
+                           heartbeat=5.0)
+    prefix = chunk_frame_prefix("s", "t1", "message")
+    frames = [encode_chunk(prefix, f"d{n} ") for n in range(5)]
+    try:
+        async def one_round() -> list[list[bytes]]:
+            loop = asyncio.get_running_loop()
+            for frame in frames[:3]:
+                loop.call_soon(worker.send_frame_now, frame)  # three reads of one round
+            await asyncio.sleep(0)  # the round runs, then its sender
+            await asyncio.sleep(0)
+            return [router.recv_multipart() for _ in range(int(router.poll(WAIT * 1000)))]
+
+        [[identity, sent]] = asyncio.run(one_round())
+        assert identity == b"w1"
+        assert split_envelopes(sent) == frames[:3] and not _woken(worker.outbox)
+        for frame in frames[3:]:
+            assert worker.send_frame_now(frame) == len(frame)
+            assert router.poll(WAIT * 1000)
+            assert split_envelopes(router.recv_multipart()[1]) == [frame]
+    finally:
+        worker.outbox.close()
+        worker._dealer.close(0)
+        worker._ctx.term()
+        router.close(0)
+        ctx.term()

@@ -26,6 +26,7 @@ subreaper and ends every process it started or adopted before it exits
 from __future__ import annotations
 
 import argparse
+import asyncio
 import collections
 import contextlib
 import logging
@@ -35,7 +36,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -141,12 +142,17 @@ class Outbox:
         streamed chunk, see :func:`ipc.worker_wire.encode_chunk`; any thread)."""
         return self._queue(frame, event=True)
 
-    def _queue(self, frame: bytes, *, event: bool) -> int:
+    def hold_event_frame(self, frame: bytes) -> int:
+        """:meth:`put_event_frame` without waking the IO thread: the caller sends what
+        is queued itself, soon (see :meth:`WorkerProcess.send_frame_now`)."""
+        return self._queue(frame, event=True, wake=False)
+
+    def _queue(self, frame: bytes, *, event: bool, wake: bool = True) -> int:
         with self._lock:
             if self._closed:
                 return 0
             self._frames.append(frame)
-            if self._signalled:
+            if self._signalled or not wake:
                 pass
             elif self._ticking and event:
                 self._events_held = True
@@ -211,6 +217,25 @@ class Outbox:
             os.close(self.fd)
 
 
+class _RoundSender:
+    """Sends a worker's queued frames once per round of one asyncio loop (that loop's
+    thread): armed by each frame held for it, it runs after the round's callbacks."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, send: Callable[[], None]) -> None:
+        self._loop = loop
+        self._send = send
+        self._armed = False
+
+    def arm(self) -> None:
+        if not self._armed:
+            self._armed = True
+            self._loop.call_soon(self._run)
+
+    def _run(self) -> None:
+        self._armed = False
+        self._send()
+
+
 @dataclass(slots=True)
 class _LiveSession:
     actor: pykka.ActorRef[SessionActor]
@@ -230,6 +255,9 @@ class WorkerProcess:
         self.permissions = PermissionBoard()
         self.sessions: dict[str, _LiveSession] = {}
         self._backlog: collections.deque[bytes] = collections.deque()
+        #: One per asyncio loop that sends frames (:meth:`send_frame_now`); each is
+        #: made on its loop's thread, a dict insert being atomic under the GIL.
+        self._round_senders: dict[asyncio.AbstractEventLoop, _RoundSender] = {}
         self._handoffs: list[tuple[_LiveSession, RunTurn | CloseActor]] = []
         self._exit_code: int | None = None
         self._last_heard = time.monotonic()
@@ -296,12 +324,29 @@ class WorkerProcess:
     def send_frame_now(self, frame: bytes) -> int:
         """:meth:`Outbox.put_event_frame` of ``frame`` and :meth:`send_queued_now` in one
         (any thread): an event after a quiet spell (a paced model's delta) so leaves
-        without waking a second thread to fight for the GIL. Its size on the wire."""
+        without waking a second thread to fight for the GIL. Its size on the wire.
+
+        On a thread running an asyncio loop (the model I/O loop, a hosted agent's loop),
+        the frame is queued and the loop sends what is queued once its current round of
+        callbacks is over: the deltas that the reads of one round brought, whatever
+        their sessions, go to the host as one zmq message. Anything else sent meanwhile
+        takes the queue first, so a session's order holds."""
+        loop = asyncio._get_running_loop()
+        if loop is not None:
+            size = self.outbox.hold_event_frame(frame)
+            self._round_sender(loop).arm()
+            return size
         if self._send_from_caller(frame):
             return len(frame)
         size = self.outbox.put_event_frame(frame)
         self.outbox.wake()
         return size
+
+    def _round_sender(self, loop: asyncio.AbstractEventLoop) -> _RoundSender:
+        sender = self._round_senders.get(loop)
+        if sender is None:
+            sender = self._round_senders[loop] = _RoundSender(loop, self.send_queued_now)
+        return sender
 
     def _send_from_caller(self, frame: bytes | None) -> bool:
         """Send what the outbox holds, then ``frame``, on the calling thread if the
