@@ -222,14 +222,14 @@ class _RoundSender:
     thread): armed by each frame held for it, it runs after the round's callbacks."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, send: Callable[[], None]) -> None:
-        self._loop = loop
+        self.loop = loop
         self._send = send
         self._armed = False
 
     def arm(self) -> None:
         if not self._armed:
             self._armed = True
-            self._loop.call_soon(self._run)
+            self.loop.call_soon(self._run)
 
     def _run(self) -> None:
         self._armed = False
@@ -255,9 +255,9 @@ class WorkerProcess:
         self.permissions = PermissionBoard()
         self.sessions: dict[str, _LiveSession] = {}
         self._backlog: collections.deque[bytes] = collections.deque()
-        #: One per asyncio loop that sends frames (:meth:`send_frame_now`); each is
-        #: made on its loop's thread, a dict insert being atomic under the GIL.
-        self._round_senders: dict[asyncio.AbstractEventLoop, _RoundSender] = {}
+        #: ``sender``: the :class:`_RoundSender` of the loop that the thread runs (see
+        #: :meth:`send_frame_now`); it goes with its thread.
+        self._round_senders = threading.local()
         self._handoffs: list[tuple[_LiveSession, RunTurn | CloseActor]] = []
         self._exit_code: int | None = None
         self._last_heard = time.monotonic()
@@ -343,9 +343,9 @@ class WorkerProcess:
         return size
 
     def _round_sender(self, loop: asyncio.AbstractEventLoop) -> _RoundSender:
-        sender = self._round_senders.get(loop)
-        if sender is None:
-            sender = self._round_senders[loop] = _RoundSender(loop, self.send_queued_now)
+        sender: _RoundSender | None = getattr(self._round_senders, "sender", None)
+        if sender is None or sender.loop is not loop:
+            sender = self._round_senders.sender = _RoundSender(loop, self.send_queued_now)
         return sender
 
     def _send_from_caller(self, frame: bytes | None) -> bool:
