@@ -181,6 +181,10 @@ def streams(records: Iterable[Received]) -> Streams:
         elif update.get("sessionUpdate") in SESSION_LEVEL_UPDATES:
             if update.get("sessionUpdate") == "session_info_update":
                 update.pop("updatedAt", None)
+            cost = update.get("cost")
+            if isinstance(cost, dict) and isinstance(cost.get("amount"), float):
+                # the agent sums its costs in the order its tasks ran: the last bits vary
+                cost["amount"] = round(cost["amount"], 12)
             session.append(entry)
         else:
             turn.append(entry)
