@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import select
 import threading
@@ -10,9 +11,10 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
+import zmq
 
 from actors.worker.agents.base import Agent, TurnContext
-from actors.worker.main import Outbox
+from actors.worker.main import Outbox, WorkerProcess
 from actors.worker.session import (
     PermissionBoard,
     RunTurn,
@@ -34,6 +36,7 @@ from ipc.worker_wire import (
     encode,
     encode_chunk,
     encode_chunk_run,
+    split_envelopes,
 )
 
 WAIT = 10.0
@@ -275,13 +278,6 @@ def test_frames_sent_now_from_a_loop_leave_together_once_its_round_is_over(
     """On a thread running an asyncio loop (the model I/O loop), the deltas that one
     round of callbacks sends go to the host as one zmq message after the round, without
     waking the IO thread; off a loop, each goes at once."""
-    import asyncio
-
-    import zmq
-
-    from actors.worker.main import WorkerProcess
-    from ipc.worker_wire import split_envelopes
-
     endpoint = f"ipc://{tmp_path}/w.sock"
     ctx = zmq.Context()
     router = ctx.socket(zmq.ROUTER)
@@ -307,8 +303,6 @@ def test_frames_sent_now_from_a_loop_leave_together_once_its_round_is_over(
             assert router.poll(WAIT * 1000)
             assert split_envelopes(router.recv_multipart()[1]) == [frame]
     finally:
-        worker.outbox.close()
-        worker._dealer.close(0)
-        worker._ctx.term()
+        worker._teardown()
         router.close(0)
         ctx.term()
