@@ -147,13 +147,25 @@ def only_meta(update: dict[str, Any]) -> bool:
             and set(update) <= {"sessionUpdate", "toolCallId"})
 
 
+def _drop_timing(update: dict[str, Any]) -> None:
+    """Take out of a session-level update what the agent's timing decides: a
+    ``session_info_update``'s ``updatedAt`` (a wall-clock time), and the last bits of a
+    ``usage_update``'s cost (Claude Code's adapter sums its costs in the order its tasks
+    ran: 0.0354165 in one run, 0.035416500000000004 in another)."""
+    if update.get("sessionUpdate") == "session_info_update":
+        update.pop("updatedAt", None)
+    cost = update.get("cost")
+    if isinstance(cost, dict) and isinstance(cost.get("amount"), float):
+        cost["amount"] = round(cost["amount"], 12)
+
+
 @dataclass(frozen=True)
 class Streams:
     """What a client received, as the vendor tests compare it (each :func:`normalised`):
     the turn's updates in order, the session-level updates in order within each kind
     (an agent sends its commands, title and modes from tasks of their own, so their
-    interleaving is timing; a ``session_info_update``'s ``updatedAt``, a wall-clock
-    time, left out), and the permission requests in order."""
+    interleaving is timing; what :func:`_drop_timing` takes out, left out), and the
+    permission requests in order."""
 
     turn: list[dict[str, Any]]
     session: list[dict[str, Any]]
@@ -179,12 +191,7 @@ def streams(records: Iterable[Received]) -> Streams:
         elif entry["method"] != "session/update" or only_meta(update):
             continue
         elif update.get("sessionUpdate") in SESSION_LEVEL_UPDATES:
-            if update.get("sessionUpdate") == "session_info_update":
-                update.pop("updatedAt", None)
-            cost = update.get("cost")
-            if isinstance(cost, dict) and isinstance(cost.get("amount"), float):
-                # the agent sums its costs in the order its tasks ran: the last bits vary
-                cost["amount"] = round(cost["amount"], 12)
+            _drop_timing(update)
             session.append(entry)
         else:
             turn.append(entry)

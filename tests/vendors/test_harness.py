@@ -126,3 +126,13 @@ def test_streams_leave_out_a_tool_call_update_that_carried_only_meta() -> None:
         {"method": "session/update", "params": {"update": {
             "sessionUpdate": "tool_call_update", "toolCallId": "c1", **fields}}}
         for fields in ({"status": "completed"}, {"content": []})]
+
+
+def test_streams_compare_a_usage_cost_without_its_last_bits() -> None:
+    def usage(amount: float) -> Received:
+        return Received("session/update", {"sessionId": "a", "update": {
+            "sessionUpdate": "usage_update", "used": 2130, "size": 1000000,
+            "cost": {"amount": amount, "currency": "USD"}}})
+
+    assert streams([usage(0.0354165)]) == streams([usage(0.035416500000000004)])
+    assert streams([usage(0.0354165)]) != streams([usage(0.0354166)])
